@@ -1,0 +1,217 @@
+package catalog
+
+import (
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+)
+
+func TestDocsAreCurrent(t *testing.T) {
+	b, err := os.ReadFile("../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(b) != Markdown() {
+		t.Fatal("docs/operations.md is stale: run go generate ./catalog")
+	}
+}
+
+func TestDeclarationsAreWellFormed(t *testing.T) {
+	seen := map[string]bool{}
+	fam := map[string]Family{}
+	for _, f := range Families() {
+		fam[string(f.Group)+"/"+f.Name] = f
+	}
+	for _, op := range Ops() {
+		if seen[op.ID] {
+			t.Errorf("%s declared twice", op.ID)
+		}
+		seen[op.ID] = true
+		f, ok := fam[string(op.Group)+"/"+op.Family]
+		if !ok || f.Capability {
+			t.Errorf("%s: family %q is not an operation family of %s", op.ID, op.Family, op.Group)
+		}
+		if op.Group == Management && op.Scope != ScopeSystem {
+			t.Errorf("%s: management operations are system-scoped", op.ID)
+		}
+		if op.Group == Runtime && op.Scope != ScopeSandbox {
+			t.Errorf("%s: runtime operations are sandbox-scoped", op.ID)
+		}
+		args := map[string]bool{}
+		for _, a := range op.Args {
+			if args[a.Name] {
+				t.Errorf("%s: argument %s twice", op.ID, a.Name)
+			}
+			args[a.Name] = true
+			if a.Required && a.Default != nil {
+				t.Errorf("%s.%s: required with a default", op.ID, a.Name)
+			}
+			if a.Default != nil {
+				if _, err := a.check(a.Default); err != nil {
+					t.Errorf("%s.%s: default %v fails its own rules: %v", op.ID, a.Name, a.Default, err)
+				}
+			}
+		}
+	}
+}
+
+func decode(t *testing.T, s string) map[string]any {
+	t.Helper()
+	m, err := ParseLine([]byte(s))
+	if err != nil {
+		t.Fatalf("%s: %v", s, err)
+	}
+	return m
+}
+
+func TestValidate(t *testing.T) {
+	cases := []struct {
+		op, args, want string // want: "" = ok, else the exact message
+		check          func(Args) bool
+	}{
+		{"file_read", `{"path":"a"}`, "", func(a Args) bool { return a.Uint("offset") == 1 && a.Uint("limit") == 2000 }},
+		{"file_read", `{}`, "path is required for file_read", nil},
+		{"file_read", `{"path":"a","bogus":1}`, "unknown argument for file_read: bogus", nil},
+		{"file_read", `{"path":5}`, "path must be a string", nil},
+		{"file_read", `{"path":"a","limit":-1}`, "limit must be an unsigned integer", nil},
+		{"file_read", `{"path":"a","limit":1.5}`, "limit must be an unsigned integer", nil},
+		{"file_read", `{"path":"a","limit":"7"}`, "limit must be an unsigned integer", nil},
+		{"file_read", `{"path":"a","limit":0}`, "limit must be between 1 and 2000", nil},
+		{"file_read", `{"path":"a","limit":2001}`, "limit must be between 1 and 2000", nil},
+		{"file_read", `{"path":"a","limit":18446744073709551616}`, "limit must be an unsigned integer", nil},
+		{"file_read", `{"path":"a","offset":null}`, "", func(a Args) bool { return a.Uint("offset") == 1 }},
+		{"file_list", `{"limit":5000}`, "", func(a Args) bool { return a.Uint("limit") == 2000 }},
+		{"file_list", `{"limit":0}`, "limit must be between 1 and 2000", nil},
+		{"file_read", `{"path":"a","workspace_session_id":"bad id"}`, "workspace_session_id must match [A-Za-z0-9._:-]{1,128}", nil},
+		{"create_sandbox", `{"workspace_root":"/x","overlay":"zfs"}`, "overlay must be one of auto, kernel, fuse", nil},
+		{"create_sandbox", `{"workspace_root":"/x","name":"a\u0007b"}`, "name must not contain control characters", nil},
+		{"create_sandbox", `{"workspace_root":"/x","name":"` + strings.Repeat("é", 129) + `"}`, "name must be at most 128 characters", nil},
+		{"create_sandbox", `{"workspace_root":"/x","name":"` + strings.Repeat("é", 128) + `"}`, "", nil},
+		{"create_sandbox", `{"workspace_root":"/x","count":0}`, "count must be at least 1", nil},
+		{"create_sandbox", `{"workspace_root":"/x"}`, "", func(a Args) bool { return a.String("image") == "host" && a.Uint("count") == 1 && !a.Has("overlay") }},
+		{"file_edit", `{"path":"a","edits":{}}`, "edits must be an array", nil},
+		{"file_edit", `{"path":"a","edits":"[{\"old_string\":\"a\",\"new_string\":\"b\"}]"}`, "", func(a Args) bool { return len(a.Array("edits")) == 1 }},
+		{"file_edit", `{"path":"a","edits":"not json"}`, "edits must be an array", nil},
+		{"file_write", `{"path":"a","content":true}`, "content must be a string", nil},
+	}
+	for _, tc := range cases {
+		op, ok := Lookup(tc.op)
+		if !ok {
+			t.Fatalf("no op %s", tc.op)
+		}
+		args, err := op.Validate(decode(t, tc.args))
+		got := ""
+		if err != nil {
+			got = err.Message
+			if err.Kind != InvalidRequest {
+				t.Errorf("%s %s: kind %s", tc.op, tc.args, err.Kind)
+			}
+		}
+		if got != tc.want {
+			t.Errorf("%s %s: got %q, want %q", tc.op, tc.args, got, tc.want)
+			continue
+		}
+		if err == nil && tc.check != nil && !tc.check(args) {
+			t.Errorf("%s %s: unexpected args %v", tc.op, tc.args, args)
+		}
+	}
+}
+
+func TestWorkspacePath(t *testing.T) {
+	cases := []struct {
+		in        string
+		allowRoot bool
+		want      string
+		bad       bool
+	}{
+		{"src/x", false, "src/x", false},
+		{"./src/x", false, "src/x", false},
+		{"/workspace/src/x", false, "src/x", false},
+		{`src\x`, false, "src/x", false},
+		{"src//x/./y/", false, "src/x/y", false},
+		{"a/../p", false, "", true},
+		{"..", false, "", true},
+		{"/etc/passwd", false, "", true},
+		{"/workspacex/a", false, "", true},
+		{"", false, "", true},
+		{".", false, "", true},
+		{"/workspace", false, "", true},
+		{"", true, "", false},
+		{"/", true, "", false},
+		{"/workspace", true, "", false},
+		{"a\x00b", false, "", true},
+		{strings.Repeat("a", 256), false, "", true},
+		{strings.Repeat("a/", 2049), false, "", true},
+	}
+	for _, tc := range cases {
+		got, err := WorkspacePath(tc.in, tc.allowRoot)
+		if (err != nil) != tc.bad || got != tc.want {
+			t.Errorf("WorkspacePath(%q, %v) = %q, %v", tc.in, tc.allowRoot, got, err)
+		}
+		if err != nil && err.Message != "invalid path: "+tc.in {
+			t.Errorf("message %q", err.Message)
+		}
+	}
+}
+
+func TestDecodeRequest(t *testing.T) {
+	cases := []struct{ line, want string }{
+		{`{"op":"x","scope":{"kind":"system"}}`, ""},
+		{`{"op":"x","scope":{"kind":"sandbox","sandbox_id":"sbx-1"},"args":{"a":1},"request_id":"r-1","_stream_logs":true}`, ""},
+		{`{"op":"x","scope":{"kind":"system"},"extra":1}`, "unknown request field: extra"},
+		{`{"scope":{"kind":"system"}}`, "op is required and must be a non-empty string"},
+		{`{"op":"x"}`, "scope is required and must be an object"},
+		{`{"op":"x","scope":{"kind":"sandbox"}}`, "scope.sandbox_id is required for a sandbox scope"},
+		{`{"op":"x","scope":{"kind":"sandbox","sandbox_id":"  "}}`, "scope.sandbox_id is required for a sandbox scope"},
+		{`{"op":"x","scope":{"kind":"other"}}`, `scope.kind must be "system" or "sandbox"`},
+		{`{"op":"x","scope":{"kind":"system"},"args":[]}`, "args must be an object"},
+		{`{"op":"x","scope":{"kind":"system"},"request_id":"has space"}`, "request_id must be 1-128 characters of [A-Za-z0-9._:-]"},
+		{`{"op":"x","scope":{"kind":"system"},"_stream_logs":"yes"}`, "_stream_logs must be a boolean"},
+	}
+	for _, tc := range cases {
+		_, err := DecodeRequest(decode(t, tc.line))
+		got := ""
+		if err != nil {
+			got = err.Message
+		}
+		if got != tc.want {
+			t.Errorf("%s: got %q, want %q", tc.line, got, tc.want)
+		}
+	}
+	for _, bad := range []string{`not json`, `[1]`, `"s"`, `{"a":1} {"b":2}`} {
+		if _, err := ParseLine([]byte(bad)); err == nil || err.Kind != BadJSON {
+			t.Errorf("%s: want bad_json, got %v", bad, err)
+		}
+	}
+}
+
+func TestParseEndpoint(t *testing.T) {
+	good := []string{"/run/x.sock", "unix:///run/x.sock", "tcp://127.0.0.1:80", "tcp://127.1.2.3:0", "tcp://[::1]:9"}
+	bad := []string{"run/x.sock", "unix://run", "/a//b", "/a/./b", "/a/../b", "tcp://10.0.0.1:80", "tcp://localhost:80", "tcp://127.0.0.1", "tcp://127.0.0.1:99999", "http://x", "/" + strings.Repeat("a", 107)}
+	for _, s := range good {
+		if _, err := ParseEndpoint(s); err != nil {
+			t.Errorf("%s: %v", s, err)
+		}
+	}
+	for _, s := range bad {
+		if _, err := ParseEndpoint(s); err == nil {
+			t.Errorf("%s: accepted", s)
+		}
+	}
+}
+
+func TestErrorEnvelope(t *testing.T) {
+	e := Errorf(RequestTooLarge, "too big").With("limit", 5)
+	var m map[string]any
+	if err := json.Unmarshal(e.MarshalEnvelope(), &m); err != nil {
+		t.Fatal(err)
+	}
+	back := ErrorFromResponse(m)
+	if back == nil || back.Kind != RequestTooLarge || back.Message != "too big" || back.Details["limit"] != float64(5) {
+		t.Fatalf("round trip: %+v", back)
+	}
+	if ErrorFromResponse(map[string]any{"ok": true}) != nil {
+		t.Fatal("success taken for an error")
+	}
+}

@@ -1,0 +1,95 @@
+package catalog
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+)
+
+// Error kinds of the contract (§2.7).
+const (
+	InvalidRequest     = "invalid_request"
+	NotFound           = "not_found"
+	OperationFailed    = "operation_failed"
+	OperationConflict  = "operation_conflict"
+	ServerBusy         = "server_busy"
+	ServerShuttingDown = "server_shutting_down"
+	InternalError      = "internal_error"
+	UnknownOp          = "unknown_op"
+	BadJSON            = "bad_json"
+	RequestTooLarge    = "request_too_large"
+	Unauthorized       = "unauthorized"
+	ConnectionError    = "connection_error"
+	ProtocolError      = "protocol_error"
+	ConfigError        = "config_error"
+)
+
+// Error is the contract's error envelope body. It is the only error type that
+// crosses the wire; handlers return it to choose the kind a client sees.
+type Error struct {
+	Kind    string         `json:"kind"`
+	Message string         `json:"message"`
+	Details map[string]any `json:"details"`
+}
+
+func (e *Error) Error() string { return e.Kind + ": " + e.Message }
+
+// Errorf builds an *Error with empty details.
+func Errorf(kind, format string, a ...any) *Error {
+	return &Error{Kind: kind, Message: fmt.Sprintf(format, a...), Details: map[string]any{}}
+}
+
+// With returns e with one more detail set; it mutates and returns e so calls chain.
+func (e *Error) With(key string, value any) *Error {
+	if e.Details == nil {
+		e.Details = map[string]any{}
+	}
+	e.Details[key] = value
+	return e
+}
+
+// Envelope is the error response object {"error":{...}} with its keys in
+// the contract's order (kind, message, details; details always an object).
+func (e *Error) Envelope() any {
+	body := *e
+	if body.Details == nil {
+		body.Details = map[string]any{}
+	}
+	return struct {
+		Error *Error `json:"error"`
+	}{&body}
+}
+
+// MarshalEnvelope renders the error response line without the newline.
+func (e *Error) MarshalEnvelope() []byte { return CompactJSON(e.Envelope()) }
+
+// CompactJSON renders v as one line of JSON without HTML escaping and
+// without a trailing newline; the wire format of every response.
+func CompactJSON(v any) []byte {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return []byte(`{"error":{"kind":"internal_error","message":"cannot encode response","details":{}}}`)
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+}
+
+// ErrorFromResponse returns the *Error of a decoded response object, or nil
+// when the response is a success (it has no top-level "error" key).
+func ErrorFromResponse(resp map[string]any) *Error {
+	raw, ok := resp["error"]
+	if !ok {
+		return nil
+	}
+	m, _ := raw.(map[string]any)
+	e := &Error{Details: map[string]any{}}
+	if m != nil {
+		e.Kind, _ = m["kind"].(string)
+		e.Message, _ = m["message"].(string)
+		if d, ok := m["details"].(map[string]any); ok {
+			e.Details = d
+		}
+	}
+	return e
+}

@@ -1,0 +1,204 @@
+package catalog
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// Kind is an argument's type (§2.6).
+type Kind int
+
+const (
+	String Kind = iota
+	Path
+	Integer
+	Float
+	Boolean
+	JSONArray
+)
+
+func (k Kind) String() string {
+	switch k {
+	case String:
+		return "String"
+	case Path:
+		return "Path"
+	case Integer:
+		return "Integer"
+	case Float:
+		return "Float"
+	case Boolean:
+		return "Boolean"
+	case JSONArray:
+		return "JsonArray"
+	}
+	return "Kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Group is the domain an operation belongs to; each has its own CLI and MCP set.
+type Group string
+
+const (
+	Management    Group = "management"
+	Runtime       Group = "runtime"
+	Observability Group = "observability"
+)
+
+// Scope says which request scopes an operation accepts.
+type Scope string
+
+const (
+	ScopeSystem          Scope = "system"
+	ScopeSandbox         Scope = "sandbox"
+	ScopeSystemOrSandbox Scope = "system|sandbox"
+)
+
+// Arg declares one argument.
+type Arg struct {
+	Name     string
+	Kind     Kind
+	Required bool
+	// Default is applied by the server and shown by clients; nil means none.
+	Default any
+	// DefaultDoc replaces the rendered default in help and docs (e.g. when
+	// the effective default comes from configuration).
+	DefaultDoc string
+	Help       string
+
+	// Integer limits. Values outside [Min, Max] are refused unless the
+	// matching Clamp flag says to clamp them.
+	Min, Max           *uint64
+	ClampMin, ClampMax bool
+	// Float limits (inclusive).
+	FMin, FMax *float64
+
+	// String rules.
+	Enum      []string
+	MaxLen    int  // in characters; 0 = unbounded
+	NonEmpty  bool // after trimming nothing is left → refused
+	NoControl bool // control characters refused
+	ID        bool // must match the contract's ID rule
+
+	// MaxItems bounds a JsonArray; AcceptJSONString also takes a string
+	// holding the JSON text of an array.
+	MaxItems         int
+	AcceptJSONString bool
+
+	// CLI projection.
+	Flag        string   // flag name without dashes; default: Name with _ → -
+	FlagAliases []string // extra flag names
+	Positional  string   // when set, the argument is this positional (e.g. COMMAND)
+}
+
+// FlagName is the CLI flag spelling of the argument.
+func (a *Arg) FlagName() string {
+	if a.Flag != "" {
+		return a.Flag
+	}
+	b := []byte(a.Name)
+	for i, c := range b {
+		if c == '_' {
+			b[i] = '-'
+		}
+	}
+	return string(b)
+}
+
+// DefaultText renders the default for help and docs; "" means none.
+func (a *Arg) DefaultText() string {
+	if a.DefaultDoc != "" {
+		return a.DefaultDoc
+	}
+	switch v := a.Default.(type) {
+	case nil:
+		return ""
+	case string:
+		return strconv.Quote(v)
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+// LimitsText renders the argument's limits for help and docs.
+func (a *Arg) LimitsText() string {
+	s := ""
+	add := func(t string) {
+		if s != "" {
+			s += "; "
+		}
+		s += t
+	}
+	if len(a.Enum) > 0 {
+		e := ""
+		for i, v := range a.Enum {
+			if i > 0 {
+				e += ", "
+			}
+			e += v
+		}
+		add("one of " + e)
+	}
+	switch {
+	case a.Min != nil && a.Max != nil:
+		add(fmt.Sprintf("%d..%d", *a.Min, *a.Max))
+	case a.Min != nil:
+		add(fmt.Sprintf("≥ %d", *a.Min))
+	case a.Max != nil:
+		add(fmt.Sprintf("≤ %d", *a.Max))
+	}
+	if a.ClampMax || a.ClampMin {
+		add("clamped")
+	}
+	if a.FMin != nil && a.FMax != nil {
+		add(fmt.Sprintf("%g..%g", *a.FMin, *a.FMax))
+	}
+	if a.MaxLen > 0 {
+		add(fmt.Sprintf("≤ %d characters", a.MaxLen))
+	}
+	if a.NoControl {
+		add("no control characters")
+	}
+	if a.NonEmpty {
+		add("non-empty")
+	}
+	if a.ID {
+		add("id rule")
+	}
+	if a.MaxItems > 0 {
+		add(fmt.Sprintf("≤ %d items", a.MaxItems))
+	}
+	return s
+}
+
+// Op declares one public operation.
+type Op struct {
+	ID      string
+	Group   Group
+	Family  string
+	Scope   Scope
+	Summary string // one line
+	Help    string // longer text
+	Result  string // what a success returns
+	Args    []Arg
+}
+
+// Arg returns the named argument declaration, or nil.
+func (op *Op) Arg(name string) *Arg {
+	for i := range op.Args {
+		if op.Args[i].Name == name {
+			return &op.Args[i]
+		}
+	}
+	return nil
+}
+
+// Family is a help heading; Capability families have no operations.
+type Family struct {
+	Group      Group
+	Name       string
+	Capability bool
+	Help       string
+}
+
+func u64(v uint64) *uint64   { return &v }
+func f64(v float64) *float64 { return &v }

@@ -1,0 +1,227 @@
+package catalog
+
+import (
+	"encoding/json"
+	"math"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Args are validated, typed arguments: strings are string, Integers uint64,
+// Floats float64, Booleans bool and JsonArrays []any.
+type Args map[string]any
+
+// String returns a string argument, "" when absent.
+func (a Args) String(name string) string { s, _ := a[name].(string); return s }
+
+// Has reports whether the argument was given or defaulted.
+func (a Args) Has(name string) bool { _, ok := a[name]; return ok }
+
+// Uint returns an Integer argument, 0 when absent.
+func (a Args) Uint(name string) uint64 { v, _ := a[name].(uint64); return v }
+
+// Float returns a Float argument, 0 when absent.
+func (a Args) Float(name string) float64 { v, _ := a[name].(float64); return v }
+
+// Bool returns a Boolean argument, false when absent.
+func (a Args) Bool(name string) bool { v, _ := a[name].(bool); return v }
+
+// Array returns a JsonArray argument, nil when absent.
+func (a Args) Array(name string) []any { v, _ := a[name].([]any); return v }
+
+var idRule = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+
+// ValidID reports whether s satisfies the contract's rule for client-sent IDs.
+func ValidID(s string) bool { return idRule.MatchString(s) }
+
+// Validate checks raw arguments against the declaration and returns them
+// typed, with defaults applied. Every failure is an invalid_request with the
+// contract's wording (§2.6). A JSON null counts as absent.
+func (op *Op) Validate(raw map[string]any) (Args, *Error) {
+	names := make([]string, 0, len(raw))
+	for k := range raw {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		if op.Arg(k) == nil {
+			return nil, Errorf(InvalidRequest, "unknown argument for %s: %s", op.ID, k)
+		}
+	}
+	out := Args{}
+	for i := range op.Args {
+		a := &op.Args[i]
+		v, present := raw[a.Name]
+		if v == nil {
+			present = false
+		}
+		if !present {
+			if a.Required {
+				return nil, Errorf(InvalidRequest, "%s is required for %s", a.Name, op.ID)
+			}
+			if a.Default != nil {
+				out[a.Name] = a.Default
+			}
+			continue
+		}
+		tv, err := a.check(v)
+		if err != nil {
+			return nil, err
+		}
+		out[a.Name] = tv
+	}
+	return out, nil
+}
+
+func (a *Arg) check(v any) (any, *Error) {
+	switch a.Kind {
+	case String, Path:
+		s, ok := v.(string)
+		if !ok {
+			return nil, Errorf(InvalidRequest, "%s must be a string", a.Name)
+		}
+		return s, a.checkString(s)
+	case Integer:
+		n, ok := toUint(v)
+		if !ok {
+			return nil, Errorf(InvalidRequest, "%s must be an unsigned integer", a.Name)
+		}
+		return a.checkUint(n)
+	case Float:
+		f, ok := toFloat(v)
+		if !ok {
+			return nil, Errorf(InvalidRequest, "%s must be a finite number", a.Name)
+		}
+		if (a.FMin != nil && f < *a.FMin) || (a.FMax != nil && f > *a.FMax) {
+			return nil, Errorf(InvalidRequest, "%s must be between %g and %g", a.Name, *a.FMin, *a.FMax)
+		}
+		return f, nil
+	case Boolean:
+		b, ok := v.(bool)
+		if !ok {
+			return nil, Errorf(InvalidRequest, "%s must be a boolean", a.Name)
+		}
+		return b, nil
+	case JSONArray:
+		arr, ok := v.([]any)
+		if !ok && a.AcceptJSONString {
+			if s, isStr := v.(string); isStr {
+				d := json.NewDecoder(strings.NewReader(s))
+				d.UseNumber()
+				if d.Decode(&arr) == nil && !d.More() {
+					ok = arr != nil
+				}
+			}
+		}
+		if !ok {
+			return nil, Errorf(InvalidRequest, "%s must be an array", a.Name)
+		}
+		if a.MaxItems > 0 && len(arr) > a.MaxItems {
+			return nil, Errorf(InvalidRequest, "%s must have at most %d items", a.Name, a.MaxItems)
+		}
+		return arr, nil
+	}
+	return nil, Errorf(InternalError, "argument %s has an unknown kind", a.Name)
+}
+
+func (a *Arg) checkString(s string) *Error {
+	if a.ID && !ValidID(s) {
+		return Errorf(InvalidRequest, "%s must match [A-Za-z0-9._:-]{1,128}", a.Name)
+	}
+	if a.NonEmpty && strings.TrimSpace(s) == "" {
+		return Errorf(InvalidRequest, "%s must be non-empty", a.Name)
+	}
+	if a.MaxLen > 0 && utf8.RuneCountInString(s) > a.MaxLen {
+		return Errorf(InvalidRequest, "%s must be at most %d characters", a.Name, a.MaxLen)
+	}
+	if a.NoControl && strings.IndexFunc(s, unicode.IsControl) >= 0 {
+		return Errorf(InvalidRequest, "%s must not contain control characters", a.Name)
+	}
+	if len(a.Enum) > 0 {
+		for _, e := range a.Enum {
+			if s == e {
+				return nil
+			}
+		}
+		return Errorf(InvalidRequest, "%s must be one of %s", a.Name, strings.Join(a.Enum, ", "))
+	}
+	return nil
+}
+
+func (a *Arg) checkUint(n uint64) (uint64, *Error) {
+	if a.Min != nil && n < *a.Min {
+		if a.ClampMin {
+			return *a.Min, nil
+		}
+		return 0, a.rangeError()
+	}
+	if a.Max != nil && n > *a.Max {
+		if a.ClampMax {
+			return *a.Max, nil
+		}
+		return 0, a.rangeError()
+	}
+	return n, nil
+}
+
+func (a *Arg) rangeError() *Error {
+	switch {
+	case a.Min != nil && a.Max != nil:
+		return RangeError(a.Name, *a.Min, *a.Max)
+	case a.Min != nil:
+		return Errorf(InvalidRequest, "%s must be at least %d", a.Name, *a.Min)
+	default:
+		return Errorf(InvalidRequest, "%s must be at most %d", a.Name, *a.Max)
+	}
+}
+
+// RangeError is the invalid_request for an integer outside [lo, hi]; handlers
+// use it for limits that come from configuration.
+func RangeError(name string, lo, hi uint64) *Error {
+	return Errorf(InvalidRequest, "%s must be between %d and %d", name, lo, hi)
+}
+
+func toUint(v any) (uint64, bool) {
+	switch n := v.(type) {
+	case json.Number:
+		u, err := strconv.ParseUint(string(n), 10, 64)
+		return u, err == nil
+	case uint64:
+		return n, true
+	case int:
+		return uint64(n), n >= 0
+	case int64:
+		return uint64(n), n >= 0
+	case float64:
+		if n < 0 || n != math.Trunc(n) || n >= 1<<64 {
+			return 0, false
+		}
+		return uint64(n), true
+	}
+	return 0, false
+}
+
+func toFloat(v any) (float64, bool) {
+	var f float64
+	switch n := v.(type) {
+	case json.Number:
+		var err error
+		f, err = strconv.ParseFloat(string(n), 64)
+		if err != nil {
+			return 0, false
+		}
+	case float64:
+		f = n
+	case uint64:
+		f = float64(n)
+	case int:
+		f = float64(n)
+	default:
+		return 0, false
+	}
+	return f, !math.IsInf(f, 0) && !math.IsNaN(f)
+}

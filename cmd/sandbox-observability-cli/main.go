@@ -1,0 +1,10 @@
+// Command sandbox-observability-cli is the CLI of the observability operations of Ephemeral Sandbox: a
+// projection of the catalog (see cmd/internal/cli). Run `sandbox-observability-cli help`.
+package main
+
+import (
+	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/cmd/internal/cli"
+)
+
+func main() { cli.Main(catalog.Observability) }

@@ -1,0 +1,41 @@
+// Package layers is the LayerStack of one sandbox as a plain storage library
+// (contract §8). It owns, below one directory (sandboxes/<id>/layerstack):
+//
+//   - the workspace snapshot into the base layer B000001-base (Create,
+//     CreateSibling) and workspace.json;
+//   - manifest.json (schema_version 1, layers newest first), its atomic
+//     replacement, and the digests of §8.3: manifest root hash, layer digest,
+//     base root hash, each layer's .layer-metadata sidecars;
+//   - the merged, read-only View of a manifest (whiteouts in both on-disk
+//     encodings plus OCI names, opaque directories, ancestor blocking);
+//   - publication of one new layer per Update under the exclusive writer flock
+//     (.storage-writer.lock) with the durability order of §8.8, the no-op
+//     rule (same digest and same modes as the head layer) and the
+//     fail-next-publish test failpoint;
+//   - leases pinning manifest snapshots, garbage collection on release and the
+//     fail-closed start-up Sweep (§8.5, §8.7).
+//
+// It imports nothing of this module, needs no privileges and no namespaces,
+// and is Linux-only (golang.org/x/sys/unix).
+//
+// Decisions where the contract is silent:
+//
+//   - Directories created implicitly for the parents of a change are written
+//     with the merged view's mode when the view has a directory there (a
+//     carrier) and 0755 otherwise; they are part of the layer (and of the
+//     no-op mode comparison) but never of the layer digest, which covers
+//     exactly the changes returned to Update. Callers should therefore not pass
+//     carrier directories as changes.
+//   - Change.Mode is used as given (files keep 0o777 bits, directories 0o777
+//     and the sticky bit); no default is substituted for 0.
+//   - A layer's root directory gets the mode of the view's root (0755 when the
+//     stack is empty); the base root keeps the workspace root's mode.
+//   - A whiteout is a 0:0 character device; where mknod is refused, an empty
+//     file with user.overlay.whiteout=y; where user xattrs are refused too, an
+//     OCI .wh.<name> file. An opaque directory gets user.overlay.opaque=y when
+//     xattrs work and always the .wh..wh..opq marker.
+//   - The base snapshot is made durable with one syncfs before its rename;
+//     published layers fsync every file and directory as §8.8 requires.
+//   - Garbage collection and Sweep never run without a parsable manifest; the
+//     in-memory leases of the Stack are honoured by Sweep as well.
+package layers

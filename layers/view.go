@@ -1,0 +1,341 @@
+package layers
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+	"unicode/utf8"
+)
+
+// EntryKind is the type of a merged-view entry.
+type EntryKind string
+
+// Entry kinds.
+const (
+	KindFile    EntryKind = "file"
+	KindDir     EntryKind = "directory"
+	KindSymlink EntryKind = "symlink"
+	KindOther   EntryKind = "other"
+)
+
+// ErrNotRegular is wrapped by ReadFile and OpenFile for entries that are not
+// regular files.
+var ErrNotRegular = errors.New("path is not a regular file")
+
+// ErrLayerMissing is wrapped by view reads when a layer of the manifest has no
+// directory (the manifest and the disk disagree).
+var ErrLayerMissing = errors.New("layer directory missing")
+
+// Entry is one visible entry of a merged view.
+type Entry struct {
+	Path     string      // workspace-relative, "" for the root
+	Kind     EntryKind   //
+	Mode     fs.FileMode // permission bits (directories: plus fs.ModeSticky)
+	Size     int64       //
+	ModTime  time.Time   //
+	Target   string      // symlink target
+	HostPath string      // the physical path inside the winning layer
+	LayerID  string      // the winning layer
+}
+
+// View is the read-only merged view of one manifest snapshot (§8.4). It never
+// follows symlinks. A View is safe for concurrent use; it does not pin the
+// layers (take a Lease for that).
+type View struct {
+	manifest Manifest
+	layers   []viewLayer
+}
+
+type viewLayer struct {
+	id   string
+	root string
+}
+
+// View returns the merged view of m.
+func (s *Stack) View(m Manifest) *View {
+	v := &View{manifest: m, layers: make([]viewLayer, len(m.Layers))}
+	for i, l := range m.Layers {
+		v.layers[i] = viewLayer{id: l.LayerID, root: s.LayerDir(l)}
+	}
+	return v
+}
+
+// Manifest is the manifest this view shows.
+func (v *View) Manifest() Manifest { return v.manifest }
+
+// splitViewPath checks a clean workspace-relative path ("" = root).
+func splitViewPath(p string) ([]string, error) {
+	if p == "" {
+		return nil, nil
+	}
+	if len(p) > 4096 || strings.ContainsRune(p, 0) || !utf8.ValidString(p) {
+		return nil, fmt.Errorf("invalid path %q: %w", p, fs.ErrInvalid)
+	}
+	comps := strings.Split(p, "/")
+	for _, c := range comps {
+		if c == "" || c == "." || c == ".." || len(c) > 255 {
+			return nil, fmt.Errorf("invalid path %q: %w", p, fs.ErrInvalid)
+		}
+	}
+	return comps, nil
+}
+
+func hiddenName(c string) bool { return strings.HasPrefix(c, whPrefix) }
+
+type probeState int
+
+const (
+	probeNone    probeState = iota // this layer has nothing at the path
+	probeFound                     // this layer has the entry
+	probeBlocked                   // a whiteout or non-directory hides the path
+)
+
+type probeResult struct {
+	state probeState
+	// cut: an opaque directory at the path or at an ancestor in this layer
+	// hides lower layers below it.
+	cut  bool
+	host string
+	fi   fs.FileInfo
+}
+
+// probe resolves comps inside one layer, component by component with lstat,
+// never descending through anything but a real directory.
+func probe(root string, comps []string) (probeResult, error) {
+	fi, err := os.Lstat(root)
+	if err != nil {
+		// Not fs.ErrNotExist: a missing layer is damage, not an absent path.
+		return probeResult{}, fmt.Errorf("%w: %s (%v)", ErrLayerMissing, root, err)
+	}
+	if !fi.IsDir() {
+		return probeResult{}, fmt.Errorf("layer %s: not a directory", root)
+	}
+	cut := isOpaqueDir(root)
+	if len(comps) == 0 {
+		return probeResult{state: probeFound, cut: cut, host: root, fi: fi}, nil
+	}
+	cur := root
+	for j, c := range comps {
+		p := filepath.Join(cur, c)
+		fi, err := os.Lstat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			if _, werr := os.Lstat(filepath.Join(cur, whPrefix+c)); werr == nil {
+				return probeResult{state: probeBlocked}, nil
+			}
+			return probeResult{state: probeNone, cut: cut}, nil
+		}
+		if err != nil {
+			return probeResult{}, err
+		}
+		if isWhiteoutFile(p, fi) {
+			return probeResult{state: probeBlocked}, nil
+		}
+		if j == len(comps)-1 {
+			if fi.IsDir() && isOpaqueDir(p) {
+				cut = true
+			}
+			return probeResult{state: probeFound, cut: cut, host: p, fi: fi}, nil
+		}
+		if !fi.IsDir() {
+			return probeResult{state: probeBlocked}, nil
+		}
+		if isOpaqueDir(p) {
+			cut = true
+		}
+		cur = p
+	}
+	return probeResult{state: probeNone, cut: cut}, nil
+}
+
+func notExist(op, p string) error {
+	return &fs.PathError{Op: op, Path: p, Err: fs.ErrNotExist}
+}
+
+// lookup returns the winning layer's probe result and the layer index.
+func (v *View) lookup(op, p string) (probeResult, int, error) {
+	comps, err := splitViewPath(p)
+	if err != nil {
+		return probeResult{}, -1, fmt.Errorf("%s: %w", op, err)
+	}
+	for _, c := range comps {
+		if hiddenName(c) {
+			return probeResult{}, -1, notExist(op, p)
+		}
+	}
+	for i, l := range v.layers {
+		r, err := probe(l.root, comps)
+		if err != nil {
+			return probeResult{}, -1, fmt.Errorf("%s %q: %w", op, p, err)
+		}
+		switch r.state {
+		case probeFound:
+			return r, i, nil
+		case probeBlocked:
+			return probeResult{}, -1, notExist(op, p)
+		}
+		if r.cut {
+			break
+		}
+	}
+	return probeResult{}, -1, notExist(op, p)
+}
+
+func makeEntry(rel, layerID, host string, fi fs.FileInfo) (Entry, error) {
+	e := Entry{Path: rel, HostPath: host, LayerID: layerID, Size: fi.Size(), ModTime: fi.ModTime(), Mode: fi.Mode().Perm()}
+	m := fi.Mode()
+	switch {
+	case m.IsRegular():
+		e.Kind = KindFile
+	case m.IsDir():
+		e.Kind = KindDir
+		e.Mode |= m & fs.ModeSticky
+	case m&fs.ModeSymlink != 0:
+		e.Kind = KindSymlink
+		t, err := os.Readlink(host)
+		if err != nil {
+			return Entry{}, err
+		}
+		e.Target = t
+	default:
+		e.Kind = KindOther
+	}
+	return e, nil
+}
+
+// Lstat returns the visible entry at path (clean, workspace-relative, "" for
+// the root) or an error wrapping fs.ErrNotExist.
+func (v *View) Lstat(path string) (Entry, error) {
+	r, i, err := v.lookup("lstat", path)
+	if err != nil {
+		return Entry{}, err
+	}
+	e, err := makeEntry(path, v.layers[i].id, r.host, r.fi)
+	if err != nil {
+		return Entry{}, fmt.Errorf("lstat %q: %w", path, err)
+	}
+	return e, nil
+}
+
+// OpenFile opens the regular file visible at path for reading (no symlink is
+// followed).
+func (v *View) OpenFile(path string) (*os.File, Entry, error) {
+	e, err := v.Lstat(path)
+	if err != nil {
+		return nil, Entry{}, err
+	}
+	if e.Kind != KindFile {
+		return nil, e, fmt.Errorf("open %q: %w (%s)", path, ErrNotRegular, e.Kind)
+	}
+	f, err := os.OpenFile(e.HostPath, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, e, fmt.Errorf("open %q: %w", path, err)
+	}
+	return f, e, nil
+}
+
+// ReadFile returns the content of the regular file visible at path.
+func (v *View) ReadFile(path string) ([]byte, error) {
+	f, _, err := v.OpenFile(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return nil, fmt.Errorf("read %q: %w", path, err)
+	}
+	return data, nil
+}
+
+// ReadDir lists the merged directory at path: the newest entry per name wins,
+// whiteouts hide, opaque directories cut lower layers, markers are never
+// listed. Entries are sorted by name bytes.
+func (v *View) ReadDir(path string) ([]Entry, error) {
+	comps, err := splitViewPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("readdir: %w", err)
+	}
+	r, first, err := v.lookup("readdir", path)
+	if err != nil {
+		return nil, err
+	}
+	if !r.fi.IsDir() {
+		return nil, fmt.Errorf("readdir %q: %w", path, syscall.ENOTDIR)
+	}
+	seen := make(map[string]bool) // name → decided (visible or hidden)
+	var out []Entry
+	for i := first; i < len(v.layers); i++ {
+		if i > first {
+			r, err = probe(v.layers[i].root, comps)
+			if err != nil {
+				return nil, fmt.Errorf("readdir %q: %w", path, err)
+			}
+			if r.state == probeBlocked || (r.state == probeFound && !r.fi.IsDir()) {
+				break
+			}
+			if r.state == probeNone {
+				if r.cut {
+					break
+				}
+				continue
+			}
+		}
+		if err := mergeDir(r.host, path, v.layers[i].id, seen, &out); err != nil {
+			return nil, fmt.Errorf("readdir %q: %w", path, err)
+		}
+		if r.cut {
+			break
+		}
+	}
+	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.Path, b.Path) })
+	return out, nil
+}
+
+func mergeDir(host, rel, layerID string, seen map[string]bool, out *[]Entry) error {
+	d, err := os.Open(host)
+	if err != nil {
+		return err
+	}
+	names, err := d.Readdirnames(-1)
+	d.Close()
+	if err != nil {
+		return err
+	}
+	var ociWhiteouts []string
+	for _, name := range names {
+		if hiddenName(name) {
+			if name != opaqueMarker {
+				ociWhiteouts = append(ociWhiteouts, name[len(whPrefix):])
+			}
+			continue
+		}
+		if seen[name] {
+			continue
+		}
+		p := filepath.Join(host, name)
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		seen[name] = true
+		if isWhiteoutFile(p, fi) {
+			continue
+		}
+		e, err := makeEntry(joinRel(rel, name), layerID, p, fi)
+		if err != nil {
+			return err
+		}
+		*out = append(*out, e)
+	}
+	for _, name := range ociWhiteouts {
+		seen[name] = true
+	}
+	return nil
+}

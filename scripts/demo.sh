@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# make demo: a supervisor on a temporary home, a sandbox from a sample
+# project, sessionless writes, an edit and reads, the layer stack, cleanup.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=$PWD/bin
+demo=$(mktemp -d /tmp/esbx-demo.XXXXXX)
+export EPHEMERAL_SANDBOX_HOME=$demo/home
+trap 'kill $(cat "$EPHEMERAL_SANDBOX_HOME/run/supervisor.pid" 2>/dev/null) 2>/dev/null || true; sleep 0.3; rm -rf "$demo"' EXIT
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+show() { printf '$ %s\n' "$*" >&2; "$@"; }
+
+step "a sample project"
+mkdir -p "$demo/project/src"
+printf 'package main\n\nfunc main() {\n\tprintln("hello")\n}\n' > "$demo/project/src/main.go"
+printf '# sample\n' > "$demo/project/README.md"
+ln -s src/main.go "$demo/project/main-link"
+find "$demo/project" | sed "s|$demo/||"
+
+step "create a sandbox (the CLI starts the supervisor on first use)"
+rec=$(show "$BIN/sandbox-manager-cli" --progress create_sandbox --workspace-bind-root "$demo/project" --name demo)
+echo "$rec"
+id=$(printf '%s' "$rec" | sed -n 's/.*"id":"\([^"]*\)".*/\1/p')
+rt() { show "$BIN/sandbox-runtime-cli" --sandbox-id "$id" "$@"; }
+
+step "write, edit and read files on the published head"
+rt file_write --path notes/todo.txt --content $'ship the demo\nwrite tests\n'
+rt file_write --path notes/todo.txt --content $'ship the demo\nwrite tests\n'
+echo "(the identical rewrite is a no-op: layer_id null, no new layer)"
+rt file_edit --path src/main.go --edits '[{"old_string":"hello","new_string":"hello, sandbox"}]'
+rt file_read --path src/main.go
+rt file_list --path /workspace
+
+step "a bad request gets a clear error and changes nothing"
+rt file_read --path ../etc/passwd || echo "(exit $?)"
+
+step "the layer stack: newest first"
+cat "$EPHEMERAL_SANDBOX_HOME/data/sandboxes/$id/layerstack/manifest.json"; echo
+ls "$EPHEMERAL_SANDBOX_HOME/data/sandboxes/$id/layerstack/layers"
+
+step "the host project is untouched"
+cat "$demo/project/src/main.go"
+
+step "health"
+show "$BIN/sandbox-observability-cli" health
+
+step "destroy and clean up"
+show "$BIN/sandbox-manager-cli" destroy_sandbox --sandbox-id "$id" >/dev/null && echo destroyed
+show "$BIN/sandbox-manager-cli" list_sandboxes

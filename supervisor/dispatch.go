@@ -1,0 +1,165 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"runtime/debug"
+
+	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/layers"
+)
+
+// call is one request on its way through a handler.
+type call struct {
+	ctx      context.Context
+	req      *catalog.Request
+	op       *catalog.Op
+	args     catalog.Args
+	sb       *sandbox // resolved for sandbox-scoped operations
+	progress func(string)
+}
+
+type handler func(s *Supervisor, c *call) (any, error)
+
+// handlers maps operation IDs to their implementation. An operation declared
+// in the catalog without an entry here is unknown_op, exactly like an
+// undeclared one.
+var handlers = map[string]handler{
+	"create_sandbox":             (*Supervisor).createSandbox,
+	"list_workspace_directories": (*Supervisor).listWorkspaceDirectories,
+	"destroy_sandbox":            (*Supervisor).destroySandbox,
+	"list_sandboxes":             (*Supervisor).listSandboxes,
+	"inspect_sandbox":            (*Supervisor).inspectSandbox,
+	"file_read":                  (*Supervisor).fileRead,
+	"file_write":                 (*Supervisor).fileWrite,
+	"file_edit":                  (*Supervisor).fileEdit,
+	"file_list":                  (*Supervisor).fileList,
+	"health":                     (*Supervisor).health,
+}
+
+// streamingOps may send progress lines (§2.5).
+var streamingOps = map[string]bool{"create_sandbox": true, "destroy_sandbox": true, "squash_layerstacks": true, "export_changes": true}
+
+// handleLine runs §2.4 steps 3-9 for one request line and returns the
+// response value (a result or a *catalog.Error).
+func (s *Supervisor) handleLine(line []byte, w *responseWriter) (out any) {
+	raw, perr := catalog.ParseLine(line)
+	if perr != nil {
+		return perr
+	}
+	delete(raw, catalog.TokenField) // Unix peers are authenticated by uid; the token is ignored
+	req, perr := catalog.DecodeRequest(raw)
+	if perr != nil {
+		return perr
+	}
+	if req.RequestID == "" {
+		req.RequestID = s.ids.new("req-")
+	}
+	op, known := catalog.Lookup(req.Op)
+	h := handlers[req.Op]
+	if !known || h == nil {
+		return catalog.Errorf(catalog.UnknownOp, "unknown operation: %s", req.Op).With("op", req.Op)
+	}
+	if e := normalizeScope(op, req); e != nil {
+		return e
+	}
+	c := &call{ctx: context.Background(), req: req, op: op, progress: func(string) {}}
+	if req.StreamLogs && streamingOps[op.ID] {
+		c.progress = w.progress
+	}
+	if req.Scope.Kind == "sandbox" {
+		sb, e := s.resolveSandbox(req.Scope.SandboxID, op.Group == catalog.Observability)
+		if e != nil {
+			return e
+		}
+		c.sb = sb
+		// The sandbox's gate keeps destroy from tearing it down under us.
+		if !sb.gate.TryRLock() {
+			return sb.busyError()
+		}
+		defer sb.gate.RUnlock()
+	}
+	args, verr := op.Validate(req.Args)
+	if verr != nil {
+		return verr
+	}
+	c.args = args
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("handler panic", "op", op.ID, "panic", r, "stack", string(debug.Stack()))
+			out = catalog.Errorf(catalog.InternalError, "internal error in %s", op.ID)
+		}
+	}()
+	res, err := h(s, c)
+	if err != nil {
+		return s.toError(op.ID, err)
+	}
+	return res
+}
+
+// normalizeScope applies §2.3's sandbox_id placement rules and §2.4 step 6.
+func normalizeScope(op *catalog.Op, req *catalog.Request) *catalog.Error {
+	if op.Group != catalog.Management {
+		if v, present := req.Args["sandbox_id"]; present && v != nil {
+			id, ok := v.(string)
+			if !ok {
+				return catalog.Errorf(catalog.InvalidRequest, "sandbox_id must be a string")
+			}
+			if req.Scope.Kind == "sandbox" && req.Scope.SandboxID != id {
+				return catalog.Errorf(catalog.InvalidRequest, "sandbox_id in args does not match scope")
+			}
+			if req.Scope.Kind == "system" && op.Scope != catalog.ScopeSystem {
+				req.Scope = catalog.RequestScope{Kind: "sandbox", SandboxID: id}
+			}
+			if op.Arg("sandbox_id") == nil {
+				delete(req.Args, "sandbox_id")
+			}
+		}
+	}
+	switch {
+	case op.Scope == catalog.ScopeSandbox && req.Scope.Kind != "sandbox":
+		return catalog.Errorf(catalog.InvalidRequest, "operation %s requires sandbox scope", op.ID)
+	case op.Scope == catalog.ScopeSystem && req.Scope.Kind != "system":
+		return catalog.Errorf(catalog.InvalidRequest, "operation %s requires system scope", op.ID)
+	}
+	return nil
+}
+
+// toError maps a handler error to the contract's error kinds. This is the
+// one place where domain errors become wire errors.
+func (s *Supervisor) toError(op string, err error) *catalog.Error {
+	var ce *catalog.Error
+	if errors.As(err, &ce) {
+		return ce
+	}
+	var se *layers.SnapshotError
+	if errors.As(err, &se) {
+		return snapshotError(se)
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return catalog.Errorf(catalog.NotFound, "%v", err)
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return catalog.Errorf(catalog.OperationFailed, "%s: %v", op, err)
+	}
+	s.log.Warn("operation failed", "op", op, "err", err)
+	return catalog.Errorf(catalog.OperationFailed, "%s failed: %v", op, err)
+}
+
+func snapshotError(se *layers.SnapshotError) *catalog.Error {
+	var e *catalog.Error
+	switch se.Reason {
+	case "special_file":
+		e = catalog.Errorf(catalog.InvalidRequest, "workspace contains a FIFO, socket or device node: %s", se.Path)
+	case "invalid_name":
+		e = catalog.Errorf(catalog.InvalidRequest, "workspace contains a non-UTF-8 name: %s", se.Path)
+	case "too_many_entries":
+		e = catalog.Errorf(catalog.InvalidRequest, "workspace has more than the maximum number of entries")
+	case "changed":
+		e = catalog.Errorf(catalog.OperationFailed, "workspace changed during snapshot: %s", se.Path)
+	default:
+		e = catalog.Errorf(catalog.OperationFailed, "workspace snapshot failed: %v", se)
+	}
+	return e.With("path", se.Path).With("reason", se.Reason)
+}

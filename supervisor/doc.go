@@ -1,0 +1,15 @@
+// Package supervisor is the daemon behind `sandbox-supervisor serve`: it owns
+// the user's Unix socket (peer uid checked with SO_PEERCRED), reads one JSON
+// request line and answers one response line, dispatches operations declared
+// in the catalog to their handlers, keeps the sandbox registry in the state
+// database and drives each sandbox's LayerStack.
+//
+// Choices where the contract is silent:
+//   - In-flight requests always finish at shutdown (a snapshot or publish is
+//     never cut short); only requests that arrive while draining get
+//     server_shutting_down.
+//   - A workspace_session_id on a file operation names a session; this
+//     version has none, so it is not_found.
+//   - Domain errors that are not *catalog.Error become operation_failed
+//     (an I/O failure of a valid request), in toError only.
+package supervisor

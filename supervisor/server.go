@@ -1,0 +1,352 @@
+package supervisor
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ephemeral-ai-lab/sandbox/catalog"
+)
+
+// Options are the command-line inputs of `sandbox-supervisor serve`.
+type Options struct {
+	ConfigPath string // --config; default <config dir>/config.yml
+	Endpoint   string // --endpoint; default SANDBOX_SUPERVISOR_SOCKET, config, runtime dir
+	Version    string
+	Logger     *slog.Logger
+	// Ready is called once the listener accepts requests (after recovery).
+	Ready func(socket string)
+}
+
+// Supervisor is the running daemon: one per user and data directory.
+type Supervisor struct {
+	cfg     *Config
+	dirs    catalog.Dirs
+	log     *slog.Logger
+	ids     *idSource
+	store   *store
+	version string
+	started time.Time
+	probes  probes
+	self    string // path of the running binary, for holders and probes
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+
+	draining atomic.Bool
+	inflight sync.WaitGroup
+	conns    chan struct{} // connection slots (max_concurrent_connections)
+	active   atomic.Int64  // requests being executed
+}
+
+// Serve runs the supervisor until ctx is cancelled, then shuts down cleanly:
+// it stops accepting, answers new requests with server_shutting_down, lets
+// in-flight requests finish (bounded by supervisor.shutdown_grace_s) and
+// removes its socket and pid file. Start-up refusals are *catalog.Error with
+// kind config_error.
+func Serve(ctx context.Context, opt Options) error {
+	log := opt.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	dirs, err := catalog.ResolveDirs()
+	if err != nil {
+		return err
+	}
+	cfgPath := opt.ConfigPath
+	if cfgPath == "" {
+		cfgPath = filepath.Join(dirs.Config, "config.yml")
+	}
+	cfg, err := LoadConfig(cfgPath)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dirs.Data, 0o700); err != nil {
+		return catalog.Errorf(catalog.ConfigError, "create data directory %s: %v", dirs.Data, err)
+	}
+	unlock, err := lockDataDir(dirs.Data)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := ensureTokens(dirs.Config); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return catalog.Errorf(catalog.ConfigError, "cannot find the running binary: %v", err)
+	}
+	st, err := openStore(ctx, dirs.Data)
+	if err != nil {
+		return catalog.Errorf(catalog.ConfigError, "%v", err)
+	}
+	defer st.close()
+
+	s := &Supervisor{
+		cfg: cfg, dirs: dirs, log: log, ids: newIDSource(), store: st, version: opt.Version,
+		started: time.Now(), self: self, sandboxes: map[string]*sandbox{},
+		conns: make(chan struct{}, cfg.Supervisor.MaxConcurrentConnections),
+	}
+	s.probes = runProbes(ctx, self, dirs.Data, log)
+	if err := s.recover(ctx); err != nil {
+		return err
+	}
+
+	socket, err := s.socketPath(opt.Endpoint)
+	if err != nil {
+		return err
+	}
+	ln, err := listenUnix(socket)
+	if err != nil {
+		return err
+	}
+	pidFile := filepath.Join(dirs.Runtime, "supervisor.pid")
+	if filepath.Dir(socket) != dirs.Runtime {
+		pidFile = filepath.Join(filepath.Dir(socket), "supervisor.pid")
+	}
+	if err := os.WriteFile(pidFile, fmt.Appendf(nil, "%d\n", os.Getpid()), 0o600); err != nil {
+		ln.Close()
+		return catalog.Errorf(catalog.ConfigError, "write pid file %s: %v", pidFile, err)
+	}
+	defer os.Remove(pidFile)
+	log.Info("supervisor listening", "socket", socket, "pid", os.Getpid(), "data", dirs.Data)
+	if opt.Ready != nil {
+		opt.Ready(socket)
+	}
+
+	acceptDone := make(chan struct{})
+	go func() {
+		defer close(acceptDone)
+		s.acceptLoop(ln)
+	}()
+	<-ctx.Done()
+	log.Info("supervisor shutting down")
+	s.draining.Store(true)
+	ln.Close()
+	<-acceptDone
+	s.waitInflight(time.Duration(cfg.Supervisor.ShutdownGraceS * float64(time.Second)))
+	os.Remove(socket)
+	log.Info("supervisor stopped")
+	return nil
+}
+
+func (s *Supervisor) waitInflight(grace time.Duration) {
+	done := make(chan struct{})
+	go func() { s.inflight.Wait(); close(done) }()
+	// In-flight requests finish: a publish or snapshot is never cut short.
+	// The grace only bounds how long we wait for idle connections to send.
+	select {
+	case <-done:
+	case <-time.After(grace + 30*time.Second):
+		s.log.Warn("in-flight requests still running after the shutdown grace")
+	}
+}
+
+func (s *Supervisor) socketPath(flag string) (string, error) {
+	raw := flag
+	if raw == "" {
+		raw = os.Getenv("SANDBOX_SUPERVISOR_SOCKET")
+	}
+	if raw == "" {
+		raw = s.cfg.Supervisor.SocketPath
+	}
+	if raw == "" {
+		raw = s.dirs.SocketPath()
+	}
+	ep, err := catalog.ParseEndpoint(raw)
+	if err != nil {
+		return "", err
+	}
+	if ep.Network != "unix" {
+		return "", catalog.Errorf(catalog.ConfigError, "--endpoint must be a Unix socket path; use --listen for TCP")
+	}
+	return ep.Address, nil
+}
+
+// listenUnix binds the socket (§2.1): its directory is created 0700 or must
+// already be a real directory of ours with mode 0700; the socket is created
+// under umask 0177; a stale socket is replaced, a live one refuses the start.
+func listenUnix(socket string) (net.Listener, error) {
+	dir := filepath.Dir(socket)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return nil, catalog.Errorf(catalog.ConfigError, "create %s: %v", filepath.Dir(dir), err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, catalog.Errorf(catalog.ConfigError, "create socket directory %s: %v", dir, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return nil, catalog.Errorf(catalog.ConfigError, "socket directory %s: %v", dir, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != os.Geteuid() || st.Mode&0o777 != 0o700 {
+		return nil, catalog.Errorf(catalog.ConfigError,
+			"socket directory %s must be a real directory owned by uid %d with mode 0700 (fix: chmod 0700 %s)", dir, os.Geteuid(), dir)
+	}
+	if conn, err := net.DialTimeout("unix", socket, time.Second); err == nil {
+		conn.Close()
+		return nil, catalog.Errorf(catalog.ConfigError, "another supervisor is already answering on %s", socket)
+	}
+	if err := os.Remove(socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, catalog.Errorf(catalog.ConfigError, "remove stale socket %s: %v", socket, err)
+	}
+	old := unix.Umask(0o177)
+	ln, err := net.Listen("unix", socket)
+	unix.Umask(old)
+	if err != nil {
+		return nil, catalog.Errorf(catalog.ConfigError, "listen on %s: %v", socket, err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	return ln, nil
+}
+
+func (s *Supervisor) acceptLoop(ln net.Listener) {
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			s.log.Warn("accept failed", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		select {
+		case s.conns <- struct{}{}:
+		default:
+			go s.refuse(conn, catalog.Errorf(catalog.ServerBusy, "too many concurrent connections").
+				With("max_concurrent_connections", s.cfg.Supervisor.MaxConcurrentConnections))
+			continue
+		}
+		s.inflight.Add(1)
+		go func() {
+			defer func() { <-s.conns; s.inflight.Done() }()
+			s.serveConn(conn)
+		}()
+	}
+}
+
+func (s *Supervisor) refuse(conn net.Conn, e *catalog.Error) {
+	defer conn.Close()
+	_ = conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	_, _ = conn.Write(append(e.MarshalEnvelope(), '\n'))
+}
+
+// peerUID reads SO_PEERCRED of a Unix connection.
+func peerUID(conn net.Conn) (int, error) {
+	uc, ok := conn.(*net.UnixConn)
+	if !ok {
+		return -1, fmt.Errorf("not a unix connection")
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return -1, err
+	}
+	if cerr != nil {
+		return -1, cerr
+	}
+	return int(cred.Uid), nil
+}
+
+func (s *Supervisor) serveConn(conn net.Conn) {
+	defer conn.Close()
+	uid, err := peerUID(conn)
+	if err != nil || uid != os.Geteuid() {
+		if err != nil {
+			uid = -1
+		}
+		s.refuse(conn, catalog.Errorf(catalog.Unauthorized, "peer uid %d is not the supervisor owner", uid))
+		return
+	}
+	w := &responseWriter{conn: conn}
+	timeout := time.Duration(s.cfg.Supervisor.RequestReadTimeoutS * float64(time.Second))
+	_ = conn.SetReadDeadline(time.Now().Add(timeout))
+	line, rerr := readRequestLine(bufio.NewReaderSize(conn, 64<<10), s.cfg.Supervisor.MaxRequestBytes)
+	_ = conn.SetReadDeadline(time.Time{})
+	if rerr != nil {
+		w.final(rerr)
+		return
+	}
+	if s.draining.Load() {
+		w.final(catalog.Errorf(catalog.ServerShuttingDown, "the supervisor is shutting down"))
+		return
+	}
+	s.active.Add(1)
+	defer s.active.Add(-1)
+	w.final(s.handleLine(line, w))
+}
+
+// readRequestLine applies §2.4 steps 1-2.
+func readRequestLine(r *bufio.Reader, max int) ([]byte, *catalog.Error) {
+	var buf []byte
+	for {
+		chunk, err := r.ReadSlice('\n')
+		if len(buf)+len(chunk) > max {
+			return nil, catalog.Errorf(catalog.RequestTooLarge, "request exceeds %d bytes", max).With("limit", max)
+		}
+		buf = append(buf, chunk...)
+		switch {
+		case err == nil:
+			return buf[:len(buf)-1], nil
+		case errors.Is(err, bufio.ErrBufferFull):
+			continue
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return nil, catalog.Errorf(catalog.InvalidRequest, "request read timed out")
+		default:
+			return nil, catalog.Errorf(catalog.InvalidRequest, "request is missing its terminating newline")
+		}
+	}
+}
+
+// responseWriter serializes progress lines and the one final response line.
+type responseWriter struct {
+	mu   sync.Mutex
+	conn net.Conn
+	done bool
+}
+
+func (w *responseWriter) progress(msg string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return
+	}
+	_ = w.conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	_, _ = w.conn.Write(catalog.LogLine(msg)) // a vanished client must not fail the operation
+}
+
+func (w *responseWriter) final(v any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return
+	}
+	w.done = true
+	var line []byte
+	if e, ok := v.(*catalog.Error); ok {
+		line = e.MarshalEnvelope()
+	} else {
+		line = catalog.CompactJSON(v)
+		if len(line)+1 > catalog.MaxLineBytes {
+			line = catalog.Errorf(catalog.InternalError, "response too large").MarshalEnvelope()
+		}
+	}
+	_ = w.conn.SetWriteDeadline(time.Now().Add(30 * time.Second))
+	_, _ = w.conn.Write(append(line, '\n'))
+}

@@ -1,0 +1,243 @@
+package tests
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+var clis = []string{"sandbox-manager-cli", "sandbox-runtime-cli", "sandbox-observability-cli"}
+
+func TestUnknownOperationOnEachCLI(t *testing.T) {
+	e := newEnv(t) // no supervisor: usage errors never need one
+	for _, cli := range clis {
+		args := []string{"no_such_op"}
+		if cli == "sandbox-runtime-cli" {
+			args = []string{"--sandbox-id", "sbx-x", "no_such_op"}
+		}
+		body := e.fail(2, "invalid_request", cli, args...)
+		if body["message"] != "unknown operation: no_such_op" {
+			t.Errorf("%s: %v", cli, body)
+		}
+	}
+	// An operation of another group is unknown to this CLI.
+	e.fail(2, "invalid_request", "sandbox-manager-cli", "file_read", "--path", "x")
+	e.fail(2, "invalid_request", "sandbox-runtime-cli", "file_read", "--path", "x") // no --sandbox-id
+	body := e.fail(2, "invalid_request", "sandbox-runtime-cli", "--sandbox-id", "", "file_read", "--path", "x")
+	if body["message"] != "--sandbox-id must be non-empty" {
+		t.Errorf("empty sandbox id: %v", body)
+	}
+	e.fail(2, "config_error", "sandbox-manager-cli", "--endpoint", "relative.sock", "list_sandboxes")
+}
+
+func TestHelp(t *testing.T) {
+	e := newEnv(t)
+	r := e.run("sandbox-manager-cli", "help")
+	if r.code != 0 || !strings.Contains(r.stdout, "create_sandbox") || !strings.Contains(r.stdout, "destroy_sandbox") || strings.Contains(r.stdout, "file_read") {
+		t.Fatalf("manager help: %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	r = e.run("sandbox-runtime-cli", "help")
+	if r.code != 0 || !strings.Contains(r.stdout, "file_edit") || !strings.Contains(r.stdout, "shell_security") || strings.Index(r.stdout, "file") > strings.Index(r.stdout, "shell_security") {
+		t.Fatalf("runtime help: %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	r = e.run("sandbox-runtime-cli", "help", "file_read")
+	for _, want := range []string{"--path", "--offset", "--limit", "2000", "--workspace-session-id", "Integer"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("help file_read lacks %q: %s", want, r.stdout)
+		}
+	}
+	if r := e.run("sandbox-observability-cli", "help"); r.code != 0 || !strings.Contains(r.stdout, "health") {
+		t.Fatalf("observability help: %v", r)
+	}
+	e.fail(2, "invalid_request", "sandbox-manager-cli", "help", "no_such_op")
+	if _, err := os.Stat(e.home); !os.IsNotExist(err) {
+		t.Fatal("help touched the supervisor home")
+	}
+}
+
+func TestWireErrors(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	id := e.createSandbox(e.project(map[string]string{"a": "a"}))
+
+	big := append([]byte(`{"op":"list_sandboxes","scope":{"kind":"system"},"args":{"pad":"`), bytes.Repeat([]byte("x"), 16<<20)...)
+	big = append(big, "\"}}\n"...)
+	lines := e.raw(big)
+	if len(lines) != 1 {
+		t.Fatalf("oversized: %d lines", len(lines))
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &m); err != nil || errKind(m) != "request_too_large" {
+		t.Fatalf("oversized: %s", lines[0])
+	}
+	if d := m["error"].(map[string]any)["details"].(map[string]any); d["limit"] != float64(16<<20) {
+		t.Fatalf("details.limit: %v", d)
+	}
+
+	cases := []struct {
+		payload, kind, msg string
+	}{
+		{"not json\n", "bad_json", ""},
+		{"[1,2]\n", "bad_json", ""},
+		{`{"op":"list_sandboxes","scope":{"kind":"system"}}`, "invalid_request", "request is missing its terminating newline"},
+		{`{"op":"list_sandboxes","scope":{"kind":"system"},"x":1}` + "\n", "invalid_request", "unknown request field: x"},
+		{`{"op":"list_sandboxes"}` + "\n", "invalid_request", "scope is required and must be an object"},
+		{`{"op":"teleport","scope":{"kind":"system"}}` + "\n", "unknown_op", ""},
+		{`{"op":"exec_command","scope":{"kind":"system"}}` + "\n", "unknown_op", ""},
+		{`{"op":"file_read","scope":{"kind":"system"},"args":{"path":"a"}}` + "\n", "invalid_request", "operation file_read requires sandbox scope"},
+		{`{"op":"list_sandboxes","scope":{"kind":"sandbox","sandbox_id":"` + id + `"}}` + "\n", "invalid_request", "operation list_sandboxes requires system scope"},
+		{`{"op":"file_read","scope":{"kind":"sandbox","sandbox_id":"sbx-nope"},"args":{"path":"a"}}` + "\n", "not_found", "sandbox not found: sbx-nope"},
+		{`{"op":"file_read","scope":{"kind":"sandbox","sandbox_id":"bad id"},"args":{"path":"a"}}` + "\n", "invalid_request", ""},
+		{`{"op":"file_read","scope":{"kind":"sandbox","sandbox_id":"` + id + `"},"args":{"path":"a","sandbox_id":"sbx-other"}}` + "\n", "invalid_request", "sandbox_id in args does not match scope"},
+		{`{"op":"file_read","scope":{"kind":"sandbox","sandbox_id":"` + id + `"},"args":{"path":"a","limit":"5"}}` + "\n", "invalid_request", "limit must be an unsigned integer"},
+		{`{"op":"file_read","scope":{"kind":"sandbox","sandbox_id":"` + id + `"},"args":{"path":"a","nope":1}}` + "\n", "invalid_request", "unknown argument for file_read: nope"},
+	}
+	for _, tc := range cases {
+		lines := e.raw([]byte(tc.payload))
+		if len(lines) != 1 {
+			t.Errorf("%s: %d lines", tc.payload, len(lines))
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(lines[0]), &m); err != nil {
+			t.Errorf("%s: %v", tc.payload, err)
+			continue
+		}
+		if errKind(m) != tc.kind || (tc.msg != "" && errMsg(m) != tc.msg) {
+			t.Errorf("%s: got %s", strings.TrimSpace(tc.payload), lines[0])
+		}
+	}
+	// sandbox_id in args normalizes into the scope; the token field is ignored on the Unix socket.
+	ok := e.rawObj(map[string]any{"op": "file_list", "scope": map[string]any{"kind": "sandbox", "sandbox_id": id},
+		"args": map[string]any{"sandbox_id": id}, "_sandbox_gateway_auth_token": "whatever", "request_id": "my-req.1"})
+	if errKind(ok) != "" {
+		t.Fatalf("normalized request failed: %v", ok)
+	}
+}
+
+func TestSecondSupervisorRefused(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	cmd := exec.Command(bin("sandbox-supervisor"), "serve")
+	cmd.Env = e.environ()
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+		t.Fatalf("second supervisor: %v %s", err, out)
+	}
+	if !strings.Contains(string(out), "config_error") {
+		t.Fatalf("second supervisor output: %s", out)
+	}
+	e.mgr("list_sandboxes") // the first one still answers
+}
+
+func TestSocketDirectoryMustBePrivate(t *testing.T) {
+	e := newEnv(t)
+	run := filepath.Join(e.home, "run")
+	if err := os.MkdirAll(run, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(run, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin("sandbox-supervisor"), "serve")
+	cmd.Env = e.environ()
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "0700") {
+		t.Fatalf("open socket directory accepted: %v %s", err, out)
+	}
+	if err := os.Chmod(run, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	st, err := os.Stat(e.socket())
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("socket mode: %v %v", st, err)
+	}
+	for _, tok := range []string{"gateway.token", "ui.token"} {
+		st, err := os.Stat(filepath.Join(e.home, "config", tok))
+		if err != nil || st.Mode().Perm() != 0o600 || st.Size() != 65 {
+			t.Fatalf("%s: %v %v", tok, st, err)
+		}
+	}
+}
+
+func TestAutostart(t *testing.T) {
+	e := newEnv(t)
+	root := e.project(map[string]string{"a": "a"})
+	r := e.run("sandbox-manager-cli", "list_sandboxes")
+	if r.code != 1 || !strings.Contains(r.stderr, "connection_error") {
+		t.Fatalf("with SANDBOX_NO_AUTOSTART=1: %v", r)
+	}
+	r = e.runEnv([]string{"SANDBOX_NO_AUTOSTART=0"}, "sandbox-manager-cli", "create_sandbox", "--workspace-bind-root", root)
+	if r.code != 0 {
+		t.Fatalf("autostart: %v", r)
+	}
+	t.Cleanup(func() {
+		b, err := os.ReadFile(filepath.Join(e.home, "run", "supervisor.pid"))
+		if err != nil {
+			return
+		}
+		var pid int
+		fmt.Sscan(string(b), &pid)
+		if p, err := os.FindProcess(pid); err == nil {
+			_ = p.Signal(os.Interrupt)
+			for i := 0; i < 100; i++ {
+				if _, err := os.Stat(e.socket()); os.IsNotExist(err) {
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	})
+	if got := e.mgr("list_sandboxes")["sandboxes"].([]any); len(got) != 1 {
+		t.Fatalf("after autostart: %v", got)
+	}
+}
+
+// TestOtherUserRefused needs a second local account that this user may run
+// commands as through `sudo -n -u $ESBX_OTHER_USER` (CI sets this up).
+func TestOtherUserRefused(t *testing.T) {
+	other := os.Getenv("ESBX_OTHER_USER")
+	if other == "" {
+		skipOrFail(t, "ESBX_OTHER_USER is not set: no second local user to test the peer check with")
+	}
+	if _, err := user.Lookup(other); err != nil {
+		skipOrFail(t, "user %s: %v", other, err)
+	}
+	if out, err := exec.Command("sudo", "-n", "-u", other, "true").CombinedOutput(); err != nil {
+		skipOrFail(t, "sudo -n -u %s: %v %s", other, err, out)
+	}
+	e := newEnv(t)
+	e.start()
+	// Open the path on purpose: the directory mode is the first wall; the
+	// peer check must hold even when someone loosens it.
+	for p := e.socket(); p != "/"; p = filepath.Dir(p) {
+		if strings.HasPrefix(p, os.TempDir()) && p != os.TempDir() {
+			_ = os.Chmod(p, 0o711)
+		}
+	}
+	if err := os.Chmod(e.socket(), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sudo", "-n", "-u", other, bin("sandbox-manager-cli"), "--endpoint", e.socket(), "list_sandboxes")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 1 || stdout.Len() != 0 {
+		t.Fatalf("other user: %v stdout=%q stderr=%q", err, stdout.String(), stderr.String())
+	}
+	var m map[string]any
+	if err := json.Unmarshal(stderr.Bytes(), &m); err != nil || errKind(m) != "unauthorized" || !strings.Contains(errMsg(m), "is not the supervisor owner") {
+		t.Fatalf("other user got %q", stderr.String())
+	}
+	// The owner is still served.
+	e.mgr("list_sandboxes")
+}
