@@ -16,7 +16,6 @@ type mcpClient struct {
 	t     *testing.T
 	cmd   *exec.Cmd
 	in    io.WriteCloser
-	out   *bufio.Reader
 	next  int
 	lines chan string
 }
