@@ -35,8 +35,11 @@ install: build
 	@mkdir -p $(PREFIX)/bin
 	install -m 0755 $(addprefix $(BIN)/,$(BINARIES)) $(PREFIX)/bin/
 
+# Benchmarks: medians and ratios against alternatives measured in the same
+# run, no thresholds. `make bench BENCHFLAGS=-quick` for a fast smoke run.
+BENCHFLAGS ?=
 bench: build
-	@echo "no benchmarks yet: they arrive with workspace sessions"
+	$(GO) run ./tests/bench -bin $(BIN) $(BENCHFLAGS)
 
 clean:
 	rm -rf $(BIN)

@@ -3,6 +3,7 @@ module github.com/ephemeral-ai-lab/sandbox
 go 1.26.0
 
 require (
+	github.com/creack/pty v1.1.24
 	github.com/google/uuid v1.6.0
 	github.com/mark3labs/mcp-go v1.2.1
 	github.com/oklog/ulid/v2 v2.1.2

@@ -200,4 +200,5 @@ type Family struct {
 	Help       string
 }
 
-func u64(v uint64) *uint64 { return &v }
+func u64(v uint64) *uint64   { return &v }
+func f64(v float64) *float64 { return &v }

@@ -20,6 +20,12 @@ var families = []Family{
 var sessionIDArg = Arg{Name: "workspace_session_id", Kind: String, ID: true,
 	Help: "Work inside this workspace session; without it the operation is sessionless (reads see head, writes publish one layer)."}
 
+var yieldArg = Arg{Name: "yield_time_ms", Kind: Integer, Default: uint64(1000), Max: u64(300000), ClampMax: true,
+	Help: "Wait this long for the command to finish before returning its output so far (clamped to runtime.command.max_yield_ms)."}
+
+var graceArg = Arg{Name: "grace_s", Kind: Float, Default: 0.25, FMin: f64(0), FMax: f64(60),
+	DefaultDoc: "runtime.workspace.exit_grace_s (0.25)", Help: "Seconds between SIGTERM and SIGKILL of the holder."}
+
 var sandboxIDArg = Arg{Name: "sandbox_id", Kind: String, Required: true, ID: true, Help: "The sandbox."}
 
 var ops = []Op{
@@ -68,6 +74,52 @@ var ops = []Op{
 		Args:    []Arg{sandboxIDArg},
 	},
 	{
+		ID: "exec_command", Group: Runtime, Family: "command", Scope: ScopeSandbox,
+		Summary: "Run a shell command in a workspace session.",
+		Help: "Runs /bin/bash --noprofile --norc -c COMMAND in a PTY with cwd /workspace. Without workspace_session_id a new implicit " +
+			"session is created; it publishes its changes and destroys itself when its last command ends.",
+		Result: "command output {status, exit_code, wall_time_seconds, command_total_time_seconds, start_offset, end_offset, total_lines, " +
+			"original_token_count, output, command_session_id, workspace_session_id, …}",
+		Args: []Arg{
+			{Name: "cmd", Kind: String, Required: true, NonEmpty: true, Positional: "COMMAND", Help: "The shell command."},
+			{Name: "workspace_session_id", Kind: String, ID: true, DefaultDoc: "a new implicit session", Help: "An active session of this sandbox."},
+			{Name: "timeout_ms", Kind: Integer, Min: u64(1), DefaultDoc: "none", Help: "Kill the command after this long (status timed_out, exit code 124)."},
+			yieldArg,
+		},
+	},
+	{
+		ID: "write_command_stdin", Group: Runtime, Family: "command", Scope: ScopeSandbox,
+		Summary: "Write to a running command's terminal.",
+		Help:    "\\u0003 anywhere cancels the command (SIGINT, then SIGKILL; status cancelled, exit code 130); \\u0004 is end-of-file for a canonical-mode reader.",
+		Result:  "command output",
+		Args: []Arg{
+			{Name: "command_session_id", Kind: String, Required: true, ID: true, Help: "The command."},
+			{Name: "stdin", Kind: String, Required: true, Positional: "TEXT", Help: "Text written to the PTY as UTF-8 (≤ runtime.command.max_stdin_bytes, 1 MiB)."},
+			yieldArg,
+		},
+	},
+	{
+		ID: "read_command_lines", Group: Runtime, Family: "command", Scope: ScopeSandbox,
+		Summary: "Read a command's output rows by offset.",
+		Help:    "Random access; does not move the yield cursor.",
+		Result:  "command output for the requested rows",
+		Args: []Arg{
+			{Name: "command_session_id", Kind: String, Required: true, ID: true, Help: "The command."},
+			{Name: "start_offset", Kind: Integer, Default: uint64(0), Help: "First row (0-based)."},
+			{Name: "limit", Kind: Integer, Default: uint64(200), Min: u64(1), Max: u64(1000), ClampMin: true, ClampMax: true, Help: "Rows to return."},
+		},
+	},
+	{
+		ID: "list_commands", Group: Runtime, Family: "command", Scope: ScopeSandbox,
+		Summary: "List running and retained commands, newest first.",
+		Result:  `{"commands":[{command_session_id, cmd, status, exit_code, started_at, ended_at, workspace_session_id, interrupted}],"truncated"}`,
+		Args: []Arg{
+			{Name: "workspace_session_id", Kind: String, ID: true, Help: "Only this session's commands (it may no longer exist)."},
+			{Name: "status", Kind: String, Enum: []string{"running", "ok", "error", "timed_out", "cancelled"}, Help: "Only commands in this status."},
+			{Name: "limit", Kind: Integer, Default: uint64(100), Min: u64(1), Max: u64(1000), Help: "Maximum commands."},
+		},
+	},
+	{
 		ID: "file_read", Group: Runtime, Family: "file", Scope: ScopeSandbox,
 		Summary: "Read a window of lines of a UTF-8 file.",
 		Help:    "CRLF and CR become LF, a BOM is dropped; lines [offset, offset+limit) joined with \\n.",
@@ -113,6 +165,31 @@ var ops = []Op{
 			sessionIDArg,
 			{Name: "limit", Kind: Integer, Default: uint64(2000), Min: u64(1), Max: u64(2000), ClampMax: true, Help: "Maximum entries."},
 		},
+	},
+	{
+		ID: "create_workspace_session", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox,
+		Summary: "Create an explicit workspace session: a private copy-on-write view of the current head.",
+		Help:    "The view is frozen at creation; later publishes are not visible inside it.",
+		Result:  "{workspace_session_id, network_profile, finalize_policy:\"no_op\", agent, created_at, base_revision, overlay_driver}",
+		Args: []Arg{
+			{Name: "network_profile", Kind: String, Default: "shared", Enum: []string{"shared", "isolated"}, Help: "shared: the user's network; isolated: only the session's own loopback."},
+			{Name: "agent", Kind: String, MaxLen: 128, NoControl: true, Help: "Label of the agent or person owning the session."},
+		},
+	},
+	{
+		ID: "destroy_workspace_session", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox,
+		Summary: "Discard a session and its changes.",
+		Help:    "Refused while commands run and the holder lives.",
+		Result:  "{workspace_session_id, destroyed:true, evicted_upperdir_bytes, active_leases_after}",
+		Args: []Arg{
+			{Name: "workspace_session_id", Kind: String, Required: true, ID: true, Help: "Implicit or explicit session."},
+			graceArg,
+		},
+	},
+	{
+		ID: "list_workspace_sessions", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox,
+		Summary: "List the sandbox's sessions, implicit and explicit.",
+		Result:  `{"workspace_sessions":[session object…]} sorted by created_at`,
 	},
 	{
 		ID: "health", Group: Observability, Family: "health", Scope: ScopeSystem,

@@ -1,11 +1,69 @@
 // Package nsholder is the holder process mode of sandbox-supervisor: the
-// code that runs inside a session's user, mount, PID, IPC and UTS namespaces,
-// assembles its root, mounts the workspace overlay and serves requests from
-// the supervisor. The supervisor never joins namespaces itself (design rule
-// 2); it starts this mode with clone flags and talks to it.
+// code that runs inside a session's user, mount, PID, IPC and UTS namespaces
+// (plus a network namespace with only lo for isolated sessions), assembles
+// its root, mounts the workspace overlay and serves requests from the
+// supervisor. The supervisor never joins namespaces itself (design rule 2);
+// it starts this mode with clone flags and talks to it.
 //
-// This version holds the start-up probe: a short-lived child in a fresh user
-// and mount namespace that proves (or disproves, with the kernel's reason)
-// that kernel OverlayFS mounts with userxattr on the data directory's
+// What the package owns:
+//
+//   - Start (client.go): starts `self nsholder serve` with
+//     CLONE_NEWUSER|NEWNS|NEWPID|NEWIPC|NEWUTS (+NEWNET), a single-ID map of
+//     the caller (setgroups deny), Pdeathsig SIGKILL and its own session,
+//     hands it the Config over an inherited socketpair (fd 3) and waits for
+//     the ready handshake. Failures are *SetupError with the stage
+//     (spawn, handshake, mount_root, mount_overlay, pivot_root, ready) and
+//     leave no process. The returned Holder is the supervisor's handle.
+//   - The holder (holder.go): PID 1 of the session, non-dumpable, reaps
+//     every child and orphan with its own wait4(-1) loop (SIGCHLD plus a
+//     poll while a command's group outlives its root), exits at EOF of the
+//     channel (the kernel then kills the whole PID namespace, and the mount
+//     namespace with the overlay goes with its last process).
+//   - Root assembly (root.go, §5.4 image "host"); see the order there.
+//   - Commands: a PTY per command (creack/pty on the session's devpts),
+//     Setsid+Setctty, cwd and environment from the request, exec'd through
+//     the shim (harden.go) as /proc/self/fd/3 = the holder's own binary,
+//     opened before pivot_root. The PTY master goes to the supervisor with
+//     SCM_RIGHTS. Events: Exited when the root is reaped (wait status),
+//     then Done once kill(-pgid, 0) says the process group is empty.
+//   - File operations on an fd of /workspace (files.go).
+//   - The control protocol (proto.go).
+//
+// Decisions the contract leaves open:
+//
+//   - Terminal hangup: the shell is the session leader and controlling
+//     process of its PTY, so when it exits the kernel sends SIGHUP to the
+//     terminal's foreground process group, which is the command's group.
+//     Background children that do not ignore SIGHUP therefore end with the
+//     shell, as on any terminal; those that do (nohup, trap "" HUP) keep the
+//     command open (not Done) until they exit. A child that calls setsid
+//     before the shell exits leaves the command and lives on until Quiesce
+//     or Close.
+//   - Signal(id) goes to the command's process group, to every process
+//     still in its session (the root is a session leader, so this catches
+//     children that only changed their process group) and to every
+//     descendant of those, found through /proc at the time of the call.
+//   - Signals from the session: as PID 1, the holder receives a signal from
+//     inside only if it has a handler; it has one for every catchable
+//     signal (os/signal.Notify into a drained channel, not SIG_IGN, which
+//     the commands would inherit), so kill -TERM/-SEGV 1 do nothing. Since
+//     the holder cannot tell the supervisor's SIGTERM from a session's,
+//     Holder.Close sends a shutdown request instead of SIGTERM: the holder
+//     SIGTERMs every session process, waits up to grace for them, and
+//     exits; Close SIGKILLs it if it is still there after grace.
+//   - Event order: per command, Exited precedes Done; no event of a
+//     command is delivered on Events before Spawn has returned its Process
+//     (the caller must still register the ID before it processes events,
+//     e.g. under the same lock as its event handler).
+//   - Events must be drained: the queue behind Events is unbounded so the
+//     channel reader never blocks, and it is closed after the holder's exit
+//     once everything queued was delivered.
+//   - Quiesce is kill(-1, SIGKILL) from PID 1 (every process of the
+//     namespace but the holder) repeated until /proc lists only the holder;
+//     the resulting Exited/Done events are sent before its reply.
+//
+// The start-up probe (probe.go) is a short-lived child in a fresh user and
+// mount namespace that proves (or disproves, with the kernel's reason) that
+// kernel OverlayFS mounts with userxattr on the data directory's
 // filesystem, with lowerdir+ or the option-string fallback.
 package nsholder

@@ -192,9 +192,14 @@ func mountOverlayFsconfig(target string, lowers []string, upper, work string) er
 
 // Main runs the nsholder mode with its arguments (after "nsholder").
 func Main(args []string) int {
-	if len(args) == 2 && args[0] == "probe" {
+	switch {
+	case len(args) == 2 && args[0] == "probe":
 		return runProbeChild(args[1])
+	case len(args) == 1 && args[0] == "serve":
+		return runServe()
+	case len(args) >= 1 && args[0] == "shim":
+		return runShim(args[1:])
 	}
-	fmt.Fprintln(os.Stderr, "nsholder: internal mode; usage: sandbox-supervisor nsholder probe DIR")
+	fmt.Fprintln(os.Stderr, "nsholder: internal mode; usage: sandbox-supervisor nsholder probe DIR | serve | shim -- ARGV...")
 	return 2
 }

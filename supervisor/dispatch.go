@@ -36,6 +36,13 @@ var handlers = map[string]handler{
 	"file_edit":                  (*Supervisor).fileEdit,
 	"file_list":                  (*Supervisor).fileList,
 	"health":                     (*Supervisor).health,
+	"exec_command":               (*Supervisor).execCommand,
+	"write_command_stdin":        (*Supervisor).writeCommandStdin,
+	"read_command_lines":         (*Supervisor).readCommandLines,
+	"list_commands":              (*Supervisor).listCommands,
+	"create_workspace_session":   (*Supervisor).createWorkspaceSession,
+	"destroy_workspace_session":  (*Supervisor).destroyWorkspaceSession,
+	"list_workspace_sessions":    (*Supervisor).listWorkspaceSessions,
 }
 
 // streamingOps may send progress lines (§2.5).

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -11,18 +12,130 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/nsholder"
 )
 
 // File operations (§7). Without workspace_session_id they work on the
 // published head: reads see its merged view, writes are a read-modify-write
 // under the LayerStack's writer lock that publishes exactly one layer.
 
-func (s *Supervisor) fileSession(c *call) error {
-	if c.args.Has("workspace_session_id") {
-		id := c.args.String("workspace_session_id")
-		return catalog.Errorf(catalog.NotFound, "workspace session not found: %s", id).With("workspace_session_id", id)
+// fileSession returns the session a file operation names, admitted and
+// with its gate held (release with the returned func), or nil for a
+// sessionless operation.
+func (s *Supervisor) fileSession(c *call) (*session, func(), error) {
+	if !c.args.Has("workspace_session_id") {
+		return nil, func() {}, nil
 	}
-	return nil
+	ss, e := c.sb.lookupSession(c.args.String("workspace_session_id"))
+	if e != nil {
+		return nil, nil, e
+	}
+	ss.gate.Lock()
+	if e := ss.admit(); e != nil {
+		ss.gate.Unlock()
+		return nil, nil, e
+	}
+	ss.mu.Lock()
+	h := ss.holder
+	ss.mu.Unlock()
+	if h == nil {
+		ss.gate.Unlock()
+		return nil, nil, catalog.Errorf(catalog.OperationFailed, "holder exited").With("workspace_session_id", ss.id())
+	}
+	return ss, ss.gate.Unlock, nil
+}
+
+// fileEntry is one entry of whichever view a file operation reads.
+type fileEntry struct {
+	name string
+	kind layers.EntryKind
+	mode fs.FileMode
+	size int64
+}
+
+// fileView is the read side of a file operation: the head's merged view
+// (sessionless) or a session's view through its holder.
+type fileView interface {
+	lstat(ctx context.Context, p string) (fileEntry, error)
+	readFile(ctx context.Context, p string, max int64) ([]byte, error)
+	readDir(ctx context.Context, p string) ([]fileEntry, error)
+}
+
+type headFiles struct{ v *layers.View }
+
+func toEntry(e layers.Entry) fileEntry {
+	return fileEntry{name: path.Base(e.Path), kind: e.Kind, mode: e.Mode, size: e.Size}
+}
+
+func (h headFiles) lstat(_ context.Context, p string) (fileEntry, error) {
+	e, err := h.v.Lstat(p)
+	return toEntry(e), err
+}
+
+func (h headFiles) readFile(_ context.Context, p string, _ int64) ([]byte, error) {
+	return h.v.ReadFile(p)
+}
+
+func (h headFiles) readDir(_ context.Context, p string) ([]fileEntry, error) {
+	ents, err := h.v.ReadDir(p)
+	out := make([]fileEntry, len(ents))
+	for i, e := range ents {
+		out[i] = toEntry(e)
+	}
+	return out, err
+}
+
+// sessionFiles reads through the holder. A symlink or file as a parent
+// component makes the path absent, exactly as in the merged head view.
+type sessionFiles struct{ h nsholder.Holder }
+
+func holderEntry(fi nsholder.FileInfo) fileEntry {
+	return fileEntry{name: fi.Name, kind: layers.EntryKind(fi.Kind), mode: fi.Mode, size: fi.Size}
+}
+
+func holderReadErr(err error) error {
+	if errors.Is(err, nsholder.ErrSymlink) || errors.Is(err, nsholder.ErrNotDir) {
+		return fs.ErrNotExist
+	}
+	return err
+}
+
+func (f sessionFiles) lstat(ctx context.Context, p string) (fileEntry, error) {
+	fi, err := f.h.Lstat(ctx, p)
+	return holderEntry(fi), holderReadErr(err)
+}
+
+func (f sessionFiles) readFile(ctx context.Context, p string, max int64) ([]byte, error) {
+	b, _, err := f.h.ReadFile(ctx, p, max)
+	return b, holderReadErr(err)
+}
+
+func (f sessionFiles) readDir(ctx context.Context, p string) ([]fileEntry, error) {
+	fis, err := f.h.ReadDir(ctx, p)
+	out := make([]fileEntry, len(fis))
+	for i, fi := range fis {
+		out[i] = holderEntry(fi)
+	}
+	return out, holderReadErr(err)
+}
+
+// viewFor returns the read view of a file operation and a release func.
+func (s *Supervisor) viewFor(c *call) (fileView, *session, func(), error) {
+	ss, release, err := s.fileSession(c)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if ss != nil {
+		ss.mu.Lock()
+		h := ss.holder
+		ss.mu.Unlock()
+		return sessionFiles{h}, ss, release, nil
+	}
+	m, err := c.sb.stack.Head()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return headFiles{c.sb.stack.View(m)}, nil, release, nil
 }
 
 func fileNotFound(p string) *catalog.Error {
@@ -42,26 +155,43 @@ func kindName(k layers.EntryKind) string {
 }
 
 // lstatFile resolves p in the view and insists on a regular file.
-func lstatFile(v *layers.View, p string) (layers.Entry, error) {
-	e, err := v.Lstat(p)
+func lstatFile(ctx context.Context, v fileView, p string) (fileEntry, error) {
+	e, err := v.lstat(ctx, p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return e, fileNotFound(p)
 	}
 	if err != nil {
 		return e, err
 	}
-	if e.Kind != layers.KindFile {
-		return e, catalog.Errorf(catalog.InvalidRequest, "path is not a regular file (%s)", kindName(e.Kind)).With("path", p)
+	if e.kind != layers.KindFile {
+		return e, catalog.Errorf(catalog.InvalidRequest, "path is not a regular file (%s)", kindName(e.kind)).With("path", p)
 	}
 	return e, nil
 }
 
-func (s *Supervisor) headView(sb *sandbox) (*layers.View, layers.Manifest, error) {
-	m, err := sb.stack.Head()
+// readText reads a regular UTF-8 file of at most max bytes.
+func readText(ctx context.Context, v fileView, p string, max int64) ([]byte, fileEntry, error) {
+	e, err := lstatFile(ctx, v, p)
 	if err != nil {
-		return nil, m, err
+		return nil, e, err
 	}
-	return sb.stack.View(m), m, nil
+	if e.size > max {
+		return nil, e, catalog.Errorf(catalog.InvalidRequest, "file is too large").With("path", p).With("size", e.size)
+	}
+	raw, err := v.readFile(ctx, p, max)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, e, fileNotFound(p)
+	}
+	if errors.Is(err, nsholder.ErrTooLarge) {
+		return nil, e, catalog.Errorf(catalog.InvalidRequest, "file is too large").With("path", p)
+	}
+	if err != nil {
+		return nil, e, fmt.Errorf("read %s: %w", p, err)
+	}
+	if !utf8.Valid(raw) {
+		return nil, e, catalog.Errorf(catalog.InvalidRequest, "file is not valid UTF-8: %s", p).With("path", p)
+	}
+	return raw, e, nil
 }
 
 // normalizeText drops a BOM and turns CRLF and lone CR into LF.
@@ -81,30 +211,18 @@ func splitLines(t string) []string {
 }
 
 func (s *Supervisor) fileRead(c *call) (any, error) {
-	if err := s.fileSession(c); err != nil {
-		return nil, err
-	}
 	p, perr := catalog.WorkspacePath(c.args.String("path"), false)
 	if perr != nil {
 		return nil, perr
 	}
-	v, _, err := s.headView(c.sb)
+	v, _, release, err := s.viewFor(c)
 	if err != nil {
 		return nil, err
 	}
-	e, err := lstatFile(v, p)
+	defer release()
+	raw, _, err := readText(c.ctx, v, p, s.cfg.Runtime.File.MaxReadFileBytes)
 	if err != nil {
 		return nil, err
-	}
-	if e.Size > s.cfg.Runtime.File.MaxReadFileBytes {
-		return nil, catalog.Errorf(catalog.InvalidRequest, "file is too large").With("path", p).With("size", e.Size)
-	}
-	raw, err := v.ReadFile(p)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", p, err)
-	}
-	if !utf8.Valid(raw) {
-		return nil, catalog.Errorf(catalog.InvalidRequest, "file is not valid UTF-8: %s", p).With("path", p)
 	}
 	lines := splitLines(normalizeText(raw))
 	offset := c.args.Uint("offset")
@@ -139,28 +257,26 @@ func (s *Supervisor) fileRead(c *call) (any, error) {
 }
 
 func (s *Supervisor) fileList(c *call) (any, error) {
-	if err := s.fileSession(c); err != nil {
-		return nil, err
-	}
 	p, perr := catalog.WorkspacePath(c.args.String("path"), true)
 	if perr != nil {
 		return nil, perr
 	}
-	v, _, err := s.headView(c.sb)
+	v, _, release, err := s.viewFor(c)
 	if err != nil {
 		return nil, err
 	}
-	e, err := v.Lstat(p)
+	defer release()
+	e, err := v.lstat(c.ctx, p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, catalog.Errorf(catalog.NotFound, "directory not found: %s", p).With("path", p)
 	}
 	if err != nil {
 		return nil, err
 	}
-	if e.Kind != layers.KindDir {
-		return nil, catalog.Errorf(catalog.InvalidRequest, "path is not a directory (%s)", kindName(e.Kind)).With("path", p)
+	if e.kind != layers.KindDir {
+		return nil, catalog.Errorf(catalog.InvalidRequest, "path is not a directory (%s)", kindName(e.kind)).With("path", p)
 	}
-	ents, err := v.ReadDir(p)
+	ents, err := v.readDir(c.ctx, p)
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", p, err)
 	}
@@ -175,10 +291,10 @@ func (s *Supervisor) fileList(c *call) (any, error) {
 		if len(out) == limit {
 			break
 		}
-		en := entry{Name: path.Base(e.Path)}
-		switch e.Kind {
+		en := entry{Name: e.name}
+		switch e.kind {
 		case layers.KindFile:
-			en.Kind, en.Size = "file", e.Size
+			en.Kind, en.Size = "file", e.size
 		case layers.KindDir:
 			en.Kind = "directory"
 		case layers.KindSymlink:
@@ -245,36 +361,74 @@ func (s *Supervisor) checkProtected(p string) error {
 }
 
 func (s *Supervisor) fileWrite(c *call) (any, error) {
-	if err := s.fileSession(c); err != nil {
-		return nil, err
-	}
 	p, perr := catalog.WorkspacePath(c.args.String("path"), false)
 	if perr != nil {
 		return nil, perr
 	}
+	content := []byte(c.args.String("content"))
+	ss, release, err := s.fileSession(c)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if ss != nil {
+		created, err := s.sessionWrite(c.ctx, ss, p, content)
+		if err != nil {
+			return nil, err
+		}
+		s.bump(c.ctx, c.sb)
+		return map[string]any{"type": writeType(created), "path": p, "bytes_written": len(content)}, nil
+	}
 	if err := s.checkProtected(p); err != nil {
 		return nil, err
 	}
-	content := c.args.String("content")
-	typ := "update"
+	created := false
 	res, err := c.sb.stack.Update(c.ctx, func(v *layers.View) ([]layers.Change, error) {
 		old, err := writeTarget(v, p)
 		if err != nil {
 			return nil, err
 		}
 		mode := fs.FileMode(0o644)
-		if old == nil {
-			typ = "create"
-		} else {
+		if created = old == nil; !created {
 			mode = old.Mode.Perm()
 		}
-		return []layers.Change{{Kind: layers.ChangeWrite, Path: p, Mode: mode, Data: []byte(content)}}, nil
+		return []layers.Change{{Kind: layers.ChangeWrite, Path: p, Mode: mode, Data: content}}, nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	s.bump(c.ctx, c.sb)
-	return map[string]any{"type": typ, "path": p, "bytes_written": len(content), "revision": res.Revision, "layer_id": layerID(res)}, nil
+	return map[string]any{"type": writeType(created), "path": p, "bytes_written": len(content), "revision": res.Revision, "layer_id": layerID(res)}, nil
+}
+
+func writeType(created bool) string {
+	if created {
+		return "create"
+	}
+	return "update"
+}
+
+// sessionWrite writes through the holder, keeping an existing file's mode.
+func (s *Supervisor) sessionWrite(ctx context.Context, ss *session, p string, data []byte) (bool, error) {
+	ss.mu.Lock()
+	h := ss.holder
+	ss.mu.Unlock()
+	created, err := h.WriteFile(ctx, p, data, nil)
+	switch {
+	case err == nil:
+		return created, nil
+	case errors.Is(err, nsholder.ErrSymlink):
+		return false, catalog.Errorf(catalog.InvalidRequest, "a parent component is a symlink: %s", p).With("path", p)
+	case errors.Is(err, nsholder.ErrNotDir):
+		return false, catalog.Errorf(catalog.InvalidRequest, "a parent component is a file, not a directory: %s", p).With("path", p)
+	case errors.Is(err, nsholder.ErrNotRegular):
+		kind := "Other"
+		if fi, lerr := h.Lstat(ctx, p); lerr == nil {
+			kind = kindName(layers.EntryKind(fi.Kind))
+		}
+		return false, catalog.Errorf(catalog.InvalidRequest, "path is not a regular file (%s)", kind).With("path", p)
+	}
+	return false, fmt.Errorf("write %s: %w", p, err)
 }
 
 func layerID(r layers.PublishResult) any {
@@ -372,10 +526,27 @@ func dominantEnding(b []byte) string {
 	return "\r"
 }
 
-func (s *Supervisor) fileEdit(c *call) (any, error) {
-	if err := s.fileSession(c); err != nil {
-		return nil, err
+// editText applies edits to raw file bytes (§7.3): matching on LF-normalized
+// text without BOM, then the dominant line ending and BOM restored.
+func editText(raw []byte, edits []edit, p string) ([]byte, int, error) {
+	text := normalizeText(raw)
+	out, n, err := applyEdits(text, edits)
+	if err != nil {
+		return nil, 0, err
 	}
+	if out == text {
+		return nil, 0, catalog.Errorf(catalog.InvalidRequest, "edit made no changes").With("path", p)
+	}
+	if nl := dominantEnding(raw); nl != "\n" {
+		out = strings.ReplaceAll(out, "\n", nl)
+	}
+	if bytes.HasPrefix(raw, []byte("\xef\xbb\xbf")) {
+		out = "\xef\xbb\xbf" + out
+	}
+	return []byte(out), n, nil
+}
+
+func (s *Supervisor) fileEdit(c *call) (any, error) {
 	p, perr := catalog.WorkspacePath(c.args.String("path"), false)
 	if perr != nil {
 		return nil, perr
@@ -384,47 +555,50 @@ func (s *Supervisor) fileEdit(c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	v, ss, release, err := s.viewFor(c)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	result := func(written, replacements int) map[string]any {
+		return map[string]any{"type": "edit", "path": p, "edits_applied": len(edits), "replacements": replacements, "bytes_written": written}
+	}
+	if ss != nil {
+		raw, _, err := readText(c.ctx, v, p, s.cfg.Runtime.File.MaxEditBytes)
+		if err != nil {
+			return nil, err
+		}
+		out, n, err := editText(raw, edits, p)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := s.sessionWrite(c.ctx, ss, p, out); err != nil {
+			return nil, err
+		}
+		s.bump(c.ctx, c.sb)
+		return result(len(out), n), nil
+	}
 	if err := s.checkProtected(p); err != nil {
 		return nil, err
 	}
 	var written, replacements int
-	res, err := c.sb.stack.Update(c.ctx, func(v *layers.View) ([]layers.Change, error) {
-		e, err := lstatFile(v, p)
+	res, err := c.sb.stack.Update(c.ctx, func(head *layers.View) ([]layers.Change, error) {
+		raw, e, err := readText(c.ctx, headFiles{head}, p, s.cfg.Runtime.File.MaxEditBytes)
 		if err != nil {
 			return nil, err
 		}
-		if e.Size > s.cfg.Runtime.File.MaxEditBytes {
-			return nil, catalog.Errorf(catalog.InvalidRequest, "file is too large").With("path", p)
-		}
-		raw, err := v.ReadFile(p)
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", p, err)
-		}
-		if !utf8.Valid(raw) {
-			return nil, catalog.Errorf(catalog.InvalidRequest, "file is not valid UTF-8: %s", p).With("path", p)
-		}
-		text := normalizeText(raw)
-		out, n, err := applyEdits(text, edits)
+		out, n, err := editText(raw, edits, p)
 		if err != nil {
 			return nil, err
 		}
-		if out == text {
-			return nil, catalog.Errorf(catalog.InvalidRequest, "edit made no changes").With("path", p)
-		}
-		replacements = n
-		if nl := dominantEnding(raw); nl != "\n" {
-			out = strings.ReplaceAll(out, "\n", nl)
-		}
-		if bytes.HasPrefix(raw, []byte("\xef\xbb\xbf")) {
-			out = "\xef\xbb\xbf" + out
-		}
-		written = len(out)
-		return []layers.Change{{Kind: layers.ChangeWrite, Path: p, Mode: e.Mode.Perm(), Data: []byte(out)}}, nil
+		written, replacements = len(out), n
+		return []layers.Change{{Kind: layers.ChangeWrite, Path: p, Mode: e.mode.Perm(), Data: out}}, nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	s.bump(c.ctx, c.sb)
-	return map[string]any{"type": "edit", "path": p, "edits_applied": len(edits), "replacements": replacements,
-		"bytes_written": written, "revision": res.Revision, "layer_id": layerID(res)}, nil
+	r := result(written, replacements)
+	r["revision"], r["layer_id"] = res.Revision, layerID(res)
+	return r, nil
 }

@@ -39,7 +39,7 @@ type sandboxRecord struct {
 	LiveWorkspaceSessions []string           `json:"live_workspace_sessions"`
 	SharedBase            sharedBase         `json:"shared_base"`
 	ResourceProfile       resourceProfileRec `json:"resource_profile"`
-	RecoveryArtifacts     []any              `json:"recovery_artifacts"`
+	RecoveryArtifacts     []recoveryArtifact `json:"recovery_artifacts"`
 	Error                 string             `json:"error,omitempty"`
 }
 
@@ -65,6 +65,15 @@ type sandbox struct {
 	rec   sandboxRecord
 	dir   string
 	stack *layers.Stack
+
+	sessions      map[string]*session // live sessions
+	commands      map[string]*command // running and retained terminal commands
+	terminalOrder []string            // retained terminal commands, oldest first
+	evicted       map[string]bool     // IDs evicted from retention
+}
+
+func newSandbox(rec sandboxRecord, dir string) *sandbox {
+	return &sandbox{rec: rec, dir: dir, sessions: map[string]*session{}, commands: map[string]*command{}, evicted: map[string]bool{}}
 }
 
 func (sb *sandbox) busyError() *catalog.Error {
@@ -175,12 +184,12 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 	var first *layers.Stack
 	for i := uint64(0); i < count; i++ {
 		id := s.ids.new("sbx-")
-		sb := &sandbox{dir: s.sandboxDir(id), rec: sandboxRecord{
+		sb := newSandbox(sandboxRecord{
 			ID: id, Name: name, WorkspaceRoot: c.args.String("workspace_root"), Image: image, Rootfs: "host",
 			OverlayDriver: driver, State: stateCreating, CreatedAt: nowRFC3339(),
-			LiveWorkspaceSessions: []string{}, RecoveryArtifacts: []any{},
+			LiveWorkspaceSessions: []string{}, RecoveryArtifacts: []recoveryArtifact{},
 			ResourceProfile: resourceProfileRec{Name: s.cfg.Sandbox.ResourceProfile, ResourceProfile: s.cfg.ResourceProfiles[s.cfg.Sandbox.ResourceProfile]},
-		}}
+		}, s.sandboxDir(id))
 		// The record is persisted as creating first so a crash mid-snapshot is rolled back at start.
 		if err := s.store.putSandbox(c.ctx, &sb.rec); err != nil {
 			rollback()
@@ -309,12 +318,23 @@ func underAny(p string, roots []string) bool {
 	return false
 }
 
-// removeSandbox deletes everything a sandbox owns: directory, record, registry entry.
+// removeSandbox deletes everything a sandbox owns: directory, command
+// transcripts, records, registry entry.
 func (s *Supervisor) removeSandbox(ctx context.Context, sb *sandbox) error {
-	if err := os.RemoveAll(sb.dir); err != nil {
-		return fmt.Errorf("remove %s: %w", sb.dir, err)
+	removeTree(sb.dir)
+	if _, err := os.Stat(sb.dir); err == nil {
+		return fmt.Errorf("remove %s: still present", sb.dir)
 	}
-	if err := s.store.deleteSandbox(ctx, sb.rec.ID); err != nil {
+	sb.mu.Lock()
+	ids := make([]string, 0, len(sb.commands))
+	for id := range sb.commands {
+		ids = append(ids, id)
+	}
+	sb.mu.Unlock()
+	for _, id := range ids {
+		os.RemoveAll(filepath.Join(s.dirs.Data, "commands", id))
+	}
+	if err := s.store.deleteSandboxRows(ctx, sb.rec.ID); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -353,6 +373,7 @@ func (s *Supervisor) destroySandbox(c *call) (any, error) {
 	c.progress("waiting for in-flight operations of " + rec.ID)
 	sb.gate.Lock() // new requests already see stopping; wait for the running ones
 	defer sb.gate.Unlock()
+	s.stopSessions(c.ctx, sb, true, c.progress)
 	final := sb.view()
 	c.progress("removing " + sb.dir)
 	if err := s.removeSandbox(c.ctx, sb); err != nil {
@@ -468,7 +489,8 @@ func (s *Supervisor) recover(ctx context.Context) error {
 		return catalog.Errorf(catalog.ConfigError, "%v", err)
 	}
 	for _, rec := range recs {
-		sb := &sandbox{rec: *rec, dir: s.sandboxDir(rec.ID)}
+		sb := newSandbox(*rec, s.sandboxDir(rec.ID))
+		sb.rec.LiveWorkspaceSessions = []string{} // rebuilt from the session records
 		switch rec.State {
 		case stateCreating, stateStopping, stateStopped:
 			s.log.Info("recovery: removing sandbox", "sandbox", rec.ID, "state", rec.State)
@@ -486,7 +508,7 @@ func (s *Supervisor) recover(ctx context.Context) error {
 		if err == nil {
 			sb.stack = st
 			var res layers.SweepResult
-			res, err = st.Sweep(nil)
+			res, err = st.Sweep(s.persistedLeases(ctx, sb))
 			if err == nil && (len(res.RemovedLayerIDs) > 0 || res.RemovedStagingEntries > 0 || res.SkippedReason != "") {
 				s.log.Info("recovery: storage sweep", "sandbox", rec.ID, "removed_layers", res.RemovedLayerIDs,
 					"removed_staging", res.RemovedStagingEntries, "skipped", res.SkippedReason)
@@ -498,6 +520,11 @@ func (s *Supervisor) recover(ctx context.Context) error {
 			s.log.Error("recovery: sandbox failed", "sandbox", rec.ID, "err", err)
 		}
 		s.sandboxes[rec.ID] = sb
+		if sb.rec.State == stateReady {
+			s.loadCommands(ctx, sb)
+			s.removeOrphanSessionDirs(ctx, sb)
+			s.restoreSessions(ctx, sb)
+		}
 	}
 	return nil
 }

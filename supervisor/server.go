@@ -135,6 +135,9 @@ func Serve(ctx context.Context, opt Options) error {
 	ln.Close()
 	<-acceptDone
 	s.waitInflight(time.Duration(cfg.Supervisor.ShutdownGraceS * float64(time.Second)))
+	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.Supervisor.ShutdownGraceS*float64(time.Second)))
+	s.shutdown(sctx)
+	cancel()
 	os.Remove(socket)
 	log.Info("supervisor stopped")
 	return nil

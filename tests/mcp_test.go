@@ -124,8 +124,9 @@ func TestMCPSets(t *testing.T) {
 	root := e.project(map[string]string{"a.txt": "alpha\n"})
 	id := e.createSandbox(root)
 	want := map[string][]string{
-		"management":    {"create_sandbox", "destroy_sandbox", "inspect_sandbox", "list_sandboxes", "list_workspace_directories"},
-		"runtime":       {"file_edit", "file_list", "file_read", "file_write"},
+		"management": {"create_sandbox", "destroy_sandbox", "inspect_sandbox", "list_sandboxes", "list_workspace_directories"},
+		"runtime": {"create_workspace_session", "destroy_workspace_session", "exec_command", "file_edit", "file_list", "file_read",
+			"file_write", "list_commands", "list_workspace_sessions", "read_command_lines", "write_command_stdin"},
 		"observability": {"health"},
 	}
 	for set, tools := range want {

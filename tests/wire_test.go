@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -90,7 +92,7 @@ func TestWireErrors(t *testing.T) {
 		{`{"op":"list_sandboxes","scope":{"kind":"system"},"x":1}` + "\n", "invalid_request", "unknown request field: x"},
 		{`{"op":"list_sandboxes"}` + "\n", "invalid_request", "scope is required and must be an object"},
 		{`{"op":"teleport","scope":{"kind":"system"}}` + "\n", "unknown_op", ""},
-		{`{"op":"exec_command","scope":{"kind":"system"}}` + "\n", "unknown_op", ""},
+		{`{"op":"squash_layerstacks","scope":{"kind":"system"}}` + "\n", "unknown_op", ""},
 		{`{"op":"file_read","scope":{"kind":"system"},"args":{"path":"a"}}` + "\n", "invalid_request", "operation file_read requires sandbox scope"},
 		{`{"op":"list_sandboxes","scope":{"kind":"sandbox","sandbox_id":"` + id + `"}}` + "\n", "invalid_request", "operation list_sandboxes requires system scope"},
 		{`{"op":"file_read","scope":{"kind":"sandbox","sandbox_id":"sbx-nope"},"args":{"path":"a"}}` + "\n", "not_found", "sandbox not found: sbx-nope"},
@@ -240,4 +242,46 @@ func TestOtherUserRefused(t *testing.T) {
 	}
 	// The owner is still served.
 	e.mgr("list_sandboxes")
+}
+
+func writeConfig(t *testing.T, e *env, yml string) {
+	t.Helper()
+	dir := filepath.Join(e.home, "config")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.yml"), []byte(yml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConfig(t *testing.T) {
+	e := newEnv(t)
+	for _, bad := range []string{"supervisor:\n  no_such_key: 1\n", "manager:\n  max_create_count: 0\n", "sandbox:\n  default_overlay: zfs\n", "nonsense: [\n"} {
+		writeConfig(t, e, bad)
+		cmd := exec.Command(bin("sandbox-supervisor"), "serve")
+		cmd.Env = e.environ()
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "config_error") {
+			t.Errorf("config %q accepted: %v %s", bad, err, out)
+		}
+	}
+	writeConfig(t, e, "supervisor:\n  request_read_timeout_s: 0.3\nmanager:\n  max_create_count: 2\n")
+	e.start()
+	c, err := net.Dial("unix", e.socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = c.Write([]byte(`{"op":"list_sandboxes"`))
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second)) // far below the default 30 s: the configured 0.3 s applies
+	b, _ := io.ReadAll(c)
+	if !strings.Contains(string(b), "request read timed out") {
+		t.Fatalf("read timeout: %q", b)
+	}
+	root := e.project(map[string]string{"a": "a"})
+	body := e.fail(1, "invalid_request", "sandbox-manager-cli", "create_sandbox", "--workspace-bind-root", root, "--count", "3")
+	if body["message"] != "count must be between 1 and 2" {
+		t.Fatalf("configured max_create_count: %v", body)
+	}
 }

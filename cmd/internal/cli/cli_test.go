@@ -153,9 +153,12 @@ func TestOpHelpListsFlags(t *testing.T) {
 					t.Fatalf("%v: code %d stderr %q", args, r.code, r.stderr)
 				}
 				for _, a := range op.Args {
-					line := ""
+					line, lead := "", "--"+a.FlagName()
+					if a.Positional != "" {
+						lead = a.Positional + " (positional)"
+					}
 					for _, l := range strings.Split(r.stdout, "\n") {
-						if strings.HasPrefix(strings.TrimSpace(l), "--"+a.FlagName()) {
+						if strings.HasPrefix(strings.TrimSpace(l), lead) {
 							line = l
 						}
 					}

@@ -1,0 +1,115 @@
+package nsholder
+
+import (
+	"context"
+	"io/fs"
+	"os"
+	"syscall"
+	"time"
+)
+
+// Config is everything a holder needs to build a session's root. All paths
+// are host paths; they are opened before pivot_root and never visible inside.
+type Config struct {
+	SessionID string   `json:"session_id"` // also the UTS hostname
+	Lowers    []string `json:"lowers"`     // layer directories of the leased chain, newest first
+	Upper     string   `json:"upper"`      // sessions/<id>/upper
+	Work      string   `json:"work"`       // sessions/<id>/work (fresh per holder)
+	Scratch   string   `json:"scratch"`    // sessions/<id>/scratch: backs /tmp, /var/tmp, /root, /run
+	// HostPaths are bind-mounted read-only when they exist (image "host");
+	// top-level symlinks such as /bin → usr/bin are reproduced as symlinks.
+	HostPaths []string `json:"host_paths"`
+	// HiddenPaths are covered with an empty read-only tmpfs (mode 000)
+	// wherever they would be visible (the supervisor's own directories).
+	HiddenPaths     []string `json:"hidden_paths"`
+	IsolatedNetwork bool     `json:"isolated_network"` // new netns with only lo up
+}
+
+// SetupError says at which stage holder setup failed (§5.2 "workspace setup
+// failed at <stage>"): spawn, handshake, mount_root, mount_overlay, pivot_root, ready.
+type SetupError struct {
+	Stage string
+	Err   string
+}
+
+func (e *SetupError) Error() string { return "workspace setup failed at " + e.Stage + ": " + e.Err }
+
+// SpawnRequest starts one command: /bin/bash --noprofile --norc -c Cmd, or
+// /bin/sh -c Cmd when the root has no bash (ErrNoShell when neither).
+type SpawnRequest struct {
+	Cmd        string   `json:"cmd"`
+	Env        []string `json:"env"` // the complete environment
+	Dir        string   `json:"dir"` // working directory inside the session, normally /workspace
+	Rows, Cols uint16
+}
+
+// Process is a spawned command. PTY is the master side of its terminal:
+// the caller reads output from it and writes stdin to it, and closes it.
+type Process struct {
+	ID  uint64 // holder-assigned, unique per holder
+	Pid int    // the root process's PID inside the session's PID namespace
+	PTY *os.File
+}
+
+// Event reports command progress from the holder.
+type Event struct {
+	ID uint64
+	// Exited is set when the root process has been reaped; Status is its wait status.
+	Exited bool
+	Status syscall.WaitStatus
+	// Done is set once the root process has exited and no other process of
+	// its process group is alive (§6.5): the command is complete.
+	Done bool
+}
+
+// FileInfo describes one entry below /workspace.
+type FileInfo struct {
+	Name string      `json:"name"` // base name
+	Kind string      `json:"kind"` // "file", "directory", "symlink", "other"
+	Mode fs.FileMode `json:"mode"` // permission bits
+	Size int64       `json:"size"`
+}
+
+// Errors returned by file operations, matched with errors.Is.
+var (
+	ErrNotExist   = fs.ErrNotExist
+	ErrNotDir     = &opError{"a parent component is not a directory"}
+	ErrSymlink    = &opError{"a path component is a symlink"}
+	ErrNotRegular = &opError{"not a regular file"}
+	ErrTooLarge   = &opError{"file is too large"}
+	ErrNoShell    = &opError{"no shell in rootfs"}
+	ErrExited     = &opError{"holder exited"}
+)
+
+type opError struct{ msg string }
+
+func (e *opError) Error() string { return e.msg }
+
+// Holder is the supervisor's handle on one running holder process. All
+// methods are safe for concurrent use.
+type Holder interface {
+	Pid() int              // host PID of the holder
+	Done() <-chan struct{} // closed when the holder process has exited
+	Events() <-chan Event  // command events, in order per command; closed when the holder exits
+	Spawn(ctx context.Context, req SpawnRequest) (*Process, error)
+	// Signal sends sig to every process of command id (its process group
+	// and every descendant the holder tracked).
+	Signal(ctx context.Context, id uint64, sig syscall.Signal) error
+	// Quiesce kills every process of the session except the holder and
+	// waits until they are reaped.
+	Quiesce(ctx context.Context) error
+	// File operations, resolved beneath /workspace without following any
+	// symlink (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS where available).
+	// Paths are clean and workspace-relative ("" is the workspace root).
+	Lstat(ctx context.Context, path string) (FileInfo, error)
+	ReadFile(ctx context.Context, path string, max int64) ([]byte, FileInfo, error)
+	ReadDir(ctx context.Context, path string) ([]FileInfo, error) // sorted by name bytes
+	// WriteFile replaces path atomically (temp file + rename in the target
+	// directory), creating missing parents with mode 0755. mode nil keeps an
+	// existing file's mode (0644 for a new file). It reports whether the
+	// file was created.
+	WriteFile(ctx context.Context, path string, data []byte, mode *fs.FileMode) (created bool, err error)
+	// Close stops the holder: SIGTERM, wait grace, SIGKILL; the whole PID
+	// namespace dies with it. It returns once the process has exited.
+	Close(grace time.Duration) error
+}

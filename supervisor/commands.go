@@ -1,0 +1,635 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/nsholder"
+)
+
+// Command statuses (§3.3).
+const (
+	cmdRunning   = "running"
+	cmdOK        = "ok"
+	cmdError     = "error"
+	cmdTimedOut  = "timed_out"
+	cmdCancelled = "cancelled"
+)
+
+// commandRecord is the persisted command (§6.7). Extra holds the optional
+// terminal fields (publish, publish_rejected, finalization_failed, …) that
+// are copied into every output object.
+type commandRecord struct {
+	CommandSessionID   string         `json:"command_session_id"`
+	SandboxID          string         `json:"sandbox_id"`
+	Cmd                string         `json:"cmd"`
+	WorkspaceSessionID string         `json:"workspace_session_id"`
+	Status             string         `json:"status"`
+	ExitCode           *int           `json:"exit_code"`
+	StartedAt          string         `json:"started_at"`
+	EndedAt            *string        `json:"ended_at"`
+	Interrupted        bool           `json:"interrupted"`
+	InterruptReason    string         `json:"interrupt_reason,omitempty"`
+	Extra              map[string]any `json:"extra,omitempty"`
+	StartedUnixMs      int64          `json:"started_unix_ms"`
+	EndedUnixMs        int64          `json:"ended_unix_ms,omitempty"`
+}
+
+// command is a running or retained command. done is closed when it is terminal.
+type command struct {
+	mu      sync.Mutex
+	rec     commandRecord
+	dir     string
+	tr      *transcript
+	proc    *nsholder.Process
+	ss      *session
+	cursor  int
+	exit    *syscall.WaitStatus // root process status, from the holder
+	forced  string              // timed_out or cancelled: we ended it
+	final   bool                // finalizing: exited, implicit session being finalized
+	done    chan struct{}
+	readEOF chan struct{} // closed when the PTY reader stopped
+	timer   *time.Timer
+}
+
+func (c *command) terminal() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// commandEnv builds the environment from scratch (§6.1).
+func (s *Supervisor) commandEnv(sbID, wsID, cmdID string) []string {
+	path := os.Getenv("PATH")
+	if path == "" {
+		path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	}
+	term := os.Getenv("TERM")
+	if term == "" {
+		term = "xterm-256color"
+	}
+	env := []string{"PATH=" + path, "HOME=/root", "USER=root", "LOGNAME=root", "TERM=" + term}
+	for _, k := range []string{"LANG", "LC_ALL", "TZ", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+		"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	env = append(env, "GIT_OPTIONAL_LOCKS=0", "SANDBOX_ID="+sbID, "WORKSPACE_SESSION_ID="+wsID, "COMMAND_SESSION_ID="+cmdID)
+	keys := make([]string, 0, len(s.cfg.Runtime.Command.Env))
+	for k := range s.cfg.Runtime.Command.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+s.cfg.Runtime.Command.Env[k])
+	}
+	return env
+}
+
+func (s *Supervisor) runningCommands() (total int) {
+	s.mu.Lock()
+	all := make([]*sandbox, 0, len(s.sandboxes))
+	for _, sb := range s.sandboxes {
+		all = append(all, sb)
+	}
+	s.mu.Unlock()
+	for _, sb := range all {
+		total += sb.runningCount()
+	}
+	return total
+}
+
+func (sb *sandbox) runningCount() int {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	n := 0
+	for _, c := range sb.commands {
+		if !c.terminal() {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *Supervisor) admitCommand(sb *sandbox) *catalog.Error {
+	if n := sb.runningCount(); n >= s.cfg.Runtime.Command.MaxActivePerSandbox {
+		return catalog.Errorf(catalog.ServerBusy, "command admission refused").
+			With("max_active_commands", s.cfg.Runtime.Command.MaxActivePerSandbox).With("limit_scope", "sandbox")
+	}
+	if n := s.runningCommands(); n >= s.cfg.Supervisor.MaxActiveCommands {
+		return catalog.Errorf(catalog.ServerBusy, "command admission refused").
+			With("max_active_commands", s.cfg.Supervisor.MaxActiveCommands).With("limit_scope", "supervisor")
+	}
+	return nil
+}
+
+func (s *Supervisor) yield(ms uint64) time.Duration {
+	ms = min(ms, uint64(s.cfg.Runtime.Command.MaxYieldMs))
+	return time.Duration(ms) * time.Millisecond
+}
+
+func (s *Supervisor) execCommand(c *call) (any, error) {
+	start := time.Now()
+	sb := c.sb
+	if e := s.admitCommand(sb); e != nil {
+		return nil, e
+	}
+	var ss *session
+	if c.args.Has("workspace_session_id") {
+		var e *catalog.Error
+		if ss, e = sb.lookupSession(c.args.String("workspace_session_id")); e != nil {
+			return nil, e
+		}
+	} else {
+		var err error
+		if ss, err = s.newSession(c.ctx, sb, policyPublish, "shared", nil); err != nil {
+			return nil, err
+		}
+	}
+	cmd, err := s.spawn(c.ctx, sb, ss, c.args.String("cmd"))
+	if err != nil {
+		if ss.implicit() && len(ss.running()) == 0 {
+			_, _ = s.destroySession(context.Background(), sb, ss, 0)
+		}
+		return nil, err
+	}
+	if c.args.Has("timeout_ms") {
+		d := time.Duration(c.args.Uint("timeout_ms")) * time.Millisecond
+		cmd.mu.Lock()
+		cmd.timer = time.AfterFunc(d, func() { s.killCommand(cmd, cmdTimedOut, syscall.SIGTERM, 100*time.Millisecond) })
+		cmd.mu.Unlock()
+	}
+	s.bump(c.ctx, sb)
+	s.waitYield(cmd, s.yield(c.args.Uint("yield_time_ms")))
+	return cmd.yieldOutput(start), nil
+}
+
+// spawn starts one command in a session through its holder.
+func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdline string) (*command, error) {
+	ss.gate.Lock()
+	defer ss.gate.Unlock()
+	if e := ss.admit(); e != nil {
+		return nil, e
+	}
+	ss.mu.Lock()
+	h := ss.holder
+	ss.mu.Unlock()
+	if h == nil {
+		return nil, catalog.Errorf(catalog.OperationFailed, "holder exited").With("workspace_session_id", ss.id())
+	}
+	id := s.ids.new("cmd-")
+	dir := filepath.Join(s.dirs.Data, "commands", id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	tr, err := newTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	now := time.Now()
+	cmd := &command{
+		dir: dir, tr: tr, ss: ss, done: make(chan struct{}), readEOF: make(chan struct{}),
+		rec: commandRecord{CommandSessionID: id, SandboxID: sb.rec.ID, Cmd: cmdline, WorkspaceSessionID: ss.id(),
+			Status: cmdRunning, StartedAt: now.UTC().Format("2006-01-02T15:04:05.000Z"), StartedUnixMs: now.UnixMilli()},
+	}
+	// The holder may report a fast command's exit right after Spawn returns;
+	// holding ss.mu until the command is in the ledger makes commandEvent
+	// wait for it instead of dropping the event.
+	ss.mu.Lock()
+	proc, err := h.Spawn(ctx, nsholder.SpawnRequest{
+		Cmd: cmdline, Env: s.commandEnv(sb.rec.ID, ss.id(), id), Dir: "/workspace",
+		Rows: uint16(s.cfg.Runtime.Command.PtyRows), Cols: uint16(s.cfg.Runtime.Command.PtyCols),
+	})
+	if err != nil {
+		ss.mu.Unlock()
+		tr.Close()
+		os.RemoveAll(dir)
+		if errors.Is(err, nsholder.ErrNoShell) {
+			return nil, catalog.Errorf(catalog.OperationFailed, "no shell in rootfs")
+		}
+		return nil, catalog.Errorf(catalog.OperationFailed, "spawn command: %v", err).With("workspace_session_id", ss.id())
+	}
+	cmd.proc = proc
+	ss.ledger[id] = cmd
+	ss.mu.Unlock()
+	go func() {
+		defer close(cmd.readEOF)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := proc.PTY.Read(buf)
+			if n > 0 {
+				_, _ = tr.Write(buf[:n])
+			}
+			if err != nil {
+				return // EIO once every slave holder is gone, or closed by finishCommand
+			}
+		}
+	}()
+	sb.mu.Lock()
+	sb.commands[id] = cmd
+	sb.mu.Unlock()
+	if err := s.store.put(ctx, kindCommand, id, sb.rec.ID, cmd.rec); err != nil {
+		s.log.Warn("persist command", "command", id, "err", err)
+	}
+	return cmd, nil
+}
+
+func (s *Supervisor) transcriptOptions() transcriptOptions {
+	return transcriptOptions{
+		MaxBytes:    s.cfg.Runtime.Command.MaxTranscriptBytes,
+		WindowBytes: int64(s.cfg.Runtime.Command.MaxTranscriptWindowBytes),
+		IdleCommit:  100 * time.Millisecond,
+		Now:         time.Now,
+	}
+}
+
+func (s *Supervisor) waitYield(cmd *command, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-cmd.done:
+	case <-t.C:
+	}
+}
+
+// commandEvent applies one holder event.
+func (s *Supervisor) commandEvent(sb *sandbox, ss *session, ev nsholder.Event) {
+	ss.mu.Lock()
+	var cmd *command
+	for _, c := range ss.ledger {
+		if c.proc.ID == ev.ID {
+			cmd = c
+			break
+		}
+	}
+	ss.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	if ev.Exited {
+		st := ev.Status
+		cmd.mu.Lock()
+		cmd.exit = &st
+		cmd.mu.Unlock()
+	}
+	if ev.Done {
+		s.commandDone(sb, ss, cmd)
+	}
+}
+
+// commandDone runs when a command's process group is gone: it leaves the
+// ledger; the command that drains an implicit session's ledger stays
+// running (finalizing) until the session is published and destroyed (§6.6).
+func (s *Supervisor) commandDone(sb *sandbox, ss *session, cmd *command) {
+	ss.mu.Lock()
+	delete(ss.ledger, cmd.rec.CommandSessionID)
+	drained := len(ss.ledger) == 0 && ss.implicit()
+	ss.mu.Unlock()
+	if !drained {
+		s.finishCommand(sb, cmd, "", nil)
+		return
+	}
+	cmd.mu.Lock()
+	cmd.final = true
+	cmd.mu.Unlock()
+	s.drainOutput(cmd)
+	go func() {
+		extra := s.finalizeImplicit(context.Background(), sb, ss, cmd)
+		s.finishCommand(sb, cmd, "", extra)
+	}()
+}
+
+// drainOutput gives the PTY reader a moment to copy the last output, then
+// stops it (a background process may keep the terminal open forever).
+func (s *Supervisor) drainOutput(cmd *command) {
+	select {
+	case <-cmd.readEOF:
+	case <-time.After(200 * time.Millisecond):
+		_ = cmd.proc.PTY.Close()
+		<-cmd.readEOF
+	}
+}
+
+// finishCommand makes a command terminal: status from its exit or from why
+// we ended it, or interrupted when its holder vanished.
+func (s *Supervisor) finishCommand(sb *sandbox, cmd *command, interrupt string, extra map[string]any) {
+	if cmd.terminal() {
+		return
+	}
+	s.drainOutput(cmd)
+	_ = cmd.proc.PTY.Close()
+	_ = cmd.tr.Close()
+	now := time.Now()
+	cmd.mu.Lock()
+	if cmd.timer != nil {
+		cmd.timer.Stop()
+	}
+	r := &cmd.rec
+	ended := now.UTC().Format("2006-01-02T15:04:05.000Z")
+	r.EndedAt, r.EndedUnixMs = &ended, now.UnixMilli()
+	code := func(n int) *int { return &n }
+	switch {
+	case interrupt != "":
+		r.Status, r.ExitCode, r.Interrupted, r.InterruptReason = cmdError, nil, true, interrupt
+	case cmd.forced == cmdTimedOut:
+		r.Status, r.ExitCode = cmdTimedOut, code(124)
+	case cmd.forced == cmdCancelled:
+		r.Status, r.ExitCode = cmdCancelled, code(130)
+	case cmd.exit != nil && cmd.exit.Signaled():
+		r.Status, r.ExitCode = cmdError, code(-int(cmd.exit.Signal()))
+	case cmd.exit != nil && cmd.exit.ExitStatus() == 0:
+		r.Status, r.ExitCode = cmdOK, code(0)
+	case cmd.exit != nil:
+		r.Status, r.ExitCode = cmdError, code(cmd.exit.ExitStatus())
+	default:
+		r.Status, r.ExitCode = cmdError, nil
+	}
+	if len(extra) > 0 {
+		r.Extra = extra
+	}
+	cmd.final = false
+	rec := *r
+	cmd.mu.Unlock()
+	if err := s.store.put(context.Background(), kindCommand, rec.CommandSessionID, sb.rec.ID, rec); err != nil {
+		s.log.Warn("persist command", "command", rec.CommandSessionID, "err", err)
+	}
+	close(cmd.done)
+	s.retain(sb, cmd)
+	s.bump(context.Background(), sb)
+}
+
+// killCommand ends a command on our initiative (timeout, cancel): first sig
+// to every process of the command, SIGKILL after grace.
+func (s *Supervisor) killCommand(cmd *command, why string, sig syscall.Signal, grace time.Duration) {
+	cmd.mu.Lock()
+	if cmd.forced == "" {
+		cmd.forced = why
+	}
+	ss := cmd.ss
+	cmd.mu.Unlock()
+	ss.mu.Lock()
+	h := ss.holder
+	ss.mu.Unlock()
+	if h == nil || cmd.terminal() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = h.Signal(ctx, cmd.proc.ID, sig)
+	select {
+	case <-cmd.done:
+		return
+	case <-time.After(grace):
+	}
+	_ = h.Signal(ctx, cmd.proc.ID, syscall.SIGKILL)
+}
+
+// retain applies the terminal-record cap (§6.7): FIFO eviction beyond
+// runtime.command.max_terminal_entries, remembering evicted IDs.
+func (s *Supervisor) retain(sb *sandbox, cmd *command) {
+	sb.mu.Lock()
+	sb.terminalOrder = append(sb.terminalOrder, cmd.rec.CommandSessionID)
+	var evict []string
+	for len(sb.terminalOrder) > s.cfg.Runtime.Command.MaxTerminalEntries {
+		evict = append(evict, sb.terminalOrder[0])
+		sb.terminalOrder = sb.terminalOrder[1:]
+	}
+	for _, id := range evict {
+		delete(sb.commands, id)
+		sb.evicted[id] = true
+	}
+	sb.mu.Unlock()
+	for _, id := range evict {
+		os.RemoveAll(filepath.Join(s.dirs.Data, "commands", id))
+		_ = s.store.delete(context.Background(), kindCommand, id)
+		_ = s.store.put(context.Background(), kindEvicted, id, sb.rec.ID, map[string]string{"command_session_id": id})
+	}
+}
+
+// lookupCommand finds a retained command, or says why not (§3.3).
+func (s *Supervisor) lookupCommand(sb *sandbox, id string) (*command, *catalog.Error) {
+	sb.mu.Lock()
+	cmd := sb.commands[id]
+	evicted := sb.evicted[id]
+	sb.mu.Unlock()
+	if cmd != nil {
+		return cmd, nil
+	}
+	reason := "unknown"
+	if evicted {
+		reason = "evicted"
+	}
+	return nil, catalog.Errorf(catalog.NotFound, "command not found: %s", id).With("command_session_id", id).With("reason", reason)
+}
+
+func (s *Supervisor) writeCommandStdin(c *call) (any, error) {
+	start := time.Now()
+	cmd, e := s.lookupCommand(c.sb, c.args.String("command_session_id"))
+	if e != nil {
+		return nil, e
+	}
+	text := c.args.String("stdin")
+	if len(text) > s.cfg.Runtime.Command.MaxStdinBytes {
+		return nil, catalog.Errorf(catalog.InvalidRequest, "stdin exceeds %d bytes", s.cfg.Runtime.Command.MaxStdinBytes)
+	}
+	cmd.mu.Lock()
+	final := cmd.final
+	cmd.mu.Unlock()
+	if cmd.terminal() || final {
+		cmd.mu.Lock()
+		st := cmd.rec.Status
+		cmd.mu.Unlock()
+		return nil, catalog.Errorf(catalog.OperationFailed, "command already completed").With("status", st)
+	}
+	if strings.ContainsRune(text, '\u0003') {
+		cmd.mu.Lock()
+		ss := cmd.ss
+		cmd.mu.Unlock()
+		go s.killCommand(cmd, cmdCancelled, syscall.SIGINT, 500*time.Millisecond)
+		_ = ss
+		s.waitYield(cmd, time.Second)
+		s.bump(c.ctx, c.sb)
+		return cmd.yieldOutput(start), nil
+	}
+	deadline := time.Duration(s.cfg.Runtime.Command.StdinWriteDeadlineS * float64(time.Second))
+	_ = cmd.proc.PTY.SetWriteDeadline(time.Now().Add(deadline))
+	n, err := cmd.proc.PTY.Write([]byte(text))
+	_ = cmd.proc.PTY.SetWriteDeadline(time.Time{})
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, catalog.Errorf(catalog.OperationFailed, "stdin_backpressure: the command did not read its input within %gs", deadline.Seconds()).
+				With("bytes_written", n)
+		}
+		return nil, catalog.Errorf(catalog.OperationFailed, "write stdin: %v", err).With("bytes_written", n)
+	}
+	s.bump(c.ctx, c.sb)
+	s.waitYield(cmd, s.yield(c.args.Uint("yield_time_ms")))
+	return cmd.yieldOutput(start), nil
+}
+
+func (s *Supervisor) readCommandLines(c *call) (any, error) {
+	start := time.Now()
+	cmd, e := s.lookupCommand(c.sb, c.args.String("command_session_id"))
+	if e != nil {
+		return nil, e
+	}
+	limit := min(c.args.Uint("limit"), uint64(s.cfg.Runtime.Command.ReadLinesMax))
+	off := min(c.args.Uint("start_offset"), math.MaxInt32)
+	rows, first, end, trunc := cmd.tr.Rows(int(off), int(limit))
+	return cmd.output(rows, first, end, trunc, start), nil
+}
+
+func (s *Supervisor) listCommands(c *call) (any, error) {
+	c.sb.mu.Lock()
+	all := make([]*command, 0, len(c.sb.commands))
+	for _, cmd := range c.sb.commands {
+		all = append(all, cmd)
+	}
+	c.sb.mu.Unlock()
+	wantSess, wantStatus := c.args.String("workspace_session_id"), c.args.String("status")
+	var recs []commandRecord
+	for _, cmd := range all {
+		cmd.mu.Lock()
+		r := cmd.rec
+		cmd.mu.Unlock()
+		if (wantSess != "" && r.WorkspaceSessionID != wantSess) || (wantStatus != "" && r.Status != wantStatus) {
+			continue
+		}
+		recs = append(recs, r)
+	}
+	sort.Slice(recs, func(i, j int) bool {
+		if recs[i].StartedUnixMs != recs[j].StartedUnixMs {
+			return recs[i].StartedUnixMs > recs[j].StartedUnixMs
+		}
+		return recs[i].CommandSessionID > recs[j].CommandSessionID
+	})
+	limit := int(c.args.Uint("limit"))
+	truncated := len(recs) > limit
+	if truncated {
+		recs = recs[:limit]
+	}
+	out := make([]map[string]any, 0, len(recs))
+	for _, r := range recs {
+		m := map[string]any{"command_session_id": r.CommandSessionID, "cmd": r.Cmd, "status": r.Status, "exit_code": r.ExitCode,
+			"started_at": r.StartedAt, "ended_at": r.EndedAt, "workspace_session_id": r.WorkspaceSessionID, "interrupted": r.Interrupted}
+		if len([]rune(r.Cmd)) > 4096 {
+			m["cmd"], m["cmd_truncated"] = string([]rune(r.Cmd)[:4096]), true
+		}
+		out = append(out, m)
+	}
+	return map[string]any{"commands": out, "truncated": truncated}, nil
+}
+
+// yieldOutput returns the rows since the yield cursor and advances it.
+func (c *command) yieldOutput(start time.Time) map[string]any {
+	c.mu.Lock()
+	cursor := c.cursor
+	c.mu.Unlock()
+	rows, first, end, trunc := c.tr.Since(cursor)
+	c.mu.Lock()
+	if end > c.cursor {
+		c.cursor = end
+	}
+	c.mu.Unlock()
+	return c.output(rows, first, end, trunc, start)
+}
+
+// output is the command output object (§3.3).
+func (c *command) output(rows []string, first, end, truncBefore int, start time.Time) map[string]any {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := c.rec
+	text := strings.Join(rows, "\n")
+	total := time.Since(time.UnixMilli(r.StartedUnixMs)).Seconds()
+	if r.EndedUnixMs != 0 {
+		total = float64(r.EndedUnixMs-r.StartedUnixMs) / 1000
+	}
+	status, exit := r.Status, any(r.ExitCode)
+	if status == cmdRunning {
+		exit = nil
+		if c.final && c.exit != nil {
+			exit = c.exit.ExitStatus()
+		}
+	}
+	out := map[string]any{
+		"status": status, "exit_code": exit, "wall_time_seconds": time.Since(start).Seconds(),
+		"command_total_time_seconds": total, "start_offset": first, "end_offset": end, "total_lines": c.tr.Total(),
+		"original_token_count": tokenCount(text), "output": text,
+		"command_session_id": r.CommandSessionID, "workspace_session_id": r.WorkspaceSessionID,
+	}
+	if truncBefore > 0 {
+		out["truncated_before"] = truncBefore
+	}
+	if c.final && status == cmdRunning {
+		out["finalizing"] = true
+	}
+	if r.Interrupted {
+		out["interrupted"], out["interrupt_reason"] = true, r.InterruptReason
+	}
+	for k, v := range r.Extra {
+		out[k] = v
+	}
+	return out
+}
+
+// loadCommands restores a sandbox's command records at start: commands that
+// were running become terminal with interrupted:true (§4.5).
+func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) {
+	var recs []commandRecord
+	_ = s.store.list(ctx, kindCommand, sb.rec.ID, func(b []byte) error {
+		var r commandRecord
+		if err := json.Unmarshal(b, &r); err != nil {
+			return err
+		}
+		recs = append(recs, r)
+		return nil
+	})
+	sort.Slice(recs, func(i, j int) bool { return recs[i].CommandSessionID < recs[j].CommandSessionID })
+	for _, r := range recs {
+		dir := filepath.Join(s.dirs.Data, "commands", r.CommandSessionID)
+		tr, err := openTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
+		if err != nil {
+			s.log.Warn("reopen transcript", "command", r.CommandSessionID, "err", err)
+			continue
+		}
+		_ = tr.Close()
+		if r.Status == cmdRunning {
+			now := time.Now()
+			ended := now.UTC().Format("2006-01-02T15:04:05.000Z")
+			r.Status, r.ExitCode, r.Interrupted, r.InterruptReason = cmdError, nil, true, "supervisor_restart"
+			r.EndedAt, r.EndedUnixMs = &ended, now.UnixMilli()
+			_ = s.store.put(ctx, kindCommand, r.CommandSessionID, sb.rec.ID, r)
+			s.log.Info("command.interrupted", "command_session_id", r.CommandSessionID, "interrupt_reason", "supervisor_restart")
+		}
+		done := make(chan struct{})
+		close(done)
+		cmd := &command{rec: r, dir: dir, tr: tr, done: done}
+		sb.commands[r.CommandSessionID] = cmd
+		sb.terminalOrder = append(sb.terminalOrder, r.CommandSessionID)
+	}
+	_ = s.store.list(ctx, kindEvicted, sb.rec.ID, func(b []byte) error {
+		var m map[string]string
+		if err := json.Unmarshal(b, &m); err == nil {
+			sb.evicted[m["command_session_id"]] = true
+		}
+		return nil
+	})
+}

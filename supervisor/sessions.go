@@ -1,0 +1,457 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/nsholder"
+)
+
+// Session states (§5.5).
+const (
+	sessActive         = "active"
+	sessFinalizing     = "finalizing"
+	sessFinalizeFailed = "finalize_failed"
+	sessRestoring      = "restoring"
+	sessRestoreFailed  = "restore_failed"
+)
+
+const (
+	policyNoOp    = "no_op"                // explicit sessions
+	policyPublish = "publish_then_destroy" // implicit sessions
+)
+
+// sessionRecord is the persisted session (§5.5).
+type sessionRecord struct {
+	WorkspaceSessionID string          `json:"workspace_session_id"`
+	SandboxID          string          `json:"sandbox_id"`
+	Agent              *string         `json:"agent"`
+	NetworkProfile     string          `json:"network_profile"`
+	FinalizePolicy     string          `json:"finalize_policy"`
+	State              string          `json:"state"`
+	CreatedAt          string          `json:"created_at"`
+	BaseRevision       layers.Revision `json:"base_revision"`
+	Lease              leaseRecord     `json:"lease"`
+	OverlayDriver      string          `json:"overlay_driver"`
+}
+
+type leaseRecord struct {
+	LeaseID string            `json:"lease_id"`
+	Layers  []layers.LayerRef `json:"layers"`
+}
+
+// session is a live workspace session. gate is its admission gate (§5.5):
+// starting commands, file operations, publish and destroy are serialized on
+// it, so a file operation never races a finalization. mu guards the rest.
+type session struct {
+	gate sync.Mutex
+
+	mu     sync.Mutex
+	rec    sessionRecord
+	dir    string
+	holder nsholder.Holder
+	lease  *layers.Lease
+	ledger map[string]*command // running commands
+}
+
+func (ss *session) id() string     { return ss.rec.WorkspaceSessionID }
+func (ss *session) upper() string  { return filepath.Join(ss.dir, "upper") }
+func (ss *session) implicit() bool { return ss.rec.FinalizePolicy == policyPublish }
+
+func (ss *session) state() string {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.rec.State
+}
+
+func (ss *session) setState(st string) {
+	ss.mu.Lock()
+	ss.rec.State = st
+	ss.mu.Unlock()
+}
+
+// running returns the IDs of the session's running commands, sorted.
+func (ss *session) running() []string {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ids := make([]string, 0, len(ss.ledger))
+	for id := range ss.ledger {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+func notFoundSession(id string) *catalog.Error {
+	return catalog.Errorf(catalog.NotFound, "workspace session not found: %s", id).With("workspace_session_id", id)
+}
+
+// lookupSession finds a live session of the sandbox.
+func (sb *sandbox) lookupSession(id string) (*session, *catalog.Error) {
+	sb.mu.Lock()
+	ss := sb.sessions[id]
+	sb.mu.Unlock()
+	if ss == nil {
+		return nil, notFoundSession(id)
+	}
+	return ss, nil
+}
+
+// admit checks that a session accepts commands and file operations (§5.5).
+func (ss *session) admit() *catalog.Error {
+	switch st := ss.state(); st {
+	case sessActive:
+		return nil
+	case sessFinalizing, sessRestoring:
+		return catalog.Errorf(catalog.OperationConflict, "workspace session %s is %s", ss.id(), st).
+			With("workspace_session_id", ss.id()).With("session_state", st)
+	default:
+		return catalog.Errorf(catalog.OperationFailed, "workspace session %s is %s", ss.id(), st).
+			With("workspace_session_id", ss.id()).With("session_state", st)
+	}
+}
+
+func (s *Supervisor) sessionCount() int {
+	s.mu.Lock()
+	all := make([]*sandbox, 0, len(s.sandboxes))
+	for _, sb := range s.sandboxes {
+		all = append(all, sb)
+	}
+	s.mu.Unlock()
+	n := 0
+	for _, sb := range all {
+		sb.mu.Lock()
+		n += len(sb.sessions)
+		sb.mu.Unlock()
+	}
+	return n
+}
+
+// newSession runs §5.2: reserve the ID, lease the head, create the
+// directories, start the holder, persist the record. Any failure rolls back
+// every step.
+func (s *Supervisor) newSession(ctx context.Context, sb *sandbox, policy, network string, agent *string) (*session, error) {
+	sb.mu.Lock()
+	live := len(sb.sessions)
+	sb.mu.Unlock()
+	if live >= s.cfg.Runtime.Workspace.MaxSessionsPerSandbox {
+		return nil, catalog.Errorf(catalog.ServerBusy, "workspace session limit reached").With("max_workspace_sessions", s.cfg.Runtime.Workspace.MaxSessionsPerSandbox)
+	}
+	if s.sessionCount() >= s.cfg.Supervisor.MaxSessions {
+		return nil, catalog.Errorf(catalog.ServerBusy, "workspace session limit reached").With("max_workspace_sessions", s.cfg.Supervisor.MaxSessions)
+	}
+	id := s.ids.new("ws-")
+	lease, err := sb.stack.Acquire("workspace-session:" + id)
+	if err != nil {
+		return nil, fmt.Errorf("lease head: %w", err)
+	}
+	m := lease.Manifest()
+	if len(m.Layers) > s.cfg.Runtime.Workspace.MaxChainDepth {
+		_, _ = lease.Release()
+		return nil, catalog.Errorf(catalog.OperationFailed, "layer chain too deep: run squash_layerstacks").
+			With("layer_count", len(m.Layers)).With("max_chain_depth", s.cfg.Runtime.Workspace.MaxChainDepth)
+	}
+	ss := &session{
+		dir:    filepath.Join(sb.dir, "sessions", id),
+		lease:  lease,
+		ledger: map[string]*command{},
+		rec: sessionRecord{
+			WorkspaceSessionID: id, SandboxID: sb.rec.ID, Agent: agent, NetworkProfile: network, FinalizePolicy: policy,
+			State: sessActive, CreatedAt: nowRFC3339(), BaseRevision: m.Revision(),
+			Lease:         leaseRecord{LeaseID: lease.ID(), Layers: m.Layers},
+			OverlayDriver: sb.rec.OverlayDriver,
+		},
+	}
+	rollback := func() {
+		removeTree(ss.dir)
+		_, _ = lease.Release()
+	}
+	for _, d := range []string{"upper", "scratch", "attribution"} {
+		if err := os.MkdirAll(filepath.Join(ss.dir, d), 0o700); err != nil {
+			rollback()
+			return nil, catalog.Errorf(catalog.OperationFailed, "workspace setup failed at directories: %v", err).With("stage", "directories")
+		}
+	}
+	if err := s.startHolder(ctx, sb, ss); err != nil {
+		rollback()
+		return nil, err
+	}
+	if err := s.store.put(ctx, kindSession, id, sb.rec.ID, ss.rec); err != nil {
+		_ = ss.holder.Close(0)
+		rollback()
+		return nil, err
+	}
+	sb.mu.Lock()
+	sb.sessions[id] = ss
+	sb.rec.LiveWorkspaceSessions = append(sb.rec.LiveWorkspaceSessions, id)
+	sb.mu.Unlock()
+	s.log.Info("lease.acquired", "sandbox", sb.rec.ID, "workspace_session_id", id, "revision", ss.rec.BaseRevision)
+	return ss, nil
+}
+
+// startHolder starts the session's holder over its persisted lease and
+// upper dir with a fresh work dir, and watches it.
+func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) error {
+	work := filepath.Join(ss.dir, "work")
+	removeTree(work) // the kernel wants a fresh, empty work dir per mount
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at directories: %v", err).With("stage", "directories")
+	}
+	m := layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: ss.rec.Lease.Layers}
+	cfg := nsholder.Config{
+		SessionID:       ss.id(),
+		Lowers:          sb.stack.LayerDirs(m),
+		Upper:           ss.upper(),
+		Work:            work,
+		Scratch:         filepath.Join(ss.dir, "scratch"),
+		HostPaths:       s.cfg.Sandbox.HostPaths,
+		HiddenPaths:     append([]string{s.dirs.Data, s.dirs.Config, s.dirs.Runtime}, s.cfg.Sandbox.HiddenPaths...),
+		IsolatedNetwork: ss.rec.NetworkProfile == "isolated",
+	}
+	setup := time.Duration(s.cfg.Runtime.Workspace.SetupTimeoutS * float64(time.Second))
+	hctx, cancel := context.WithTimeout(ctx, setup)
+	defer cancel()
+	h, err := nsholder.Start(hctx, s.self, cfg)
+	if err != nil {
+		var se *nsholder.SetupError
+		if errors.As(err, &se) {
+			return catalog.Errorf(catalog.OperationFailed, "%s", se.Error()).With("stage", se.Stage)
+		}
+		return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at spawn: %v", err).With("stage", "spawn")
+	}
+	ss.mu.Lock()
+	ss.holder = h
+	ss.mu.Unlock()
+	go s.watchHolder(sb, ss, h)
+	return nil
+}
+
+// watchHolder routes the holder's command events and notices its death.
+func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h nsholder.Holder) {
+	for ev := range h.Events() {
+		s.commandEvent(sb, ss, ev)
+	}
+	<-h.Done()
+	ss.mu.Lock()
+	current := ss.holder == h
+	ss.mu.Unlock()
+	if !current {
+		return // replaced or closed on purpose
+	}
+	s.holderExited(sb, ss)
+}
+
+// holderExited handles an unexpected holder death (§5.6): running commands
+// become terminal with interrupted:true and the session refuses new work.
+func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
+	s.log.Warn("holder.exited", "sandbox", sb.rec.ID, "workspace_session_id", ss.id())
+	ss.mu.Lock()
+	if ss.rec.State == sessActive {
+		ss.rec.State = sessRestoreFailed
+	}
+	cmds := make([]*command, 0, len(ss.ledger))
+	for _, c := range ss.ledger {
+		cmds = append(cmds, c)
+	}
+	ss.ledger = map[string]*command{}
+	rec := ss.rec
+	ss.mu.Unlock()
+	for _, c := range cmds {
+		s.finishCommand(sb, c, "holder_exited", nil)
+	}
+	_ = s.store.put(context.Background(), kindSession, rec.WorkspaceSessionID, sb.rec.ID, rec)
+	s.bump(context.Background(), sb)
+}
+
+// destroySession tears a session down (§5.7): holder, lease, directory, record.
+func (s *Supervisor) destroySession(ctx context.Context, sb *sandbox, ss *session, grace time.Duration) (int64, error) {
+	upperBytes := dirBytes(ss.upper())
+	ss.mu.Lock()
+	h := ss.holder
+	ss.holder = nil
+	ss.mu.Unlock()
+	if h != nil {
+		if err := h.Close(grace); err != nil {
+			s.log.Warn("close holder", "workspace_session_id", ss.id(), "err", err)
+		}
+	}
+	if ss.lease != nil {
+		if _, err := ss.lease.Release(); err != nil {
+			s.log.Warn("release lease", "workspace_session_id", ss.id(), "err", err)
+		}
+	}
+	removeTree(ss.dir)
+	if err := s.store.delete(ctx, kindSession, ss.id()); err != nil {
+		return upperBytes, err
+	}
+	sb.mu.Lock()
+	delete(sb.sessions, ss.id())
+	live := sb.rec.LiveWorkspaceSessions[:0]
+	for _, id := range sb.rec.LiveWorkspaceSessions {
+		if id != ss.id() {
+			live = append(live, id)
+		}
+	}
+	sb.rec.LiveWorkspaceSessions = live
+	sb.mu.Unlock()
+	s.log.Info("lease.released", "sandbox", sb.rec.ID, "workspace_session_id", ss.id())
+	return upperBytes, nil
+}
+
+// sessionObject is the contract's session object (§3.5).
+func (ss *session) object() map[string]any {
+	ss.mu.Lock()
+	rec := ss.rec
+	var pid any
+	if ss.holder != nil {
+		pid = ss.holder.Pid()
+	}
+	ss.mu.Unlock()
+	return map[string]any{
+		"workspace_session_id": rec.WorkspaceSessionID, "agent": rec.Agent, "network_profile": rec.NetworkProfile,
+		"finalize_policy": rec.FinalizePolicy, "state": rec.State, "created_at": rec.CreatedAt,
+		"base_revision": rec.BaseRevision, "overlay_driver": rec.OverlayDriver,
+		"active_command_session_ids": ss.running(), "upper_bytes": dirBytes(ss.upper()), "holder_pid": pid,
+	}
+}
+
+func (s *Supervisor) createWorkspaceSession(c *call) (any, error) {
+	var agent *string
+	if c.args.Has("agent") {
+		a := c.args.String("agent")
+		agent = &a
+	}
+	ss, err := s.newSession(c.ctx, c.sb, policyNoOp, c.args.String("network_profile"), agent)
+	if err != nil {
+		return nil, err
+	}
+	s.bump(c.ctx, c.sb)
+	rec := ss.rec
+	return map[string]any{
+		"workspace_session_id": rec.WorkspaceSessionID, "network_profile": rec.NetworkProfile, "finalize_policy": rec.FinalizePolicy,
+		"agent": rec.Agent, "created_at": rec.CreatedAt, "base_revision": rec.BaseRevision, "overlay_driver": rec.OverlayDriver,
+	}, nil
+}
+
+func (s *Supervisor) destroyWorkspaceSession(c *call) (any, error) {
+	ss, e := c.sb.lookupSession(c.args.String("workspace_session_id"))
+	if e != nil {
+		return nil, e
+	}
+	ss.gate.Lock()
+	defer ss.gate.Unlock()
+	if st := ss.state(); st == sessFinalizing || st == sessRestoring {
+		return nil, catalog.Errorf(catalog.OperationConflict, "workspace session %s is %s", ss.id(), st).
+			With("workspace_session_id", ss.id()).With("session_state", st)
+	}
+	ss.mu.Lock()
+	alive := ss.holder != nil
+	ss.mu.Unlock()
+	if running := ss.running(); alive && len(running) > 0 {
+		return nil, catalog.Errorf(catalog.OperationFailed, "workspace session has active command sessions").
+			With("workspace_session_id", ss.id()).With("active_command_session_ids", running)
+	}
+	grace := time.Duration(c.args.Float("grace_s") * float64(time.Second))
+	bytes, err := s.destroySession(c.ctx, c.sb, ss, grace)
+	if err != nil {
+		return nil, err
+	}
+	s.bump(c.ctx, c.sb)
+	return map[string]any{"workspace_session_id": ss.id(), "destroyed": true, "evicted_upperdir_bytes": bytes,
+		"active_leases_after": len(c.sb.stack.Leases())}, nil
+}
+
+func (s *Supervisor) listWorkspaceSessions(c *call) (any, error) {
+	c.sb.mu.Lock()
+	all := make([]*session, 0, len(c.sb.sessions))
+	for _, ss := range c.sb.sessions {
+		all = append(all, ss)
+	}
+	c.sb.mu.Unlock()
+	sort.Slice(all, func(i, j int) bool { return all[i].id() < all[j].id() }) // IDs sort by creation time
+	out := make([]map[string]any, 0, len(all))
+	for _, ss := range all {
+		out = append(out, ss.object())
+	}
+	return map[string]any{"workspace_sessions": out}, nil
+}
+
+// restoreSessions brings a sandbox's persisted sessions back at start (§4.5,
+// §5.5): explicit ones get a new holder over their lease and upper dir,
+// implicit ones are finalized from their upper dir.
+func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox) {
+	var recs []sessionRecord
+	_ = s.store.list(ctx, kindSession, sb.rec.ID, func(b []byte) error {
+		var r sessionRecord
+		if err := json.Unmarshal(b, &r); err != nil {
+			return err
+		}
+		recs = append(recs, r)
+		return nil
+	})
+	for _, rec := range recs {
+		m := layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: rec.Lease.Layers}
+		ss := &session{rec: rec, dir: filepath.Join(sb.dir, "sessions", rec.WorkspaceSessionID), ledger: map[string]*command{},
+			lease: sb.stack.Restore(rec.Lease.LeaseID, m, "workspace-session:"+rec.WorkspaceSessionID)}
+		sb.mu.Lock()
+		sb.sessions[rec.WorkspaceSessionID] = ss
+		sb.rec.LiveWorkspaceSessions = append(sb.rec.LiveWorkspaceSessions, rec.WorkspaceSessionID)
+		sb.mu.Unlock()
+		if ss.implicit() {
+			s.finalizeImplicit(ctx, sb, ss, nil)
+			continue
+		}
+		if rec.State == sessRestoreFailed || rec.State == sessFinalizeFailed {
+			continue // data stays until destroyed
+		}
+		ss.setState(sessRestoring)
+		err := s.startHolder(ctx, sb, ss)
+		if err != nil {
+			ss.setState(sessRestoreFailed)
+			s.log.Error("workspace_session.restore_failed", "sandbox", sb.rec.ID, "workspace_session_id", rec.WorkspaceSessionID, "err", err)
+		} else {
+			ss.setState(sessActive)
+			s.log.Info("workspace_session.restored", "sandbox", sb.rec.ID, "workspace_session_id", rec.WorkspaceSessionID)
+		}
+		ss.mu.Lock()
+		r := ss.rec
+		ss.mu.Unlock()
+		_ = s.store.put(ctx, kindSession, r.WorkspaceSessionID, sb.rec.ID, r)
+	}
+}
+
+// removeTree deletes a directory that may contain the mode-000 work dir the
+// kernel overlay leaves behind.
+func removeTree(dir string) {
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			_ = os.Chmod(p, 0o700)
+		}
+		return nil
+	})
+	_ = os.RemoveAll(dir)
+}
+
+// dirBytes sums the sizes of the regular files below dir (best effort).
+func dirBytes(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
