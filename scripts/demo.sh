@@ -32,6 +32,19 @@ rt file_edit --path src/main.go --edits '[{"old_string":"hello","new_string":"he
 rt file_read --path src/main.go
 rt file_list --path /workspace
 
+step "an agent's private copy-on-write session"
+ws=$(rt create_workspace_session --agent demo-agent | sed -n 's/.*"workspace_session_id":"\([^"]*\)".*/\1/p')
+echo "session $ws"
+rt exec_command --workspace-session-id "$ws" 'echo "from the session" >> notes/todo.txt; cat notes/todo.txt; id -u; hostname'
+echo "(the published head does not see it:)"
+rt file_read --path notes/todo.txt
+rt exec_command --workspace-session-id "$ws" 'grep -E "NoNewPrivs|Seccomp:" /proc/self/status; mount -t tmpfs x /tmp 2>&1 || true'
+rt destroy_workspace_session --workspace-session-id "$ws"
+
+step "a bare command runs in an implicit session that publishes itself"
+rt exec_command 'mkdir -p build && echo ok > build/status && ls build'
+rt file_read --path build/status
+
 step "a bad request gets a clear error and changes nothing"
 rt file_read --path ../etc/passwd || echo "(exit $?)"
 

@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -327,5 +328,26 @@ func TestSessionsSurviveKill9(t *testing.T) {
 	list := e.rt(id, "list_workspace_sessions")["workspace_sessions"].([]any)
 	if len(list) != 2 || list[1].(map[string]any)["agent"] != "bob" || list[0].(map[string]any)["state"] != "active" {
 		t.Fatalf("sessions after restart: %v", list)
+	}
+	// A clean stop leaves explicit sessions persisted too.
+	e.stop()
+	e.start()
+	if got := e.rt(id, "file_read", "--workspace-session-id", a, "--path", "a.txt")["content"]; got != "alpha" {
+		t.Fatalf("a after a clean restart: %v", got)
+	}
+}
+
+func TestCommandAdmission(t *testing.T) {
+	e := newEnv(t)
+	writeConfig(t, e, "runtime:\n  command:\n    max_active_per_sandbox: 2\n")
+	e.start()
+	id := e.createSandbox(e.project(map[string]string{"a": "a"}))
+	ws := e.session(id)
+	for i := 0; i < 2; i++ {
+		e.exec(id, "--workspace-session-id", ws, "--yield-time-ms", "0", "sleep 30")
+	}
+	body := e.rtFail(id, 1, "server_busy", "exec_command", "--workspace-session-id", ws, "true")
+	if d := body["details"].(map[string]any); d["limit_scope"] != "sandbox" || d["max_active_commands"] != json.Number("2") {
+		t.Fatalf("admission details: %v", body)
 	}
 }
