@@ -23,10 +23,15 @@ type Config struct {
 	// wherever they would be visible (the supervisor's own directories).
 	HiddenPaths     []string `json:"hidden_paths"`
 	IsolatedNetwork bool     `json:"isolated_network"` // new netns with only lo up
+	// IDMapping is sandbox.id_mapping: "single" (or "") maps only 0 to the
+	// caller; "subid" also maps 1… to the caller's /etc/subuid and
+	// /etc/subgid ranges through newuidmap/newgidmap (§5.4 Identity).
+	IDMapping string `json:"id_mapping,omitempty"`
 }
 
 // SetupError says at which stage holder setup failed (§5.2 "workspace setup
-// failed at <stage>"): spawn, handshake, mount_root, mount_overlay, pivot_root, ready.
+// failed at <stage>"): spawn, id_mapping, handshake, mount_root, mount_overlay,
+// pivot_root, ready.
 type SetupError struct {
 	Stage string
 	Err   string

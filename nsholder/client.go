@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,8 +23,25 @@ import (
 // namespaces (and a new network namespace when cfg.IsolatedNetwork), with
 // a single-ID map of the caller, sends it cfg and waits for its ready
 // handshake. Setup failures are *SetupError; after one, no process of the
-// holder is left. ctx bounds the setup only, not the holder's life.
+// holder is left. ctx bounds the setup only, not the holder's life. With
+// cfg.IDMapping "subid" the caller's subordinate ranges are mapped too,
+// through newuidmap/newgidmap (idmap.go).
 func Start(ctx context.Context, self string, cfg Config) (Holder, error) {
+	return start(ctx, self, cfg, defaultStartOptions)
+}
+
+func start(ctx context.Context, self string, cfg Config, opts startOptions) (Holder, error) {
+	var plan *subIDPlan
+	switch cfg.IDMapping {
+	case "", IDMappingSingle:
+	case IDMappingSubID:
+		var err error
+		if plan, err = planSubID(opts); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, idMappingError("unknown id mapping %q (want %s or %s)", cfg.IDMapping, IDMappingSingle, IDMappingSubID)
+	}
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, &SetupError{Stage: stageSpawn, Err: "control socketpair: " + err.Error()}
@@ -40,13 +58,43 @@ func Start(ctx context.Context, self string, cfg Config) (Holder, error) {
 	cmd.SysProcAttr.Setsid = true
 	cmd.ExtraFiles = []*os.File{theirs} // fd 3
 	cmd.Env = []string{}
+	var syncR, release *os.File // the sync pipe (subid): the holder waits on syncR
+	if plan != nil {
+		subIDAttr(cmd.SysProcAttr)
+		if syncR, release, err = os.Pipe(); err != nil {
+			mine.Close()
+			theirs.Close()
+			return nil, &SetupError{Stage: stageSpawn, Err: "sync pipe: " + err.Error()}
+		}
+		defer release.Close()
+		cmd.ExtraFiles = append(cmd.ExtraFiles, syncR) // fd 4 = syncFD
+		cmd.Env = []string{envSyncFD + "=" + strconv.Itoa(syncFD)}
+	}
 	stderr := &tailBuffer{max: 8 << 10}
 	cmd.Stderr = stderr
 	err = cmd.Start()
 	theirs.Close()
+	if syncR != nil {
+		syncR.Close()
+	}
 	if err != nil {
 		mine.Close()
 		return nil, &SetupError{Stage: stageSpawn, Err: err.Error()}
+	}
+	if plan != nil {
+		// The holder is blocked on the pipe: map it, then release it.
+		err := plan.apply(ctx, cmd.Process.Pid)
+		if err == nil {
+			if _, werr := release.Write([]byte(syncMessage)); werr != nil {
+				err = idMappingError("release the holder: %v", werr)
+			}
+		}
+		if err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			mine.Close()
+			return nil, err
+		}
 	}
 	conn, err := newCtlConn(mine)
 	if err != nil {

@@ -43,9 +43,10 @@ type command struct {
 }
 
 type server struct {
-	conn *ctlConn
-	root *sessionRoot
-	out  outbox
+	conn     *ctlConn
+	root     *sessionRoot
+	out      outbox
+	setupErr error // a failure before setup (id mapping), the setup reply
 
 	// gate: spawns hold it shared; quiesce and shutdown exclusively.
 	gate     sync.RWMutex
@@ -66,6 +67,8 @@ func runServe() int {
 	if os.Getpid() != 1 {
 		return fail("must be PID 1 of a new PID namespace (started by the supervisor), not PID %d", os.Getpid())
 	}
+	// subid: wait until the supervisor has mapped us, then re-exec (idmap.go).
+	mapErr := awaitIDMapping()
 	closeInherited(3)
 	f := os.NewFile(3, "control")
 	if f == nil {
@@ -83,7 +86,7 @@ func runServe() int {
 	swallowSignals()
 	sigchld := make(chan os.Signal, 8)
 	signal.Notify(sigchld, unix.SIGCHLD)
-	s := &server{conn: conn, running: map[uint64]*command{}, byPid: map[int]*command{}}
+	s := &server{conn: conn, running: map[uint64]*command{}, byPid: map[int]*command{}, setupErr: mapErr}
 	s.out.wake = make(chan struct{}, 1)
 	return s.run(sigchld)
 }
@@ -145,6 +148,10 @@ func (s *server) run(sigchld chan os.Signal) int {
 	}
 	if hdr.Op != opSetup || hdr.Config == nil {
 		s.replyNow(hdr.ID, &stageError{stageHandshake, fmt.Errorf("first request is %q, want setup", hdr.Op)})
+		return 1
+	}
+	if s.setupErr != nil {
+		s.replyNow(hdr.ID, s.setupErr)
 		return 1
 	}
 	root, err := setupRoot(hdr.Config)

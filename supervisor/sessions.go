@@ -217,6 +217,7 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 		HostPaths:       s.cfg.Sandbox.HostPaths,
 		HiddenPaths:     append([]string{s.dirs.Data, s.dirs.Config, s.dirs.Runtime}, s.cfg.Sandbox.HiddenPaths...),
 		IsolatedNetwork: ss.rec.NetworkProfile == "isolated",
+		IDMapping:       s.cfg.Sandbox.IDMapping,
 	}
 	setup := time.Duration(s.cfg.Runtime.Workspace.SetupTimeoutS * float64(time.Second))
 	hctx, cancel := context.WithTimeout(ctx, setup)

@@ -351,3 +351,52 @@ func TestCommandAdmission(t *testing.T) {
 		t.Fatalf("admission details: %v", body)
 	}
 }
+
+func TestSessionFileOperations(t *testing.T) {
+	e, id := sandboxWithProject(t)
+	ws := e.session(id)
+	e.exec(id, "--workspace-session-id", ws, "chmod +x src/app.py && ln -s src lnk && mkdir -p d && printf 'a\\r\\nb\\r\\n' > d/crlf.txt && mkfifo d/pipe")
+	ed := e.rt(id, "file_edit", "--workspace-session-id", ws, "--path", "src/app.py", "--edits", `[{"old_string":"hi","new_string":"hello"}]`)
+	if ed["type"] != "edit" || num(t, ed["replacements"]) != 1 || ed["layer_id"] != nil || ed["revision"] != nil {
+		t.Fatalf("session edit: %v", ed)
+	}
+	if out := e.exec(id, "--workspace-session-id", ws, "cat src/app.py; test -x src/app.py && echo exec"); out["output"] != "print('hello')\nexec" {
+		t.Fatalf("the command sees %v", out)
+	}
+	e.rt(id, "file_edit", "--workspace-session-id", ws, "--path", "d/crlf.txt", "--edits", `[{"old_string":"b","new_string":"c"}]`)
+	if out := e.exec(id, "--workspace-session-id", ws, "od -c d/crlf.txt | head -1"); !strings.Contains(out["output"].(string), `a  \r  \n   c  \r  \n`) {
+		t.Fatalf("crlf kept: %v", out)
+	}
+	w := e.rt(id, "file_write", "--workspace-session-id", ws, "--path", "new/deep/f.txt", "--content", "x")
+	if w["type"] != "create" || w["layer_id"] != nil {
+		t.Fatalf("session write: %v", w)
+	}
+	if out := e.exec(id, "--workspace-session-id", ws, "stat -c %a new/deep new/deep/f.txt"); out["output"] != "755\n644" {
+		t.Fatalf("modes: %v", out)
+	}
+	cases := []struct {
+		code     int
+		kind     string
+		args     []string
+		contains string
+	}{
+		{1, "invalid_request", []string{"file_read", "--path", "lnk"}, "path is not a regular file (Symlink)"},
+		{1, "not_found", []string{"file_read", "--path", "lnk/app.py"}, "file not found"},
+		{1, "invalid_request", []string{"file_read", "--path", "d/pipe"}, "path is not a regular file (Other)"},
+		{1, "invalid_request", []string{"file_read", "--path", "d"}, "path is not a regular file (Directory)"},
+		{1, "invalid_request", []string{"file_write", "--path", "lnk/x", "--content", "x"}, "symlink"},
+		{1, "invalid_request", []string{"file_write", "--path", "shared.txt/x", "--content", "x"}, "parent component"},
+		{1, "invalid_request", []string{"file_write", "--path", "lnk", "--content", "x"}, "path is not a regular file (Symlink)"},
+		{1, "invalid_request", []string{"file_list", "--path", "lnk"}, "not a directory (Symlink)"},
+		{1, "invalid_request", []string{"file_read", "--path", "../x"}, "invalid path"},
+	}
+	for _, tc := range cases {
+		body := e.rtFail(id, tc.code, tc.kind, append(tc.args, "--workspace-session-id", ws)...)
+		if !strings.Contains(body["message"].(string), tc.contains) {
+			t.Errorf("%v: %q does not contain %q", tc.args, body["message"], tc.contains)
+		}
+	}
+	if out := e.exec(id, "--workspace-session-id", ws, "ls src; ls -A / | grep -c esbx-tmp || true"); !strings.Contains(out["output"].(string), "app.py") {
+		t.Fatalf("after refused writes: %v", out)
+	}
+}

@@ -31,7 +31,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -41,6 +40,10 @@ import (
 
 // opTimeout bounds one supervisor request (a 50k-file snapshot included).
 const opTimeout = 10 * time.Minute
+
+// ctx is cancelled by SIGINT/SIGTERM: requests and child processes abort, the
+// current section fails, the rest is skipped and the temp dir is removed.
+var ctx context.Context
 
 func main() {
 	binFlag := flag.String("bin", "./bin", "directory holding the sandbox binaries")
@@ -64,7 +67,11 @@ func main() {
 		os.Exit(2)
 	}
 	cfg.bin = bin
-	os.Exit(run(cfg))
+	var stop context.CancelFunc
+	ctx, stop = signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(cfg)
+	stop()
+	os.Exit(code)
 }
 
 type config struct {
@@ -96,17 +103,7 @@ func run(cfg config) int {
 	}
 	b := &bench{cfg: cfg, root: root, home: filepath.Join(root, "h"), supLog: filepath.Join(root, "supervisor.log")}
 	b.sock = filepath.Join(b.home, "run", "supervisor.sock")
-	var once sync.Once
-	cleanup := func() { once.Do(b.cleanup) }
-	defer cleanup()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sigs
-		fmt.Fprintln(os.Stderr, "bench: interrupted, cleaning up")
-		cleanup()
-		os.Exit(130)
-	}()
+	defer b.cleanup()
 
 	if err := b.start(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench: start supervisor:", err)
@@ -116,6 +113,10 @@ func run(cfg config) int {
 	b.section("1. workspace session creation vs project size", b.sessionCreation)
 	b.section("2. no-op command round trip", b.execRoundTrip)
 	b.section(fmt.Sprintf("3. memory of %d live sessions", cfg.liveSessions), b.liveMemory)
+	if ctx.Err() != nil {
+		fmt.Fprintln(os.Stderr, "bench: interrupted")
+		return 130
+	}
 	if err := b.stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench: supervisor shutdown:", err)
 		b.failed = true
@@ -132,6 +133,9 @@ func run(cfg config) int {
 type failure struct{ err error }
 
 func check(err error) {
+	if ctx.Err() != nil {
+		panic(failure{errors.New("interrupted")})
+	}
 	if err != nil {
 		panic(failure{err})
 	}
@@ -141,6 +145,9 @@ func fail(format string, a ...any) { panic(failure{fmt.Errorf(format, a...)}) }
 
 // section runs one part; a failure is reported and the next part still runs.
 func (b *bench) section(title string, f func()) {
+	if ctx.Err() != nil {
+		return
+	}
 	fmt.Printf("\n== %s ==\n", title)
 	defer func() {
 		if r := recover(); r != nil {
@@ -174,6 +181,8 @@ func (b *bench) start() error {
 	defer logf.Close()
 	cmd := exec.Command(filepath.Join(b.cfg.bin, "sandbox-supervisor"), "serve")
 	cmd.Stdout, cmd.Stderr = logf, logf
+	// Its own process group: a terminal ^C reaches us, and we stop it with SIGTERM.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return err
 	}
@@ -238,7 +247,7 @@ func (b *bench) call(op, sandboxID string, args map[string]any) map[string]any {
 
 // timedCall measures request → response on a fresh connection.
 func (b *bench) timedCall(op, sandboxID string, args map[string]any) (map[string]any, time.Duration, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	req := &catalog.Request{Op: op, Scope: catalog.RequestScope{Kind: "system"}, Args: args}
 	if sandboxID != "" {
@@ -322,7 +331,7 @@ func (b *bench) sessionCreation() {
 		check(generateTree(p, n))
 		trees = append(trees, tree{name: "generated " + count(n), path: p, files: n})
 	}
-	goroot := runtime.GOROOT()
+	goroot := "/usr/local/go" // fallback when go env fails
 	if out, err := exec.Command("go", "env", "GOROOT").Output(); err == nil && len(bytes.TrimSpace(out)) > 0 {
 		goroot = string(bytes.TrimSpace(out))
 	}
@@ -389,6 +398,9 @@ func generateTree(dir string, n int) error {
 	for i := 0; i < n; i++ {
 		d := filepath.Join(dir, fmt.Sprintf("d%04d", i/100))
 		if i%100 == 0 {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
 			if err := os.MkdirAll(d, 0o755); err != nil {
 				return err
 			}
@@ -556,25 +568,32 @@ func (b *bench) liveMemory() {
 	b.destroySandbox(sbx)
 
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "state\tsessions\tholder procs\tholders VmRSS\tof which RssAnon\tsupervisor growth\ttotal extra\tper session\t")
+	fmt.Fprintln(tw, "state\tholder procs\tΣ holder VmRSS\tΣ holder RssAnon\tsupervisor VmRSS growth\ttotal extra (VmRSS)\tper session\tper session (PSS)\t")
 	for _, r := range []struct {
 		name string
 		m    sessionMem
 	}{{"idle after create", idle}, {"after one exec_command each", used}} {
 		total := r.m.holders.rss + r.m.supGrowth
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r.name, len(ids), r.m.procs, mib(r.m.holders.rss), mib(r.m.holders.anon),
-			mib(r.m.supGrowth), mib(total), mib(total/int64(len(ids))))
+		pss := "n/a"
+		if r.m.holders.pss >= 0 && r.m.supPssGrowth != -1 {
+			pss = mib((r.m.holders.pss + r.m.supPssGrowth) / int64(len(ids)))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.name, r.m.procs, mib(r.m.holders.rss), mib(r.m.holders.anon),
+			mib(r.m.supGrowth), mib(total), mib(total/int64(len(ids))), pss)
 	}
 	tw.Flush()
-	fmt.Printf("supervisor VmRSS before: %s; holder VmRSS counts shared pages (the binary's text) once per holder, so the sum overstates; RssAnon is private\n", mib(before.rss))
+	fmt.Printf("%d sessions; supervisor VmRSS before: %s. VmRSS counts pages shared with the supervisor binary once per holder,\n", len(ids), mib(before.rss))
+	fmt.Println("so the VmRSS sum overstates; PSS (smaps_rollup, holders + supervisor PSS growth) divides shared pages among their users")
 }
 
-type memInfo struct{ rss, anon int64 } // bytes
+// memInfo is one process's memory in bytes; pss is -1 when smaps_rollup is unreadable.
+type memInfo struct{ rss, anon, pss int64 }
 
 type sessionMem struct {
-	holders   memInfo
-	procs     int
-	supGrowth int64
+	holders      memInfo
+	procs        int
+	supGrowth    int64 // VmRSS
+	supPssGrowth int64 // -1 when unknown
 }
 
 // sessionMemory sums VmRSS over every holder (found by holder_pid) and its descendants.
@@ -609,6 +628,11 @@ func (b *bench) sessionMemory(sbx string, ids []string, before memInfo) sessionM
 			}
 			m.holders.rss += mi.rss
 			m.holders.anon += mi.anon
+			if mi.pss < 0 || m.holders.pss < 0 {
+				m.holders.pss = -1
+			} else {
+				m.holders.pss += mi.pss
+			}
 			m.procs++
 		}
 	}
@@ -618,6 +642,10 @@ func (b *bench) sessionMemory(sbx string, ids []string, before memInfo) sessionM
 	now, err := readMem(b.sup.Process.Pid)
 	check(err)
 	m.supGrowth = now.rss - before.rss
+	m.supPssGrowth = -1
+	if now.pss >= 0 && before.pss >= 0 {
+		m.supPssGrowth = now.pss - before.pss
+	}
 	return m
 }
 
@@ -648,7 +676,27 @@ func readMem(pid int) (memInfo, error) {
 	if !seen {
 		return memInfo{}, fmt.Errorf("/proc/%d/status has no VmRSS", pid)
 	}
+	mi.pss = readPss(pid)
 	return mi, sc.Err()
+}
+
+// readPss returns the proportional set size (shared pages divided among
+// their users), or -1 when /proc/<pid>/smaps_rollup cannot be read.
+func readPss(pid int) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return -1
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(l, "Pss:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				return -1
+			}
+			return kb << 10
+		}
+	}
+	return -1
 }
 
 // childMap maps each pid to its children, from /proc/*/stat.
@@ -704,7 +752,7 @@ func runCmd(dir, name string, args ...string) error {
 func runOut(name string, args ...string) ([]byte, error) { return runOutDir("", name, args...) }
 
 func runOutDir(dir, name string, args ...string) ([]byte, error) {
-	cmd := exec.Command(name, args...)
+	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "LC_ALL=C")
 	var out, errb bytes.Buffer
