@@ -74,6 +74,18 @@ var ops = []Op{
 		Args:    []Arg{sandboxIDArg},
 	},
 	{
+		ID: "export_changes", Group: Management, Family: "management", Scope: ScopeSystem,
+		Summary: "Export the sandbox's published changes to a host directory or archive.",
+		Help: "Folds every non-base layer of head (newest wins, whiteouts and opaque cuts applied) and writes it to dest. " +
+			"Paths the sandbox did not change are never touched.",
+		Result: "{manifest_version, format, layers_exported[], files_written, directories_written, symlinks_written, …}",
+		Args: []Arg{
+			sandboxIDArg,
+			{Name: "dest", Kind: Path, Required: true, Help: "Absolute destination: a directory (dir) or an archive file (tar, tar-zst)."},
+			{Name: "format", Kind: String, Default: "dir", Enum: []string{"dir", "tar", "tar-zst"}, Help: "Output format."},
+		},
+	},
+	{
 		ID: "exec_command", Group: Runtime, Family: "command", Scope: ScopeSandbox,
 		Summary: "Run a shell command in a workspace session.",
 		Help: "Runs /bin/bash --noprofile --norc -c COMMAND in a PTY with cwd /workspace. Without workspace_session_id a new implicit " +
@@ -156,6 +168,16 @@ var ops = []Op{
 		},
 	},
 	{
+		ID: "file_blame", Group: Runtime, Family: "file", Scope: ScopeSandbox,
+		Summary: "Which session, command or operation wrote each line of a file.",
+		Help:    "Ranges tile every line exactly once. Without workspace_session_id: the published head; with it: the session's own view.",
+		Result:  "{path, view, workspace_session_id|null, revision, line_count, ranges:[{start_line, line_count, owner, …}]}",
+		Args: []Arg{
+			{Name: "path", Kind: Path, Required: true, Help: "Workspace-relative path or /workspace/…"},
+			{Name: "workspace_session_id", Kind: String, ID: true, Help: "Blame the session's own view."},
+		},
+	},
+	{
 		ID: "file_list", Group: Runtime, Family: "file", Scope: ScopeSandbox,
 		Summary: "List one directory level.",
 		Help:    "Sorted by name bytes; kind is file, directory, symlink or other.",
@@ -177,6 +199,22 @@ var ops = []Op{
 		},
 	},
 	{
+		ID: "publish_workspace_session", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox,
+		Summary: "Publish an explicit session's changes as one new layer, or nothing.",
+		Help: "Every changed path is resolved against the current head with its strategy (merge, ours, theirs, reject); " +
+			"any conflict rejects the whole publish and keeps the session. dry_run returns the plan and commits nothing.",
+		Result: "{workspace_session_id, dry_run, publish:{no_op, revision, route_summary, outcome_summary, layer_id, resolved_paths}, destroyed, …}",
+		Args: []Arg{
+			{Name: "workspace_session_id", Kind: String, Required: true, ID: true, Help: "An explicit session."},
+			graceArg,
+			{Name: "default_strategy", Kind: String, Default: "merge", Enum: []string{"merge", "ours", "theirs", "reject"},
+				Help: "Strategy for paths without a resolution."},
+			{Name: "resolutions", Kind: JSONArray, Default: []any{}, DefaultDoc: "[]", MaxItems: 10000, AcceptJSONString: true,
+				Help: "Objects {path, strategy} for paths the session changed."},
+			{Name: "dry_run", Kind: Boolean, Default: false, Help: "Compute the plan against the current head and commit nothing."},
+		},
+	},
+	{
 		ID: "destroy_workspace_session", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox,
 		Summary: "Discard a session and its changes.",
 		Help:    "Refused while commands run and the holder lives.",
@@ -190,6 +228,18 @@ var ops = []Op{
 		ID: "list_workspace_sessions", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox,
 		Summary: "List the sandbox's sessions, implicit and explicit.",
 		Result:  `{"workspace_sessions":[session object…]} sorted by created_at`,
+	},
+	{
+		ID: "diff_workspace_session", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox,
+		Summary: "What a session changed: per-path status and unified diffs against its base or the current head.",
+		Help:    "Also lists the session-changed paths that head has changed meanwhile (they will go through resolution).",
+		Result:  "{workspace_session_id, against, base_revision, head_revision, files:[{path, status, kind, route, binary, mode, diff, diff_truncated}], head_changed_paths[], truncated}",
+		Args: []Arg{
+			{Name: "workspace_session_id", Kind: String, Required: true, ID: true, Help: "Any state except finalizing."},
+			{Name: "against", Kind: String, Default: "base", Enum: []string{"base", "head"}, Help: "Left side of the diffs."},
+			{Name: "paths", Kind: JSONArray, MaxItems: 1000, AcceptJSONString: true, DefaultDoc: "all", Help: "Path strings; each matches that path and everything below it."},
+			{Name: "max_bytes", Kind: Integer, Default: uint64(1048576), Min: u64(1), Max: u64(8388608), Help: "Total unified-diff text."},
+		},
 	},
 	{
 		ID: "health", Group: Observability, Family: "health", Scope: ScopeSystem,

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -398,5 +399,27 @@ func TestSessionFileOperations(t *testing.T) {
 	}
 	if out := e.exec(id, "--workspace-session-id", ws, "ls src; ls -A / | grep -c esbx-tmp || true"); !strings.Contains(out["output"].(string), "app.py") {
 		t.Fatalf("after refused writes: %v", out)
+	}
+}
+
+func TestSubordinateIDMapping(t *testing.T) {
+	if _, err := exec.LookPath("newuidmap"); err != nil {
+		skipOrFail(t, "newuidmap is not installed (package uidmap): sandbox.id_mapping subid cannot work")
+	}
+	e := newEnv(t)
+	writeConfig(t, e, "sandbox:\n  id_mapping: subid\n")
+	e.start()
+	id := e.createSandbox(e.project(map[string]string{"a.txt": "a\n"}))
+	ws := e.session(id)
+	out := e.exec(id, "--workspace-session-id", ws, "chown 1000:1000 a.txt && stat -c %u:%g a.txt && wc -l < /proc/self/uid_map")
+	if out["status"] != "ok" || out["output"] != "1000:1000\n2" {
+		t.Fatalf("subid session: %v", out)
+	}
+	// The default single-ID map refuses the same chown.
+	e2 := newEnv(t)
+	e2.start()
+	id2 := e2.createSandbox(e2.project(map[string]string{"a.txt": "a\n"}))
+	if out := e2.exec(id2, "chown 1000 a.txt 2>&1; echo rc=$?"); !strings.Contains(out["output"].(string), "rc=1") {
+		t.Fatalf("single map chown: %v", out)
 	}
 }
