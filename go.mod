@@ -15,6 +15,7 @@ require (
 )
 
 require (
+	github.com/aymanbagabas/go-udiff v0.4.2 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/google/jsonschema-go v0.4.2 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
