@@ -389,18 +389,23 @@ func (c *client) Close(grace time.Duration) error {
 		select {
 		case <-c.done:
 		default:
-			ctx, cancel := context.WithTimeout(context.Background(), grace)
-			go func() {
-				defer cancel()
-				_ = c.conn.writeFrame(ctx, &ctlHeader{Op: opShutdown, GraceMS: grace.Milliseconds()}, nil, -1)
-			}()
-			t := time.NewTimer(grace + 100*time.Millisecond)
-			select {
-			case <-c.done:
-			case <-t.C:
+			if grace <= 0 {
+				// No grace to give: SIGKILL, and the whole PID namespace dies with the holder.
 				_ = c.cmd.Process.Kill()
+			} else {
+				ctx, cancel := context.WithTimeout(context.Background(), grace)
+				go func() {
+					defer cancel()
+					_ = c.conn.writeFrame(ctx, &ctlHeader{Op: opShutdown, GraceMS: grace.Milliseconds()}, nil, -1)
+				}()
+				t := time.NewTimer(grace + 100*time.Millisecond)
+				select {
+				case <-c.done:
+				case <-t.C:
+					_ = c.cmd.Process.Kill()
+				}
+				t.Stop()
 			}
-			t.Stop()
 			<-c.done
 		}
 		c.conn.Close()
