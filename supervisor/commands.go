@@ -301,8 +301,12 @@ func (s *Supervisor) commandEvent(sb *sandbox, ss *session, ev nsholder.Event) {
 func (s *Supervisor) commandDone(sb *sandbox, ss *session, cmd *command) {
 	ss.mu.Lock()
 	delete(ss.ledger, cmd.rec.CommandSessionID)
-	drained := len(ss.ledger) == 0 && ss.implicit()
+	others := len(ss.ledger)
+	drained := others == 0 && ss.implicit()
 	ss.mu.Unlock()
+	// Kernel driver attribution (§11.3): what changed is credited to the
+	// command that ended, approximately when others ran meanwhile.
+	s.checkpointSession(context.Background(), sb, ss, cmd.rec.CommandSessionID, others > 0)
 	if !drained {
 		s.finishCommand(sb, cmd, "", nil)
 		return

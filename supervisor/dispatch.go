@@ -31,10 +31,12 @@ var handlers = map[string]handler{
 	"destroy_sandbox":            (*Supervisor).destroySandbox,
 	"list_sandboxes":             (*Supervisor).listSandboxes,
 	"inspect_sandbox":            (*Supervisor).inspectSandbox,
+	"export_changes":             (*Supervisor).exportChanges,
 	"file_read":                  (*Supervisor).fileRead,
 	"file_write":                 (*Supervisor).fileWrite,
 	"file_edit":                  (*Supervisor).fileEdit,
 	"file_list":                  (*Supervisor).fileList,
+	"file_blame":                 (*Supervisor).fileBlame,
 	"health":                     (*Supervisor).health,
 	"exec_command":               (*Supervisor).execCommand,
 	"write_command_stdin":        (*Supervisor).writeCommandStdin,
@@ -43,6 +45,8 @@ var handlers = map[string]handler{
 	"create_workspace_session":   (*Supervisor).createWorkspaceSession,
 	"destroy_workspace_session":  (*Supervisor).destroyWorkspaceSession,
 	"list_workspace_sessions":    (*Supervisor).listWorkspaceSessions,
+	"diff_workspace_session":     (*Supervisor).diffWorkspaceSession,
+	"publish_workspace_session":  (*Supervisor).publishWorkspaceSession,
 }
 
 // streamingOps may send progress lines (§2.5).

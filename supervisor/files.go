@@ -346,7 +346,7 @@ func (s *Supervisor) checkProtected(p string) error {
 			reason = "protected_path"
 		}
 	}
-	if reason == "" && matchesAny(s.cfg.Runtime.Publish.ProtectedPaths, p) {
+	if reason == "" && s.protected.Match(p, false) {
 		reason = "protected_path"
 	}
 	if reason == "" {
@@ -376,6 +376,7 @@ func (s *Supervisor) fileWrite(c *call) (any, error) {
 		if err != nil {
 			return nil, err
 		}
+		s.checkpointSession(c.ctx, c.sb, ss, "", false, p)
 		s.bump(c.ctx, c.sb)
 		return map[string]any{"type": writeType(created), "path": p, "bytes_written": len(content)}, nil
 	}
@@ -383,7 +384,9 @@ func (s *Supervisor) fileWrite(c *call) (any, error) {
 		return nil, err
 	}
 	created := false
+	var prev layers.Manifest // the head this write is based on, for line attribution
 	res, err := c.sb.stack.Update(c.ctx, func(v *layers.View) ([]layers.Change, error) {
+		prev = v.Manifest()
 		old, err := writeTarget(v, p)
 		if err != nil {
 			return nil, err
@@ -397,6 +400,7 @@ func (s *Supervisor) fileWrite(c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.auditSessionless(c.ctx, c.sb, prev, res, p, c.req.RequestID)
 	s.bump(c.ctx, c.sb)
 	return map[string]any{"type": writeType(created), "path": p, "bytes_written": len(content), "revision": res.Revision, "layer_id": layerID(res)}, nil
 }
@@ -575,6 +579,7 @@ func (s *Supervisor) fileEdit(c *call) (any, error) {
 		if _, err := s.sessionWrite(c.ctx, ss, p, out); err != nil {
 			return nil, err
 		}
+		s.checkpointSession(c.ctx, c.sb, ss, "", false, p)
 		s.bump(c.ctx, c.sb)
 		return result(len(out), n), nil
 	}
@@ -582,7 +587,9 @@ func (s *Supervisor) fileEdit(c *call) (any, error) {
 		return nil, err
 	}
 	var written, replacements int
+	var prev layers.Manifest
 	res, err := c.sb.stack.Update(c.ctx, func(head *layers.View) ([]layers.Change, error) {
+		prev = head.Manifest()
 		raw, e, err := readText(c.ctx, headFiles{head}, p, s.cfg.Runtime.File.MaxEditBytes)
 		if err != nil {
 			return nil, err
@@ -597,6 +604,7 @@ func (s *Supervisor) fileEdit(c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.auditSessionless(c.ctx, c.sb, prev, res, p, c.req.RequestID)
 	s.bump(c.ctx, c.sb)
 	r := result(written, replacements)
 	r["revision"], r["layer_id"] = res.Revision, layerID(res)

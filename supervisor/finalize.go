@@ -7,119 +7,71 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 )
 
-// rejection is a publish that commits nothing (§9.8). Its body is the
-// contract's publish_rejection object.
-type rejection struct {
-	reason string
-	body   map[string]any
+// publishOptions are the configured limits of a publish (§9, §13).
+func (s *Supervisor) publishOptions() layers.PublishOptions {
+	p := s.cfg.Runtime.Publish
+	return layers.PublishOptions{
+		Protected:      s.protected,
+		MaxPlanPaths:   p.MaxPlanPaths,
+		ExpansionLimit: p.ExpansionLimit,
+		Merge:          layers.MergeOptions{MaxFileBytes: p.MergeMaxFileBytes, MaxEditDistance: p.MergeMaxEditDistance},
+	}
 }
 
-func (r *rejection) Error() string { return "publish rejected: " + r.reason }
-
-// publishOutcome is what a publish did.
-type publishOutcome struct {
-	noOp     bool
-	revision layers.Revision
-	layerID  string
-	source   int // counted source changes
+// publishSession captures a session's upper dir and resolves it against the
+// current head (§9): exactly one layer or nothing. After a commit the
+// committed files' line attribution is recorded (§11.2); drain names the
+// command whose completion published an implicit session.
+func (s *Supervisor) publishSession(ctx context.Context, sb *sandbox, ss *session, opt layers.PublishOptions, drain *command) (*layers.Plan, layers.PublishResult, error) {
+	base := ss.base()
+	cs, err := layers.Capture(ctx, ss.upper(), sb.stack.View(base))
+	if err != nil {
+		return nil, layers.PublishResult{}, fmt.Errorf("capture: %w", err)
+	}
+	plan, res, err := sb.stack.PublishChangeset(ctx, base, cs, opt)
+	if err != nil || opt.DryRun || res.NoOp {
+		return plan, res, err
+	}
+	owner := sessionOwner(ss.id(), ss.rec.Agent)
+	if drain != nil {
+		owner.CommandSessionID = drain.rec.CommandSessionID
+	}
+	files := make([]auditFile, 0, len(plan.Committed))
+	for _, cf := range plan.Committed {
+		if cf.Kind != layers.ChangeWrite {
+			continue
+		}
+		f := auditFile{Path: cf.Path, Wholesale: cf.Route == "ignored", Owner: owner}
+		if cf.SessionSource != "" {
+			if data, rerr := os.ReadFile(cf.SessionSource); rerr == nil {
+				f.Session, f.SessionContent = s.sessionLineOwners(ss, cf.Path, data), data
+			}
+		}
+		files = append(files, f)
+	}
+	_ = s.recordPublishAudit(ctx, sb, plan.HeadManifest, res, files) // logged inside; never fails a publish
+	return plan, res, nil
 }
 
-func (o publishOutcome) object() map[string]any {
+// publishObject is the publish object of results and command outputs.
+func publishObject(plan *layers.Plan, res layers.PublishResult, withResolved bool) map[string]any {
 	var lid any
-	if !o.noOp {
-		lid = o.layerID
+	if !res.NoOp && res.LayerID != "" {
+		lid = res.LayerID
 	}
-	return map[string]any{"no_op": o.noOp, "revision": o.revision, "layer_id": lid}
-}
-
-func newRejection(reason string, conflicts []map[string]any) *rejection {
-	first := conflicts[0]
-	body := map[string]any{
-		"path": first["path"], "reason": reason, "source_conflict": nil, "protected_drop": nil, "message": nil,
-		"conflicts": conflicts,
-	}
-	if pd, ok := first["protected_drop"]; ok {
-		body["protected_drop"] = pd
-	}
-	if reason == "source_conflict" {
-		body["source_conflict"] = map[string]any{"path": first["path"], "expected": first["expected"], "actual": first["actual"]}
-	}
-	return &rejection{reason: reason, body: body}
-}
-
-// protectedPath reports whether a publish may not write p (§9.2).
-func (s *Supervisor) protectedPath(p string) bool {
-	for _, seg := range strings.Split(p, "/") {
-		if strings.HasPrefix(seg, ".wh.") {
-			return true
+	out := map[string]any{"no_op": res.NoOp, "revision": res.Revision, "layer_id": lid}
+	if plan != nil {
+		out["route_summary"], out["outcome_summary"] = plan.RouteSummary, plan.OutcomeSummary
+		if withResolved {
+			out["resolved_paths"] = plan.ResolvedPaths()
 		}
 	}
-	return matchesAny(s.cfg.Runtime.Publish.ProtectedPaths, p)
-}
-
-// publishSession captures a session's upper dir and commits it as one layer
-// when nothing it changed moved in head since its base; otherwise it rejects
-// listing every path that moved. (Per-path merge and strategies extend this.)
-func (s *Supervisor) publishSession(ctx context.Context, sb *sandbox, ss *session) (publishOutcome, error) {
-	base := layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: ss.rec.Lease.Layers}
-	baseView := sb.stack.View(base)
-	cs, err := layers.Capture(ctx, ss.upper(), baseView)
-	if err != nil {
-		return publishOutcome{}, fmt.Errorf("capture: %w", err)
-	}
-	var protected []map[string]any
-	for _, d := range cs.Drops {
-		if ss.implicit() && d.Reason == "unsupported_special_file" {
-			continue // implicit finalization drops special files silently (§5.1)
-		}
-		protected = append(protected, map[string]any{"path": d.Path, "reason": "protected_path", "strategy": "merge",
-			"protected_drop": map[string]any{"path": d.Path, "reason": d.Reason}, "hunks": []any{}})
-	}
-	for _, ch := range cs.Changes {
-		if s.protectedPath(ch.Path) {
-			protected = append(protected, map[string]any{"path": ch.Path, "reason": "protected_path", "strategy": "merge", "hunks": []any{}})
-		}
-	}
-	if len(protected) > 0 {
-		return publishOutcome{}, newRejection("protected_path", protected)
-	}
-	if len(cs.Changes) == 0 {
-		head, err := sb.stack.Head()
-		return publishOutcome{noOp: true, revision: head.Revision()}, err
-	}
-	res, err := sb.stack.Update(ctx, func(head *layers.View) ([]layers.Change, error) {
-		if head.Manifest().RootHash() != base.RootHash() {
-			var conflicts []map[string]any
-			for _, ch := range cs.Changes {
-				b, err := baseView.Fingerprint(ch.Path)
-				if err != nil {
-					return nil, err
-				}
-				h, err := head.Fingerprint(ch.Path)
-				if err != nil {
-					return nil, err
-				}
-				if !b.Equal(h) {
-					conflicts = append(conflicts, map[string]any{"path": ch.Path, "reason": "source_conflict", "strategy": "merge",
-						"conflict_reason": "changed_on_both_sides", "expected": b, "actual": h, "hunks": []any{}})
-				}
-			}
-			if len(conflicts) > 0 {
-				return nil, newRejection("source_conflict", conflicts)
-			}
-		}
-		return append(append([]layers.Change{}, cs.Changes...), cs.Carriers...), nil
-	})
-	if err != nil {
-		return publishOutcome{}, err
-	}
-	return publishOutcome{noOp: res.NoOp, revision: res.Revision, layerID: res.LayerID, source: len(cs.Changes)}, nil
+	return out
 }
 
 // finalizeImplicit ends an implicit session (§6.6): quiesce (the holder and
@@ -131,6 +83,9 @@ func (s *Supervisor) finalizeImplicit(ctx context.Context, sb *sandbox, ss *sess
 	defer cancel()
 	ss.gate.Lock()
 	defer ss.gate.Unlock()
+	if ss.isGone() {
+		return map[string]any{} // destroyed while we waited: nothing left to publish
+	}
 	ss.setState(sessFinalizing)
 	ss.mu.Lock()
 	h := ss.holder
@@ -139,26 +94,26 @@ func (s *Supervisor) finalizeImplicit(ctx context.Context, sb *sandbox, ss *sess
 	if h != nil {
 		_ = h.Close(0) // SIGKILL of the whole PID namespace: nothing writes during capture
 	}
-	out, err := s.publishSession(ctx, sb, ss)
+	opt := s.publishOptions()
+	opt.Implicit = true
+	plan, res, err := s.publishSession(ctx, sb, ss, opt, drain)
 	extra := map[string]any{}
-	var rej *rejection
+	var rej *layers.Rejection
 	switch {
 	case err == nil:
-		extra["publish"] = out.object()
-	case errors.As(err, &rej):
-		artifact := s.keepRecoveryArtifact(ctx, sb, ss, rej)
-		body := rej.body
-		if artifact != "" {
+		extra["publish"] = publishObject(plan, res, false)
+	default:
+		if !errors.As(err, &rej) {
+			msg := err.Error()
+			rej = &layers.Rejection{Reason: "publish_error", Message: &msg, Conflicts: []layers.RejectedPath{}}
+		}
+		body := rejectionBody(rej)
+		if artifact := s.keepRecoveryArtifact(ctx, sb, ss, rej.Reason, body); artifact != "" {
 			body["recovery_artifact"] = artifact
 		}
-		extra["publish_rejected"], extra["publish_reject_class"], extra["publish_rejection"] = true, rej.reason, body
-		s.log.Warn("workspace_session.finalize.publish_failed", "sandbox", sb.rec.ID, "workspace_session_id", ss.id(), "reject_class", rej.reason)
-	default:
-		s.keepRecoveryArtifact(ctx, sb, ss, &rejection{reason: "publish_error", body: map[string]any{"message": err.Error()}})
-		extra["publish_rejected"], extra["publish_reject_class"] = true, "publish_error"
-		extra["publish_rejection"] = map[string]any{"path": nil, "reason": "publish_error", "source_conflict": nil,
-			"protected_drop": nil, "message": err.Error(), "conflicts": []any{}}
-		s.log.Warn("workspace_session.finalize.publish_failed", "sandbox", sb.rec.ID, "workspace_session_id", ss.id(), "err", err)
+		extra["publish_rejected"], extra["publish_reject_class"], extra["publish_rejection"] = true, rej.Reason, body
+		s.log.Warn("workspace_session.finalize.publish_failed", "sandbox", sb.rec.ID, "workspace_session_id", ss.id(),
+			"reject_class", rej.Reason, "err", err)
 	}
 	if _, err := s.destroySession(ctx, sb, ss, 0); err != nil {
 		ss.setState(sessFinalizeFailed)
@@ -179,7 +134,7 @@ type recoveryArtifact struct {
 // keepRecoveryArtifact moves a rejected implicit session's upper dir (a
 // rename, not a copy) to workspace_recovery/<id>/upper beside a manifest,
 // keeping the newest runtime.workspace.max_recovery_artifacts.
-func (s *Supervisor) keepRecoveryArtifact(ctx context.Context, sb *sandbox, ss *session, rej *rejection) string {
+func (s *Supervisor) keepRecoveryArtifact(ctx context.Context, sb *sandbox, ss *session, reason string, rejection map[string]any) string {
 	if s.cfg.Runtime.Workspace.MaxRecoveryArtifacts == 0 {
 		return ""
 	}
@@ -193,9 +148,9 @@ func (s *Supervisor) keepRecoveryArtifact(ctx context.Context, sb *sandbox, ss *
 		s.log.Warn("recovery artifact", "err", err)
 		return ""
 	}
-	art := recoveryArtifact{WorkspaceSessionID: ss.id(), CreatedAt: nowRFC3339(), Reason: rej.reason, Bytes: bytes}
-	man, _ := json.Marshal(map[string]any{"workspace_session_id": ss.id(), "created_at": art.CreatedAt, "reason": rej.reason,
-		"publish_rejection": rej.body, "bytes": bytes, "entries": entries})
+	art := recoveryArtifact{WorkspaceSessionID: ss.id(), CreatedAt: nowRFC3339(), Reason: reason, Bytes: bytes}
+	man, _ := json.Marshal(map[string]any{"workspace_session_id": ss.id(), "created_at": art.CreatedAt, "reason": reason,
+		"publish_rejection": rejection, "bytes": bytes, "entries": entries})
 	_ = os.WriteFile(filepath.Join(dir, "manifest.json"), man, 0o600)
 	sb.mu.Lock()
 	sb.rec.RecoveryArtifacts = append(sb.rec.RecoveryArtifacts, art)
@@ -211,6 +166,15 @@ func (s *Supervisor) keepRecoveryArtifact(ctx context.Context, sb *sandbox, ss *
 	}
 	_ = s.store.putSandbox(ctx, &rec)
 	return filepath.Join("workspace_recovery", ss.id())
+}
+
+// rejectionBody is the publish_rejection object as a map, so the recovery
+// artifact can be added to it.
+func rejectionBody(r *layers.Rejection) map[string]any {
+	var m map[string]any
+	b, _ := json.Marshal(r)
+	_ = json.Unmarshal(b, &m)
+	return m
 }
 
 func countEntries(dir string) int {

@@ -8,9 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path"
 	"path/filepath"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -104,30 +102,4 @@ func checkToken(p string) error {
 		return fmt.Errorf("must be exactly one non-empty line")
 	}
 	return nil
-}
-
-// matchesAny reports whether p matches one of the gitignore-style patterns of
-// runtime.publish.protected_paths. A pattern without a slash matches any path
-// component; one with a slash is anchored at the workspace root; a trailing
-// slash or a match on an ancestor covers everything below.
-func matchesAny(patterns []string, p string) bool {
-	parts := strings.Split(p, "/")
-	for _, pat := range patterns {
-		pat = strings.TrimSuffix(strings.TrimSpace(pat), "/")
-		if pat == "" || strings.HasPrefix(pat, "#") {
-			continue
-		}
-		anchored := strings.Contains(pat, "/")
-		pat = strings.TrimPrefix(pat, "/")
-		for i := range parts {
-			if anchored {
-				if ok, _ := path.Match(pat, strings.Join(parts[:i+1], "/")); ok {
-					return true
-				}
-			} else if ok, _ := path.Match(pat, parts[i]); ok {
-				return true
-			}
-		}
-	}
-	return false
 }

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/layers"
 )
 
 // Options are the command-line inputs of `sandbox-supervisor serve`.
@@ -42,6 +43,8 @@ type Supervisor struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
+	exports   exportGate       // serializes export_changes per sandbox
+	protected *layers.Patterns // runtime.publish.protected_paths, compiled once
 
 	draining atomic.Bool
 	inflight sync.WaitGroup
@@ -97,6 +100,7 @@ func Serve(ctx context.Context, opt Options) error {
 		started: time.Now(), self: self, sandboxes: map[string]*sandbox{},
 		conns: make(chan struct{}, cfg.Supervisor.MaxConcurrentConnections),
 	}
+	s.protected = layers.CompilePatterns(cfg.Runtime.Publish.ProtectedPaths)
 	s.probes = runProbes(ctx, self, dirs.Data, log)
 	if err := s.recover(ctx); err != nil {
 		return err

@@ -54,7 +54,8 @@ type leaseRecord struct {
 // starting commands, file operations, publish and destroy are serialized on
 // it, so a file operation never races a finalization. mu guards the rest.
 type session struct {
-	gate sync.Mutex
+	gate   sync.Mutex
+	attrMu sync.Mutex // serializes attribution checkpoints
 
 	mu     sync.Mutex
 	rec    sessionRecord
@@ -62,11 +63,23 @@ type session struct {
 	holder nsholder.Holder
 	lease  *layers.Lease
 	ledger map[string]*command // running commands
+	gone   bool                // destroyed: whoever waited at the gate finds it gone
+}
+
+func (ss *session) isGone() bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.gone
 }
 
 func (ss *session) id() string     { return ss.rec.WorkspaceSessionID }
 func (ss *session) upper() string  { return filepath.Join(ss.dir, "upper") }
 func (ss *session) implicit() bool { return ss.rec.FinalizePolicy == policyPublish }
+
+// base is the session's leased manifest: its frozen view (§5.3).
+func (ss *session) base() layers.Manifest {
+	return layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: ss.rec.BaseRevision.ManifestVersion, Layers: ss.rec.Lease.Layers}
+}
 
 func (ss *session) state() string {
 	ss.mu.Lock()
@@ -109,6 +122,9 @@ func (sb *sandbox) lookupSession(id string) (*session, *catalog.Error) {
 
 // admit checks that a session accepts commands and file operations (§5.5).
 func (ss *session) admit() *catalog.Error {
+	if ss.isGone() {
+		return notFoundSession(ss.id())
+	}
 	switch st := ss.state(); st {
 	case sessActive:
 		return nil
@@ -207,7 +223,7 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at directories: %v", err).With("stage", "directories")
 	}
-	m := layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: ss.rec.Lease.Layers}
+	m := ss.base()
 	cfg := nsholder.Config{
 		SessionID:       ss.id(),
 		Lowers:          sb.stack.LayerDirs(m),
@@ -280,6 +296,7 @@ func (s *Supervisor) destroySession(ctx context.Context, sb *sandbox, ss *sessio
 	ss.mu.Lock()
 	h := ss.holder
 	ss.holder = nil
+	ss.gone = true
 	ss.mu.Unlock()
 	if h != nil {
 		if err := h.Close(grace); err != nil {
@@ -351,6 +368,9 @@ func (s *Supervisor) destroyWorkspaceSession(c *call) (any, error) {
 	}
 	ss.gate.Lock()
 	defer ss.gate.Unlock()
+	if ss.isGone() {
+		return nil, notFoundSession(ss.id()) // published or destroyed while we waited
+	}
 	if st := ss.state(); st == sessFinalizing || st == sessRestoring {
 		return nil, catalog.Errorf(catalog.OperationConflict, "workspace session %s is %s", ss.id(), st).
 			With("workspace_session_id", ss.id()).With("session_state", st)

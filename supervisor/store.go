@@ -41,7 +41,12 @@ func openStore(ctx context.Context, dataDir string) (*store, error) {
 		db.Close()
 		return nil, fmt.Errorf("init state database %s: %w", path, err)
 	}
-	return &store{db: db}, nil
+	st := &store{db: db}
+	if err := st.initAudit(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return st, nil
 }
 
 func (s *store) close() error { return s.db.Close() }
@@ -71,7 +76,7 @@ func (s *store) deleteSandboxRows(ctx context.Context, sandboxID string) error {
 	if _, err := s.db.ExecContext(ctx, `DELETE FROM records WHERE sandbox_id = ? OR (kind = ? AND id = ?)`, sandboxID, kindSandbox, sandboxID); err != nil {
 		return fmt.Errorf("delete records of %s: %w", sandboxID, err)
 	}
-	return nil
+	return s.deleteSandboxAudit(ctx, sandboxID)
 }
 
 // list decodes every record of a kind (of one sandbox when sandboxID is

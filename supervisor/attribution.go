@@ -1,0 +1,491 @@
+package supervisor
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ephemeral-ai-lab/sandbox/layers"
+)
+
+// Session checkpoints (§11.3). sessions/<id>/attribution/ holds, per changed
+// text file of the session's upper dir, <key>.json (per-line writers and
+// the content digest) and <key>.txt (the content, the next checkpoint's
+// diff base), where key is derived from the path; index.json maps every
+// path seen to its stat identity and state, so unchanged files cost one
+// lstat. At most attrMaxFiles checkpoints and attrMaxBytes of content copies
+// per session; beyond, a file has no checkpoint and its lines fall back to
+// command_session_id null.
+
+const (
+	attrMaxFiles  = 10000
+	attrMaxBytes  = 256 << 20
+	attrIndexName = "index.json"
+)
+
+// Index entry states.
+const (
+	ckStored  = "checkpoint" // <key>.json and <key>.txt exist
+	ckBase    = "base"       // content equal to the base's: nothing to attribute
+	ckNonText = "non_text"   // not attributed line by line
+	ckOver    = "over_limit" // no room left in the session's budget
+)
+
+type ckIdentity struct {
+	Size    int64  `json:"size"`
+	MtimeNs int64  `json:"mtime_ns"`
+	CtimeNs int64  `json:"ctime_ns"`
+	Ino     uint64 `json:"ino"`
+}
+
+type ckEntry struct {
+	State  string `json:"state"`
+	Key    string `json:"key,omitempty"`
+	Digest string `json:"digest"`
+	Bytes  int64  `json:"bytes,omitempty"` // size of the stored content copy
+	ckIdentity
+}
+
+type ckIndex struct {
+	V     int                 `json:"v"`
+	Files map[string]*ckEntry `json:"files"`
+}
+
+// ckLine is the writer of one line of a checkpointed file; Base marks a
+// line kept from the session's base.
+type ckLine struct {
+	Base   bool
+	Cmd    string
+	TS     string
+	Approx bool
+}
+
+// ckRun is a run of equal ckLines as stored.
+type ckRun struct {
+	N      int    `json:"n"`
+	Base   bool   `json:"base,omitempty"`
+	Cmd    string `json:"command_session_id,omitempty"`
+	TS     string `json:"ts,omitempty"`
+	Approx bool   `json:"approximate,omitempty"`
+}
+
+type ckFile struct {
+	V      int     `json:"v"`
+	Path   string  `json:"path"`
+	Digest string  `json:"content_digest"`
+	Lines  []ckRun `json:"lines"`
+}
+
+func encodeRuns(lines []ckLine) []ckRun {
+	runs := []ckRun{}
+	for _, l := range lines {
+		if n := len(runs); n > 0 {
+			r := &runs[n-1]
+			if r.Base == l.Base && r.Cmd == l.Cmd && r.TS == l.TS && r.Approx == l.Approx {
+				r.N++
+				continue
+			}
+		}
+		runs = append(runs, ckRun{N: 1, Base: l.Base, Cmd: l.Cmd, TS: l.TS, Approx: l.Approx})
+	}
+	return runs
+}
+
+func decodeRuns(runs []ckRun) []ckLine {
+	var out []ckLine
+	for _, r := range runs {
+		for range r.N {
+			out = append(out, ckLine{Base: r.Base, Cmd: r.Cmd, TS: r.TS, Approx: r.Approx})
+		}
+	}
+	return out
+}
+
+func ckKey(p string) string {
+	sum := sha256.Sum256([]byte(p))
+	return hex.EncodeToString(sum[:16])
+}
+
+func attrDir(ss *session) string { return filepath.Join(ss.dir, "attribution") }
+
+// writeFileAtomic writes a file through a temporary name and a rename.
+func writeFileAtomic(p string, data []byte) error {
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p)
+}
+
+// loadIndex reads index.json; a missing or corrupt one is rebuilt from the
+// stored checkpoints with unknown stat identities (their files are re-read
+// once).
+func loadIndex(dir string) *ckIndex {
+	idx := &ckIndex{V: 1, Files: map[string]*ckEntry{}}
+	if b, err := os.ReadFile(filepath.Join(dir, attrIndexName)); err == nil {
+		if json.Unmarshal(b, idx) == nil && idx.Files != nil {
+			return idx
+		}
+		idx = &ckIndex{V: 1, Files: map[string]*ckEntry{}}
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, de := range ents {
+		name := de.Name()
+		if !strings.HasSuffix(name, ".json") || name == attrIndexName {
+			continue
+		}
+		key := strings.TrimSuffix(name, ".json")
+		var f ckFile
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		st, serr := os.Stat(filepath.Join(dir, key+".txt"))
+		if err != nil || serr != nil || json.Unmarshal(b, &f) != nil || ckKey(f.Path) != key {
+			_ = os.Remove(filepath.Join(dir, name))
+			_ = os.Remove(filepath.Join(dir, key+".txt"))
+			continue
+		}
+		idx.Files[f.Path] = &ckEntry{State: ckStored, Key: key, Digest: f.Digest, Bytes: st.Size()}
+	}
+	return idx
+}
+
+func (idx *ckIndex) usage(except string) (files int, bytes int64) {
+	for p, e := range idx.Files {
+		if e.State == ckStored && p != except {
+			files++
+			bytes += e.Bytes
+		}
+	}
+	return files, bytes
+}
+
+// loadCheckpoint reads a stored checkpoint: its lines and content copy.
+func loadCheckpoint(dir string, e *ckEntry) ([]ckLine, []byte, bool) {
+	if e == nil || e.State != ckStored {
+		return nil, nil, false
+	}
+	b, err := os.ReadFile(filepath.Join(dir, e.Key+".json"))
+	if err != nil {
+		return nil, nil, false
+	}
+	var f ckFile
+	if json.Unmarshal(b, &f) != nil {
+		return nil, nil, false
+	}
+	content, err := os.ReadFile(filepath.Join(dir, e.Key+".txt"))
+	if err != nil || contentDigest(content) != f.Digest {
+		return nil, nil, false
+	}
+	lines := decodeRuns(f.Lines)
+	if len(lines) != len(textLines(content)) {
+		return nil, nil, false
+	}
+	return lines, content, true
+}
+
+func dropCheckpoint(dir string, e *ckEntry) {
+	if e != nil && e.Key != "" {
+		_ = os.Remove(filepath.Join(dir, e.Key+".json"))
+		_ = os.Remove(filepath.Join(dir, e.Key+".txt"))
+	}
+}
+
+func identityOf(st *unix.Stat_t) ckIdentity {
+	return ckIdentity{Size: st.Size, MtimeNs: st.Mtim.Nano(), CtimeNs: st.Ctim.Nano(), Ino: st.Ino}
+}
+
+func identityOfSys(st *syscall.Stat_t) ckIdentity {
+	return ckIdentity{Size: st.Size, MtimeNs: st.Mtim.Nano(), CtimeNs: st.Ctim.Nano(), Ino: st.Ino}
+}
+
+// openUpperFile opens rel below the upper dir without following any
+// symlink (the session's processes control that tree).
+func openUpperFile(root *os.File, upper, rel string) (*os.File, error) {
+	fd, err := unix.Openat2(int(root.Fd()), rel, &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC | unix.O_NONBLOCK,
+		Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
+		return os.OpenFile(filepath.Join(upper, rel), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	}
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: rel, Err: err}
+	}
+	return os.NewFile(uintptr(fd), filepath.Join(upper, rel)), nil
+}
+
+// isUpperWhiteout reports whether an upper-dir entry is a whiteout (0:0
+// character device, or an empty file with an overlay whiteout xattr).
+func isUpperWhiteout(full string, st *unix.Stat_t) bool {
+	if st.Mode&unix.S_IFMT == unix.S_IFCHR {
+		return st.Rdev == 0
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size == 0 {
+		for _, name := range []string{"user.overlay.whiteout", "trusted.overlay.whiteout"} {
+			if _, err := unix.Lgetxattr(full, name, nil); err == nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// checkpointSession takes a checkpoint of a session (§11.3, kernel driver):
+// every text file of the upper dir that changed since the previous
+// checkpoint (size, mtime, ctime, inode; then content) is diffed against
+// its previous checkpoint, or against the base for a first change; kept
+// lines keep their writers, new lines get commandID ("" = null: a file
+// operation) with approximate set as given. With paths, only those
+// workspace-relative paths are examined (a file operation's own target).
+// Best effort: failures only lose attribution.
+func (s *Supervisor) checkpointSession(ctx context.Context, sb *sandbox, ss *session, commandID string, approximate bool, paths ...string) {
+	mu := &ss.attrMu // checkpoints of one session are serialized
+	mu.Lock()
+	defer mu.Unlock()
+	dir := attrDir(ss)
+	if _, err := os.Stat(ss.dir); err != nil {
+		return // destroyed
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		s.log.Warn("attribution.checkpoint_failed", "workspace_session_id", ss.id(), "err", err)
+		return
+	}
+	upper := ss.upper()
+	root, err := os.Open(upper)
+	if err != nil {
+		return
+	}
+	defer root.Close()
+	base, _ := sessionBase(ss)
+	cp := &checkpointer{s: s, idx: loadIndex(dir), dir: dir, upper: upper, root: root, base: sb.stack.View(base),
+		ts: nowRFC3339(), line: ckLine{Cmd: commandID, Approx: approximate}}
+	cp.line.TS = cp.ts
+	if len(paths) > 0 {
+		for _, p := range paths {
+			cp.visit(p)
+		}
+	} else {
+		seen := map[string]bool{}
+		_ = filepath.WalkDir(upper, func(full string, d fs.DirEntry, err error) error {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if err != nil || full == upper {
+				if err != nil && d != nil && d.IsDir() {
+					return fs.SkipDir
+				}
+				return nil
+			}
+			if strings.HasPrefix(d.Name(), ".wh.") || !d.Type().IsRegular() {
+				return nil
+			}
+			rel, err := filepath.Rel(upper, full)
+			if err != nil {
+				return nil
+			}
+			rel = filepath.ToSlash(rel)
+			seen[rel] = true
+			if fi, err := d.Info(); err == nil {
+				if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+					if e := cp.idx.Files[rel]; e != nil && e.ckIdentity == identityOfSys(st) {
+						return nil // unchanged: no need to open it
+					}
+				}
+			}
+			cp.visit(rel)
+			return nil
+		})
+		if ctx.Err() == nil {
+			for p, e := range cp.idx.Files {
+				if !seen[p] {
+					dropCheckpoint(dir, e)
+					delete(cp.idx.Files, p)
+					cp.changed = true
+				}
+			}
+		}
+	}
+	if cp.changed {
+		b, err := json.Marshal(cp.idx)
+		if err == nil {
+			err = writeFileAtomic(filepath.Join(dir, attrIndexName), b)
+		}
+		if err != nil {
+			s.log.Warn("attribution.checkpoint_failed", "workspace_session_id", ss.id(), "err", err)
+		}
+	}
+}
+
+type checkpointer struct {
+	s       *Supervisor
+	idx     *ckIndex
+	dir     string
+	upper   string
+	root    *os.File
+	base    *layers.View
+	ts      string
+	line    ckLine // the writer of new lines
+	changed bool
+}
+
+func (cp *checkpointer) set(p string, e *ckEntry) {
+	if old := cp.idx.Files[p]; old != nil && old.Key != "" && e.Key == "" {
+		dropCheckpoint(cp.dir, old)
+	}
+	cp.idx.Files[p] = e
+	cp.changed = true
+}
+
+// visit checkpoints one path of the upper dir.
+func (cp *checkpointer) visit(p string) {
+	prev := cp.idx.Files[p]
+	f, err := openUpperFile(cp.root, cp.upper, p)
+	if err != nil {
+		if prev != nil && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV)) {
+			dropCheckpoint(cp.dir, prev)
+			delete(cp.idx.Files, p)
+			cp.changed = true
+		}
+		return
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || isUpperWhiteout(f.Name(), &st) {
+		return
+	}
+	id := identityOf(&st)
+	if prev != nil && prev.ckIdentity == id {
+		return // unchanged since the previous checkpoint
+	}
+	if st.Size > attrTextMax {
+		cp.set(p, &ckEntry{State: ckNonText, ckIdentity: id})
+		return
+	}
+	content, err := io.ReadAll(io.LimitReader(f, attrTextMax+1))
+	if err != nil {
+		return
+	}
+	digest := contentDigest(content)
+	if prev != nil && prev.Digest == digest {
+		e := *prev
+		e.ckIdentity = id
+		cp.set(p, &e)
+		return
+	}
+	if !isText(content) {
+		cp.set(p, &ckEntry{State: ckNonText, Digest: digest, ckIdentity: id})
+		return
+	}
+	prevLines, prevContent, ok := loadCheckpoint(cp.dir, prev)
+	if !ok {
+		// First change: the base's lines are nobody's in the session.
+		prevContent = nil
+		if b, err := cp.base.ReadFile(p); err == nil && isText(b) {
+			prevContent = b
+		}
+		if prevContent != nil && contentDigest(prevContent) == digest {
+			cp.set(p, &ckEntry{State: ckBase, Digest: digest, ckIdentity: id})
+			return
+		}
+		prevLines = make([]ckLine, len(textLines(prevContent)))
+		for i := range prevLines {
+			prevLines[i] = ckLine{Base: true}
+		}
+	}
+	origins := lineOrigins(prevContent, content)
+	lines := make([]ckLine, len(origins))
+	for i, o := range origins {
+		if o >= 0 && o < len(prevLines) {
+			lines[i] = prevLines[o]
+		} else {
+			lines[i] = cp.line
+		}
+	}
+	files, bytes := cp.idx.usage(p)
+	if files+1 > attrMaxFiles || bytes+int64(len(content)) > attrMaxBytes {
+		cp.set(p, &ckEntry{State: ckOver, Digest: digest, ckIdentity: id})
+		return
+	}
+	key := ckKey(p)
+	meta, err := json.Marshal(ckFile{V: 1, Path: p, Digest: digest, Lines: encodeRuns(lines)})
+	if err == nil {
+		err = writeFileAtomic(filepath.Join(cp.dir, key+".txt"), content)
+	}
+	if err == nil {
+		err = writeFileAtomic(filepath.Join(cp.dir, key+".json"), meta)
+	}
+	if err != nil {
+		cp.s.log.Warn("attribution.checkpoint_failed", "path", p, "err", err)
+		dropCheckpoint(cp.dir, &ckEntry{Key: key})
+		delete(cp.idx.Files, p)
+		cp.changed = true
+		return
+	}
+	cp.set(p, &ckEntry{State: ckStored, Key: key, Digest: digest, Bytes: int64(len(content)), ckIdentity: id})
+}
+
+// sessionAttribution returns the checkpointed writer of each line of
+// content (the session's current version of p), or nil without a
+// checkpoint. Lines changed after the last checkpoint have an empty Cmd and
+// TS (writer unknown).
+func (s *Supervisor) sessionAttribution(ss *session, p string, content []byte) []ckLine {
+	mu := &ss.attrMu // checkpoints of one session are serialized
+	mu.Lock()
+	dir := attrDir(ss)
+	var e *ckEntry
+	if b, err := os.ReadFile(filepath.Join(dir, attrIndexName)); err == nil {
+		var idx ckIndex
+		if json.Unmarshal(b, &idx) == nil {
+			e = idx.Files[p]
+		}
+	} else {
+		e = loadIndex(dir).Files[p]
+	}
+	lines, ckContent, ok := loadCheckpoint(dir, e)
+	mu.Unlock()
+	if !ok {
+		return nil
+	}
+	if contentDigest(ckContent) == contentDigest(content) {
+		return lines
+	}
+	out := make([]ckLine, len(textLines(content)))
+	for i, o := range lineOrigins(ckContent, content) {
+		if o >= 0 && o < len(lines) {
+			out[i] = lines[o]
+		}
+	}
+	return out
+}
+
+// sessionLineOwners returns the owner of each line of content, the
+// session's version of path, for publication (auditFile.Session with
+// SessionContent = content): workspace_session:<id> with the session's
+// agent and the checkpointed command_session_id and approximate flag (null
+// command for lines of file operations, of unknown writers and for lines
+// the session kept from its base). Call it before the session directory is
+// removed.
+func (s *Supervisor) sessionLineOwners(ss *session, path string, content []byte) []lineOwner {
+	_, rec := sessionBase(ss)
+	owner := sessionOwner(rec.WorkspaceSessionID, rec.Agent)
+	n := len(textLines(content))
+	out := repeatOwner(owner, n)
+	if !isText(content) {
+		return out
+	}
+	for i, l := range s.sessionAttribution(ss, path, content) {
+		if i < n && !l.Base {
+			out[i].CommandSessionID, out[i].TS, out[i].Approximate = l.Cmd, l.TS, l.Approx
+		}
+	}
+	return out
+}
