@@ -271,3 +271,30 @@ func TestParallelDisjointPublishes(t *testing.T) {
 		}
 	}
 }
+
+func TestImplicitRejectionKeepsRecoveryArtifact(t *testing.T) {
+	e, id := sandboxWith(t, map[string]string{"f.txt": "base\n"})
+	out := e.exec(id, "--yield-time-ms", "0", "sleep 0.5; echo session > f.txt; echo other > other.txt")
+	e.rt(id, "file_write", "--path", "f.txt", "--content", "head\n")
+	done := e.waitDone(id, out["command_session_id"].(string))
+	if done["publish_rejected"] != true || done["publish_reject_class"] != "source_conflict" || done["status"] != "ok" {
+		t.Fatalf("implicit rejection: %v", done)
+	}
+	rej := done["publish_rejection"].(map[string]any)
+	if rej["path"] != "f.txt" || rej["recovery_artifact"] == nil {
+		t.Fatalf("rejection body: %v", rej)
+	}
+	e.rtFail(id, 1, "not_found", "file_read", "--path", "other.txt") // nothing of it was published
+	rec := e.mgr("inspect_sandbox", "--sandbox-id", id)
+	arts := rec["recovery_artifacts"].([]any)
+	if len(arts) != 1 || arts[0].(map[string]any)["workspace_session_id"] != out["workspace_session_id"] || arts[0].(map[string]any)["reason"] != "source_conflict" {
+		t.Fatalf("recovery_artifacts: %v", rec)
+	}
+	dir := filepath.Join(e.data(), "sandboxes", id, rej["recovery_artifact"].(string))
+	if b, err := os.ReadFile(filepath.Join(dir, "upper", "other.txt")); err != nil || string(b) != "other\n" {
+		t.Fatalf("the agent's work is not in the artifact: %q %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "manifest.json")); err != nil {
+		t.Fatal(err)
+	}
+}
