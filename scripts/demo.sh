@@ -45,6 +45,29 @@ step "a bare command runs in an implicit session that publishes itself"
 rt exec_command 'mkdir -p build && echo ok > build/status && ls build'
 rt file_read --path build/status
 
+step "two agents edit the same file in parallel; publication merges them per line"
+a=$(rt create_workspace_session --agent alice | sed -n 's/.*"workspace_session_id":"\([^"]*\)".*/\1/p')
+b=$(rt create_workspace_session --agent bob | sed -n 's/.*"workspace_session_id":"\([^"]*\)".*/\1/p')
+rt exec_command --workspace-session-id "$a" "sed -i 's/ship the demo/ship the demo (alice)/' notes/todo.txt" >/dev/null
+rt exec_command --workspace-session-id "$b" "sed -i 's/write tests/write tests (bob)/' notes/todo.txt" >/dev/null
+rt diff_workspace_session --workspace-session-id "$b"
+rt publish_workspace_session --workspace-session-id "$a"
+rt publish_workspace_session --workspace-session-id "$b" --dry-run | head -c 600; echo " …"
+rt publish_workspace_session --workspace-session-id "$b"
+rt file_read --path notes/todo.txt
+rt file_blame --path notes/todo.txt
+
+step "an overlapping edit is rejected with exactly what conflicted; the session stays"
+c=$(rt create_workspace_session --agent carol | sed -n 's/.*"workspace_session_id":"\([^"]*\)".*/\1/p')
+rt exec_command --workspace-session-id "$c" "echo 'carol was here' > README.md" >/dev/null
+rt file_write --path README.md --content $'# sample, edited on the head\n' >/dev/null
+rt publish_workspace_session --workspace-session-id "$c" || echo "(exit $?: rejected, nothing committed)"
+rt publish_workspace_session --workspace-session-id "$c" --resolutions '[{"path":"README.md","strategy":"ours"}]'
+
+step "export the published changes to a host directory"
+show "$BIN/sandbox-manager-cli" export_changes --sandbox-id "$id" --dest "$demo/export"
+find "$demo/export" -type f | sed "s|$demo/||" | sort
+
 step "a bad request gets a clear error and changes nothing"
 rt file_read --path ../etc/passwd || echo "(exit $?)"
 

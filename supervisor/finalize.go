@@ -47,8 +47,14 @@ func (s *Supervisor) publishSession(ctx context.Context, sb *sandbox, ss *sessio
 			continue
 		}
 		f := auditFile{Path: cf.Path, Wholesale: cf.Route == "ignored", Owner: owner}
-		if cf.SessionSource != "" {
-			if data, rerr := os.ReadFile(cf.SessionSource); rerr == nil {
+		// The session's own version of the file (for a merge it differs from
+		// what was committed) carries the per-line writers of §11.3.
+		src := cf.SessionSource
+		if src == "" {
+			src = filepath.Join(ss.upper(), cf.Path)
+		}
+		if st, lerr := os.Lstat(src); lerr == nil && st.Mode().IsRegular() {
+			if data, rerr := os.ReadFile(src); rerr == nil {
 				f.Session, f.SessionContent = s.sessionLineOwners(ss, cf.Path, data), data
 			}
 		}

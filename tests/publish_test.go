@@ -67,6 +67,11 @@ func TestPublishMergesStaleBaseAndBlameShowsBothOwners(t *testing.T) {
 	covered := 0
 	for _, r := range bl["ranges"].([]any) {
 		m := r.(map[string]any)
+		if strings.HasPrefix(m["owner"].(string), "workspace_session:") {
+			if cmd, _ := m["command_session_id"].(string); !strings.HasPrefix(cmd, "cmd-") {
+				t.Errorf("a merged line lost the command that wrote it: %v", m)
+			}
+		}
 		owners[m["owner"].(string)] += int(num(t, m["line_count"]))
 		covered += int(num(t, m["line_count"]))
 	}
