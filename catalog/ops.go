@@ -12,6 +12,12 @@ var families = []Family{
 	{Group: Runtime, Name: "network_isolation", Capability: true, Help: "shared sessions use the user's network; isolated ones see only their own loopback."},
 	{Group: Runtime, Name: "reserved_paths", Capability: true, Help: "Path components starting with .wh. are reserved and refused at publish."},
 	{Group: Runtime, Name: "shell_security", Capability: true, Help: "Every command runs with no_new_privs, a capability drop and a seccomp deny-list."},
+	{Group: Observability, Name: "snapshot", Help: "A point-in-time view of sandboxes and sessions."},
+	{Group: Observability, Name: "trace", Help: "Span trees of requests."},
+	{Group: Observability, Name: "events", Help: "The bounded event log."},
+	{Group: Observability, Name: "daemon", Help: "The supervisor process itself."},
+	{Group: Observability, Name: "topology", Help: "Processes per session."},
+	{Group: Observability, Name: "layerstack", Help: "Layers, sizes and leases."},
 	{Group: Observability, Name: "health", Help: "The supervisor's own health and host capabilities."},
 	{Group: Observability, Name: "resource_isolation", Capability: true, Help: "Per-sandbox and per-session cgroups when the supervisor's cgroup is delegated."},
 	{Group: Observability, Name: "resource_efficiency", Capability: true, Help: "Bounded disk-only stores; reads never write or sample."},
@@ -25,6 +31,10 @@ var yieldArg = Arg{Name: "yield_time_ms", Kind: Integer, Default: uint64(1000), 
 
 var graceArg = Arg{Name: "grace_s", Kind: Float, Default: 0.25, FMin: f64(0), FMax: f64(60),
 	DefaultDoc: "runtime.workspace.exit_grace_s (0.25)", Help: "Seconds between SIGTERM and SIGKILL of the holder."}
+
+var obsSandboxArg = Arg{Name: "sandbox_id", Kind: String, ID: true, Help: "Only this sandbox (the request becomes sandbox-scoped)."}
+
+var obsSandboxRequired = Arg{Name: "sandbox_id", Kind: String, Required: true, ID: true, Help: "The sandbox."}
 
 var sandboxIDArg = Arg{Name: "sandbox_id", Kind: String, Required: true, ID: true, Help: "The sandbox."}
 
@@ -240,6 +250,50 @@ var ops = []Op{
 			{Name: "paths", Kind: JSONArray, MaxItems: 1000, AcceptJSONString: true, DefaultDoc: "all", Help: "Path strings; each matches that path and everything below it."},
 			{Name: "max_bytes", Kind: Integer, Default: uint64(1048576), Min: u64(1), Max: u64(8388608), Help: "Total unified-diff text."},
 		},
+	},
+	{
+		ID: "snapshot", Group: Observability, Family: "snapshot", Scope: ScopeSystemOrSandbox,
+		Summary: "What every sandbox (or one) is doing now: sessions, running commands, layer stack.",
+		Result:  "sandbox: {sandbox_id, lifecycle_state, availability, …, workspaces[], stack}; system: {sandboxes:[…]}",
+		Args:    []Arg{obsSandboxArg},
+	},
+	{
+		ID: "trace", Group: Observability, Family: "trace", Scope: ScopeSystemOrSandbox,
+		Summary: "The span tree of one request (by its request_id), the last one by default.",
+		Result:  "{view:\"trace\", trace, spans:[{span, offset_ms, children, events}]}",
+		Args: []Arg{obsSandboxArg,
+			{Name: "trace_id", Kind: String, Default: "last", NonEmpty: true, Help: "A request_id or a synthetic trace id; \"last\" is the newest."}},
+	},
+	{
+		ID: "events", Group: Observability, Family: "events", Scope: ScopeSystemOrSandbox,
+		Summary: "Recorded events, oldest first.",
+		Result:  "{view:\"events\", events:[…]}",
+		Args: []Arg{obsSandboxArg,
+			{Name: "name", Kind: String, Help: "Only events with exactly this name."},
+			{Name: "since_ms", Kind: Integer, Help: "Only events at or after this Unix time in ms."},
+			{Name: "last_n", Kind: Integer, Min: u64(1), Max: u64(500), Help: "Only the newest n."}},
+	},
+	{
+		ID: "daemon", Group: Observability, Family: "daemon", Scope: ScopeSystemOrSandbox,
+		Summary: "The supervisor process: pid, uptime, memory, goroutines, descriptors, holders.",
+		Result:  "{view:\"daemon\", scope, daemon:{…, holders:[…]}}",
+		Args:    []Arg{obsSandboxArg},
+	},
+	{
+		ID: "topology", Group: Observability, Family: "topology", Scope: ScopeSandbox,
+		Summary: "Holders and the processes of each session, by PID namespace.",
+		Result:  "{view:\"topology\", scope:\"sandbox\", topology:{schema_version:2, workspaces:[…]}}",
+		Args:    []Arg{obsSandboxRequired},
+	},
+	{
+		ID: "layerstack", Group: Observability, Family: "layerstack", Scope: ScopeSandbox,
+		Summary: "Layers, sizes and leases; or one session's mounts; or one layer's entries.",
+		Result:  "{view:\"layerstack\", manifest_version, root_hash, layers:[…], …}",
+		Args: []Arg{obsSandboxRequired,
+			{Name: "workspace_id", Kind: String, ID: true, Help: "A workspace session: its mounted layers and upper size."},
+			{Name: "window_ms", Kind: Integer, DefaultDoc: "none", Help: "Include the stack samples of this window (≤ 600000)."},
+			{Name: "layer_id", Kind: String, ID: true, Help: "One layer: its entries."},
+			{Name: "limit", Kind: Integer, Default: uint64(500), Min: u64(1), Max: u64(5000), Help: "Entries of a layer."}},
 	},
 	{
 		ID: "health", Group: Observability, Family: "health", Scope: ScopeSystem,
