@@ -1,7 +1,7 @@
 # Ephemeral Sandbox. `make demo` runs the main job, `make test` the tests.
 GO       ?= go
 BIN      := bin
-BINARIES := sandbox-supervisor sandbox-manager-cli sandbox-runtime-cli sandbox-observability-cli sandbox-mcp
+BINARIES := sandbox-supervisor sandbox-manager-cli sandbox-runtime-cli sandbox-observability-cli sandbox-mcp sandbox-exec-shim
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X main.version=$(VERSION)
 PREFIX   ?= $(HOME)/.local
@@ -34,6 +34,11 @@ generate:
 install: build
 	@mkdir -p $(PREFIX)/bin
 	install -m 0755 $(addprefix $(BIN)/,$(BINARIES)) $(PREFIX)/bin/
+	@if systemctl --user show-environment >/dev/null 2>&1; then \
+		$(PREFIX)/bin/sandbox-supervisor install; \
+	else \
+		echo 'no systemd user manager answers: user units not installed (later: sandbox-supervisor install)'; \
+	fi
 
 # Benchmarks: medians and ratios against alternatives measured in the same
 # run, no thresholds. `make bench BENCHFLAGS=-quick` for a fast smoke run.

@@ -2,6 +2,7 @@ package catalog
 
 import (
 	"encoding/json"
+	"io"
 	"math"
 	"regexp"
 	"sort"
@@ -96,8 +97,13 @@ func (a *Arg) check(v any) (any, *Error) {
 		if !ok {
 			return nil, Errorf(InvalidRequest, "%s must be a finite number", a.Name)
 		}
-		if (a.FMin != nil && f < *a.FMin) || (a.FMax != nil && f > *a.FMax) {
+		switch {
+		case a.FMin != nil && f < *a.FMin && a.FMax != nil, a.FMax != nil && f > *a.FMax && a.FMin != nil:
 			return nil, Errorf(InvalidRequest, "%s must be between %g and %g", a.Name, *a.FMin, *a.FMax)
+		case a.FMin != nil && f < *a.FMin:
+			return nil, Errorf(InvalidRequest, "%s must be at least %g", a.Name, *a.FMin)
+		case a.FMax != nil && f > *a.FMax:
+			return nil, Errorf(InvalidRequest, "%s must be at most %g", a.Name, *a.FMax)
 		}
 		return f, nil
 	case Boolean:
@@ -112,8 +118,10 @@ func (a *Arg) check(v any) (any, *Error) {
 			if s, isStr := v.(string); isStr {
 				d := json.NewDecoder(strings.NewReader(s))
 				d.UseNumber()
-				if d.Decode(&arr) == nil && !d.More() {
-					ok = arr != nil
+				if d.Decode(&arr) == nil {
+					if _, err := d.Token(); err == io.EOF {
+						ok = arr != nil
+					}
 				}
 			}
 		}

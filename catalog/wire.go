@@ -3,6 +3,7 @@ package catalog
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"sort"
 	"strings"
 )
@@ -36,7 +37,7 @@ func ParseLine(line []byte) (map[string]any, *Error) {
 	if err := d.Decode(&v); err != nil {
 		return nil, Errorf(BadJSON, "request is not valid JSON: %v", err)
 	}
-	if d.More() {
+	if _, err := d.Token(); err != io.EOF {
 		return nil, Errorf(BadJSON, "request has data after the JSON object")
 	}
 	m, ok := v.(map[string]any)

@@ -57,7 +57,12 @@ func fsyncDir(path string) error {
 
 // chmodSyncDir sets the mode of the directory at path through a descriptor
 // (so a final mode without u+rwx does not get in the way) and fsyncs it.
-func chmodSyncDir(path string, mode uint32) error {
+func chmodSyncDir(path string, mode uint32) error { return chmodDirFD(path, mode, true) }
+
+// chmodDir is chmodSyncDir without the fsync; the caller syncs.
+func chmodDir(path string, mode uint32) error { return chmodDirFD(path, mode, false) }
+
+func chmodDirFD(path string, mode uint32, sync bool) error {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return &fs.PathError{Op: "open", Path: path, Err: err}
@@ -66,8 +71,10 @@ func chmodSyncDir(path string, mode uint32) error {
 	if err := unix.Fchmod(fd, mode); err != nil {
 		return &fs.PathError{Op: "chmod", Path: path, Err: err}
 	}
-	if err := unix.Fsync(fd); err != nil {
-		return &fs.PathError{Op: "fsync", Path: path, Err: err}
+	if sync {
+		if err := unix.Fsync(fd); err != nil {
+			return &fs.PathError{Op: "fsync", Path: path, Err: err}
+		}
 	}
 	return nil
 }

@@ -195,7 +195,7 @@ func (s *Stack) commit(ctx context.Context, head Manifest, v *View, changes []Ch
 	}()
 	wrap := func(err error) error { return fmt.Errorf("publish %s: %w", id, err) }
 
-	// 1. Build the layer in staging; every file and directory is fsynced.
+	// 1. Build the layer in staging; one syncfs makes every file and directory durable.
 	b, err := newLayerBuilder(stagingRoot, v)
 	if err != nil {
 		return PublishResult{}, wrap(err)
@@ -514,20 +514,20 @@ func (b *layerBuilder) writeFile(c Change) error {
 			return &fs.PathError{Op: "utimes", Path: p, Err: err}
 		}
 	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
 	return f.Close()
 }
 
-// finish applies the final directory modes (children first) and fsyncs every
-// directory; the root keeps 0700 until it has been renamed into layers/.
+// finish applies the final directory modes (children first) and makes the
+// whole staged layer durable with one syncfs: it flushes every file and
+// directory written above at once, where an fsync per entry would cost a
+// disk flush per changed file (1,000 files took seconds). The root keeps
+// 0700 until it has been renamed into layers/.
 func (b *layerBuilder) finish() error {
 	for i := len(b.dirs) - 1; i >= 0; i-- {
 		rel := b.dirs[i]
-		if err := chmodSyncDir(b.host(rel), unixMode(b.modes[rel])); err != nil {
+		if err := chmodDir(b.host(rel), unixMode(b.modes[rel])); err != nil {
 			return err
 		}
 	}
-	return fsyncDir(b.root)
+	return syncFS(b.root)
 }

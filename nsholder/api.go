@@ -27,6 +27,10 @@ type Config struct {
 	// caller; "subid" also maps 1… to the caller's /etc/subuid and
 	// /etc/subgid ranges through newuidmap/newgidmap (§5.4 Identity).
 	IDMapping string `json:"id_mapping,omitempty"`
+	// Shim is the host path of the sandbox-exec-shim binary every command
+	// is exec'd through; "" uses the holder's own binary
+	// (`sandbox-supervisor nsholder shim`), which starts slower.
+	Shim string `json:"shim,omitempty"`
 }
 
 // SetupError says at which stage holder setup failed (§5.2 "workspace setup

@@ -22,9 +22,10 @@
 //   - Root assembly (root.go, §5.4 image "host"); see the order there.
 //   - Commands: a PTY per command (creack/pty on the session's devpts),
 //     Setsid+Setctty, cwd and environment from the request, exec'd through
-//     the shim (harden.go) as /proc/self/fd/3 = the holder's own binary,
-//     opened before pivot_root. The PTY master goes to the supervisor with
-//     SCM_RIGHTS. Events: Exited when the root is reaped (wait status),
+//     the exec shim (package nsholder/shim) as /proc/self/fd/3: the small
+//     sandbox-exec-shim binary of Config.Shim, or the holder's own binary
+//     (`nsholder shim`) when that is "", opened before pivot_root. The PTY
+//     master goes to the supervisor with SCM_RIGHTS. Events: Exited when the root is reaped (wait status),
 //     then Done once kill(-pgid, 0) says the process group is empty.
 //   - File operations on an fd of /workspace (files.go).
 //   - The control protocol (proto.go).

@@ -32,8 +32,9 @@ const (
 // bounds its wait); a process stuck in uninterruptible sleep can exceed it.
 const quiesceTimeout = 60 * time.Second
 
-// shimFD is the descriptor number of the holder's own binary in a command
-// child; the child execs /proc/self/fd/3, the exec shim.
+// shimFD is the descriptor number of the exec shim (sandbox-exec-shim, or
+// the holder's own binary) in a command child; the child execs
+// /proc/self/fd/3.
 const shimFD = 3
 
 type command struct {
@@ -278,7 +279,7 @@ func (s *server) spawn(reqID uint64, req *SpawnRequest) {
 		s.replyErr(reqID, fmt.Errorf("set pty size: %w", err))
 		return
 	}
-	argv := []string{"sandbox-supervisor", "nsholder", "shim", "--", s.root.shell}
+	argv := append(append([]string{}, s.root.shimArgv...), "--", s.root.shell)
 	if path.Base(s.root.shell) == "bash" {
 		argv = append(argv, "--noprofile", "--norc")
 	}

@@ -18,11 +18,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ephemeral-ai-lab/sandbox/nsholder/shim"
 	"golang.org/x/sys/unix"
 )
 
-// testSelf is the sandbox-supervisor binary the holders are started from.
-var testSelf string
+// testSelf is the sandbox-supervisor binary the holders are started from;
+// testShim is the sandbox-exec-shim binary for Config.Shim.
+var testSelf, testShim string
 
 var defaultHostPaths = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/nix"}
 
@@ -32,6 +34,9 @@ func TestMain(m *testing.M) {
 	// shim then run this package's code just the same.
 	if len(os.Args) > 1 && os.Args[1] == "nsholder" {
 		os.Exit(Main(os.Args[2:]))
+	}
+	if filepath.Base(os.Args[0]) == "sandbox-exec-shim" { // argv[0] the holder gives Config.Shim
+		os.Exit(shim.Run(os.Args[1:]))
 	}
 	dir, err := os.MkdirTemp("", "nsholder-bin-")
 	if err != nil {
@@ -44,6 +49,16 @@ func TestMain(m *testing.M) {
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "nsholder tests: cannot build sandbox-supervisor (%v), using the test binary as the holder:\n%s", err, out)
 		if testSelf, err = os.Executable(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+	testShim = filepath.Join(dir, "sandbox-exec-shim")
+	build = exec.Command("go", "build", "-o", testShim, "./cmd/sandbox-exec-shim")
+	build.Dir = ".."
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "nsholder tests: cannot build sandbox-exec-shim (%v), using the test binary as the shim:\n%s", err, out)
+		if testShim, err = os.Executable(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -802,6 +817,8 @@ func TestSetupFailure(t *testing.T) {
 		{"upper is a file", func(c *Config) { c.Upper = "/etc/passwd" }, stageMountOverlay},
 		{"hostname too long", func(c *Config) { c.SessionID = strings.Repeat("x", 65) }, stageHandshake},
 		{"relative path", func(c *Config) { c.Scratch = "scratch" }, stageHandshake},
+		{"relative shim", func(c *Config) { c.Shim = "sandbox-exec-shim" }, stageHandshake},
+		{"missing shim", func(c *Config) { c.Shim = "/nonexistent/sandbox-exec-shim" }, stageMountRoot},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -843,6 +860,31 @@ func TestSetupFailure(t *testing.T) {
 	})
 	if after := childProcs(); len(after) > before {
 		t.Errorf("processes left after failed setups: %v", after)
+	}
+}
+
+// TestExecShim runs commands through Config.Shim, the small
+// sandbox-exec-shim binary, instead of the holder's own binary.
+func TestExecShim(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config("sess-shim")
+	cfg.Shim = testShim
+	s := startSession(t, cfg)
+	if got := s.ok("grep -E '^(Seccomp|NoNewPrivs|CapEff|CapBnd):' /proc/self/status | tr -s ' \t' ' '"); got != "CapEff: 00000000880024ff\nCapBnd: 00000000880024ff\nNoNewPrivs: 1\nSeccomp: 2" {
+		t.Errorf("hardening through %s = %q", testShim, got)
+	}
+	if out, code := s.run("exit 7"); code != 7 || out != "" {
+		t.Errorf("exit status through the shim: %q, %d", out, code)
+	}
+
+	// The holder execs Config.Shim itself with `-- shell…`: a binary that
+	// only echoes its arguments shows exactly what the shim would get.
+	f2 := newFixture(t)
+	cfg = f2.config("sess-shim-argv")
+	cfg.Shim = "/bin/echo"
+	s = startSession(t, cfg)
+	if got := s.ok("true"); got != "-- /bin/bash --noprofile --norc -c true" {
+		t.Errorf("shim argv = %q", got)
 	}
 }
 

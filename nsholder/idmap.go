@@ -216,3 +216,10 @@ func awaitIDMapping() error {
 	err = unix.Exec("/proc/self/exe", os.Args, env)
 	return atStage(stageIDMapping, "re-exec in the mapped namespace: %w", err)
 }
+
+// SubIDRange is the first subordinate range that Start would map for the
+// owner name (or the numeric uid) in a subuid/subgid file; doctor reports it.
+func SubIDRange(file, name string, uid int) (start, count uint32, err error) {
+	r, err := readSubIDRange(file, name, uid)
+	return r.start, r.count, err
+}

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ephemeral-ai-lab/sandbox/nsholder/shim"
 	"golang.org/x/sys/unix"
 )
 
@@ -198,7 +199,7 @@ func Main(args []string) int {
 	case len(args) == 1 && args[0] == "serve":
 		return runServe()
 	case len(args) >= 1 && args[0] == "shim":
-		return runShim(args[1:])
+		return shim.Run(args[1:]) // fallback when sandbox-exec-shim is not installed
 	}
 	fmt.Fprintln(os.Stderr, "nsholder: internal mode; usage: sandbox-supervisor nsholder probe DIR | serve | shim -- ARGV...")
 	return 2

@@ -5,7 +5,8 @@ package nsholder
 //
 // Order matters:
 //  1. "/" is made private (MS_REC|MS_PRIVATE) so nothing propagates back.
-//  2. /proc/self/exe is opened: it is the exec shim of every command later.
+//  2. The exec shim of every command later is opened: Config.Shim, else
+//     /proc/self/exe (the holder's own binary).
 //  3. A tmpfs at <scratch>/.rootfs becomes the new root. Host paths are
 //     bind-mounted into it (recursively, then made read-only, nosuid and
 //     nodev recursively with mount_setattr); top-level symlinks such as
@@ -52,7 +53,8 @@ const (
 
 // sessionRoot is what setup leaves for the server.
 type sessionRoot struct {
-	exe          *os.File // the supervisor binary (exec shim)
+	exe          *os.File // the exec shim: Config.Shim or the holder's own binary
+	shimArgv     []string // argv before "-- shell…" for exe
 	workspace    *os.File // directory fd of /workspace
 	shell        string   // /bin/bash or /bin/sh, "" when neither exists
 	lowerdirPlus bool
@@ -80,6 +82,9 @@ func validateConfig(cfg *Config) error {
 	if len(cfg.Lowers) == 0 {
 		return errors.New("no lower layers")
 	}
+	if cfg.Shim != "" && !filepath.IsAbs(cfg.Shim) {
+		return fmt.Errorf("exec shim %q is not absolute", cfg.Shim)
+	}
 	for _, p := range append([]string{cfg.Upper, cfg.Work, cfg.Scratch}, cfg.Lowers...) {
 		if !filepath.IsAbs(p) {
 			return fmt.Errorf("path %q is not absolute", p)
@@ -97,11 +102,15 @@ func setupRoot(cfg *Config) (*sessionRoot, error) {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return nil, atStage(stageMountRoot, "make / private: %w", err)
 	}
-	exe, err := os.Open("/proc/self/exe")
-	if err != nil {
-		return nil, atStage(stageMountRoot, "open own binary: %w", err)
+	shimPath, shimArgv := "/proc/self/exe", []string{"sandbox-supervisor", "nsholder", "shim"}
+	if cfg.Shim != "" {
+		shimPath, shimArgv = cfg.Shim, []string{"sandbox-exec-shim"}
 	}
-	res := &sessionRoot{exe: exe}
+	exe, err := os.OpenFile(shimPath, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, atStage(stageMountRoot, "open exec shim: %w", err)
+	}
+	res := &sessionRoot{exe: exe, shimArgv: shimArgv}
 	fail := func(err error) (*sessionRoot, error) {
 		exe.Close()
 		return nil, err

@@ -621,7 +621,7 @@ func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) {
 			r.Status, r.ExitCode, r.Interrupted, r.InterruptReason = cmdError, nil, true, "supervisor_restart"
 			r.EndedAt, r.EndedUnixMs = &ended, now.UnixMilli()
 			_ = s.store.put(ctx, kindCommand, r.CommandSessionID, sb.rec.ID, r)
-			s.log.Info("command.interrupted", "command_session_id", r.CommandSessionID, "interrupt_reason", "supervisor_restart")
+			s.eventCtx(ctx, sb, "command.interrupted", map[string]any{"command_session_id": r.CommandSessionID, "interrupt_reason": "supervisor_restart"})
 		}
 		done := make(chan struct{})
 		close(done)

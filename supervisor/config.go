@@ -301,9 +301,11 @@ func (c *Config) validate() error {
 			return fmt.Errorf("manager.workspace_roots: %q is not absolute", r)
 		}
 	}
+	home, _ := os.UserHomeDir()
 	for _, p := range c.Sandbox.HostPaths {
-		if !filepath.IsAbs(p) || filepath.Clean(p) == "/" {
-			return fmt.Errorf("sandbox.host_paths: %q must be absolute and not /", p)
+		p = filepath.Clean(p)
+		if !filepath.IsAbs(p) || p == "/" || p == "/home" || (home != "" && (p == home || strings.HasPrefix(home, p+"/"))) {
+			return fmt.Errorf("sandbox.host_paths: %q must be absolute, not /, and not a home directory or one containing it", p)
 		}
 	}
 	if _, ok := c.ResourceProfiles[c.Sandbox.ResourceProfile]; !ok {

@@ -17,6 +17,7 @@ type call struct {
 	op       *catalog.Op
 	args     catalog.Args
 	sb       *sandbox // resolved for sandbox-scoped operations
+	span     *span    // the request's supervisor.dispatch span (nil: not traced)
 	progress func(string)
 }
 
@@ -47,6 +48,12 @@ var handlers = map[string]handler{
 	"list_workspace_sessions":    (*Supervisor).listWorkspaceSessions,
 	"diff_workspace_session":     (*Supervisor).diffWorkspaceSession,
 	"publish_workspace_session":  (*Supervisor).publishWorkspaceSession,
+	"events":                     (*Supervisor).eventsView,
+	"trace":                      (*Supervisor).traceView,
+	"snapshot":                   (*Supervisor).snapshot,
+	"daemon":                     (*Supervisor).daemon,
+	"topology":                   (*Supervisor).topology,
+	"layerstack":                 (*Supervisor).layerstack,
 }
 
 // streamingOps may send progress lines (§2.5).
@@ -102,7 +109,9 @@ func (s *Supervisor) handleLine(line []byte, w *responseWriter) (out any) {
 			out = catalog.Errorf(catalog.InternalError, "internal error in %s", op.ID)
 		}
 	}()
+	c.span = s.requestSpan(c) // root span of non-observability ops; c.ctx carries it
 	res, err := h(s, c)
+	c.span.finish(err)
 	if err != nil {
 		return s.toError(op.ID, err)
 	}

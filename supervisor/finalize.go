@@ -118,8 +118,8 @@ func (s *Supervisor) finalizeImplicit(ctx context.Context, sb *sandbox, ss *sess
 			body["recovery_artifact"] = artifact
 		}
 		extra["publish_rejected"], extra["publish_reject_class"], extra["publish_rejection"] = true, rej.Reason, body
-		s.log.Warn("workspace_session.finalize.publish_failed", "sandbox", sb.rec.ID, "workspace_session_id", ss.id(),
-			"reject_class", rej.Reason, "err", err)
+		s.eventCtx(ctx, sb, "workspace_session.finalize.publish_failed", map[string]any{"workspace_session_id": ss.id(),
+			"reject_class": rej.Reason, "detail": err.Error(), "conflict_paths": conflictPaths(rej)})
 	}
 	if _, err := s.destroySession(ctx, sb, ss, 0); err != nil {
 		ss.setState(sessFinalizeFailed)

@@ -130,6 +130,6 @@ func (s *Supervisor) health(c *call) (any, error) {
 		"docker":          map[string]any{"available": false, "reason": dockerReason},
 		"store":           map[string]any{"status": storeStatus, "data_dir": s.dirs.Data, "free_bytes": free, "error": storeErr},
 		"counts":          map[string]any{"sandboxes": nSandboxes, "workspace_sessions": 0, "running_commands": 0},
-		"event_store":     map[string]any{"dropped_storage": 0, "dropped_oversized": 0, "truncated_records": 0},
+		"event_store":     s.obsStats(nil),
 	}, nil
 }

@@ -27,6 +27,13 @@ type Options struct {
 	Logger     *slog.Logger
 	// Ready is called once the listener accepts requests (after recovery).
 	Ready func(socket string)
+	// Listener, when set, is a Unix socket passed by systemd socket
+	// activation (§2.1): used as is instead of binding one, and left in
+	// place on shutdown.
+	Listener net.Listener
+	// Counts, when set, is called once before Ready with a function that
+	// reports live counts (for systemd STATUS= lines).
+	Counts func(get func() Counts)
 }
 
 // Supervisor is the running daemon: one per user and data directory.
@@ -36,10 +43,14 @@ type Supervisor struct {
 	log     *slog.Logger
 	ids     *idSource
 	store   *store
+	obs     *obsRegistry // event/span stores (§10.1); nil-safe
 	version string
 	started time.Time
 	probes  probes
 	self    string // path of the running binary, for holders and probes
+	// shimPath is sandbox-exec-shim next to self, the exec shim of every
+	// command; "" when missing (holders then use self: slower start).
+	shimPath string
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -101,18 +112,24 @@ func Serve(ctx context.Context, opt Options) error {
 		conns: make(chan struct{}, cfg.Supervisor.MaxConcurrentConnections),
 	}
 	s.protected = layers.CompilePatterns(cfg.Runtime.Publish.ProtectedPaths)
+	s.obs = newObsRegistry(cfg, dirs.Data) // stores are created on first append
+	s.shimPath = execShim(self)
 	s.probes = runProbes(ctx, self, dirs.Data, log)
 	if err := s.recover(ctx); err != nil {
 		return err
 	}
 
-	socket, err := s.socketPath(opt.Endpoint)
-	if err != nil {
-		return err
-	}
-	ln, err := listenUnix(socket)
-	if err != nil {
-		return err
+	var socket string
+	ln := opt.Listener
+	if ln != nil {
+		socket = ln.Addr().String()
+	} else {
+		if socket, err = s.socketPath(opt.Endpoint); err != nil {
+			return err
+		}
+		if ln, err = listenUnix(socket); err != nil {
+			return err
+		}
 	}
 	pidFile := filepath.Join(dirs.Runtime, "supervisor.pid")
 	if filepath.Dir(socket) != dirs.Runtime {
@@ -124,6 +141,9 @@ func Serve(ctx context.Context, opt Options) error {
 	}
 	defer os.Remove(pidFile)
 	log.Info("supervisor listening", "socket", socket, "pid", os.Getpid(), "data", dirs.Data)
+	if opt.Counts != nil {
+		opt.Counts(s.counts)
+	}
 	if opt.Ready != nil {
 		opt.Ready(socket)
 	}
@@ -142,7 +162,9 @@ func Serve(ctx context.Context, opt Options) error {
 	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.Supervisor.ShutdownGraceS*float64(time.Second)))
 	s.shutdown(sctx)
 	cancel()
-	os.Remove(socket)
+	if opt.Listener == nil {
+		os.Remove(socket)
+	}
 	log.Info("supervisor stopped")
 	return nil
 }
@@ -356,4 +378,15 @@ func (w *responseWriter) final(v any) {
 	}
 	_ = w.conn.SetWriteDeadline(time.Now().Add(30 * time.Second))
 	_, _ = w.conn.Write(append(line, '\n'))
+}
+
+// execShim returns the sandbox-exec-shim binary installed next to self, or
+// "" when there is no executable one (holders then exec commands through
+// `self nsholder shim`).
+func execShim(self string) string {
+	p := filepath.Join(filepath.Dir(self), "sandbox-exec-shim")
+	if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() || unix.Access(p, unix.R_OK|unix.X_OK) != nil {
+		return ""
+	}
+	return p
 }

@@ -211,7 +211,7 @@ func (s *Supervisor) newSession(ctx context.Context, sb *sandbox, policy, networ
 	sb.sessions[id] = ss
 	sb.rec.LiveWorkspaceSessions = append(sb.rec.LiveWorkspaceSessions, id)
 	sb.mu.Unlock()
-	s.log.Info("lease.acquired", "sandbox", sb.rec.ID, "workspace_session_id", id, "revision", ss.rec.BaseRevision)
+	s.eventCtx(ctx, sb, "lease.acquired", map[string]any{"workspace_session_id": id, "revision": ss.rec.BaseRevision})
 	return ss, nil
 }
 
@@ -234,6 +234,7 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 		HiddenPaths:     append([]string{s.dirs.Data, s.dirs.Config, s.dirs.Runtime}, s.cfg.Sandbox.HiddenPaths...),
 		IsolatedNetwork: ss.rec.NetworkProfile == "isolated",
 		IDMapping:       s.cfg.Sandbox.IDMapping,
+		Shim:            s.shimPath,
 	}
 	setup := time.Duration(s.cfg.Runtime.Workspace.SetupTimeoutS * float64(time.Second))
 	hctx, cancel := context.WithTimeout(ctx, setup)
@@ -271,7 +272,7 @@ func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h nsholder.Holder) {
 // holderExited handles an unexpected holder death (§5.6): running commands
 // become terminal with interrupted:true and the session refuses new work.
 func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
-	s.log.Warn("holder.exited", "sandbox", sb.rec.ID, "workspace_session_id", ss.id())
+	s.event(sb, "", "holder.exited", map[string]any{"workspace_session_id": ss.id(), "pid": holderPid(ss), "status": "exited_unexpectedly"})
 	ss.mu.Lock()
 	if ss.rec.State == sessActive {
 		ss.rec.State = sessRestoreFailed
@@ -322,7 +323,7 @@ func (s *Supervisor) destroySession(ctx context.Context, sb *sandbox, ss *sessio
 	}
 	sb.rec.LiveWorkspaceSessions = live
 	sb.mu.Unlock()
-	s.log.Info("lease.released", "sandbox", sb.rec.ID, "workspace_session_id", ss.id())
+	s.eventCtx(ctx, sb, "lease.released", map[string]any{"workspace_session_id": ss.id(), "revision": ss.rec.BaseRevision})
 	return upperBytes, nil
 }
 
@@ -439,10 +440,10 @@ func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox) {
 		err := s.startHolder(ctx, sb, ss)
 		if err != nil {
 			ss.setState(sessRestoreFailed)
-			s.log.Error("workspace_session.restore_failed", "sandbox", sb.rec.ID, "workspace_session_id", rec.WorkspaceSessionID, "err", err)
+			s.eventCtx(ctx, sb, "workspace_session.restore_failed", map[string]any{"workspace_session_id": rec.WorkspaceSessionID, "error": err.Error()})
 		} else {
 			ss.setState(sessActive)
-			s.log.Info("workspace_session.restored", "sandbox", sb.rec.ID, "workspace_session_id", rec.WorkspaceSessionID)
+			s.eventCtx(ctx, sb, "workspace_session.restored", map[string]any{"workspace_session_id": rec.WorkspaceSessionID})
 		}
 		ss.mu.Lock()
 		r := ss.rec

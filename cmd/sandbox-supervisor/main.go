@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
@@ -38,6 +39,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "nsholder":
 		return nsholder.Main(args[1:])
+	case "install":
+		return install(args[1:], stdout, stderr)
+	case "uninstall":
+		return uninstall(args[1:], stdout, stderr)
+	case "doctor":
+		return doctor(args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "sandbox-supervisor: unknown command %q (want serve or version)\n", args[0])
 	return 2
@@ -51,10 +58,14 @@ func serve(args []string, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
+	log := slog.New(serviceLogHandler(stderr))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	err := supervisor.Serve(ctx, supervisor.Options{ConfigPath: *cfg, Endpoint: *endpoint, Version: version, Logger: log})
+	opts := supervisor.Options{ConfigPath: *cfg, Endpoint: *endpoint, Version: version, Logger: log}
+	err := withService(ctx, &opts)
+	if err == nil {
+		err = supervisor.Serve(ctx, opts)
+	}
 	if err == nil {
 		return 0
 	}
@@ -68,4 +79,42 @@ func serve(args []string, stderr io.Writer) int {
 	}
 	log.Error("supervisor failed", "err", err)
 	return 1
+}
+
+// doctor checks the host capabilities (§4.5, §13) against the configuration
+// (defaults when there is no file): exit 0 when everything required is
+// present, 1 otherwise, 2 on bad flags.
+func doctor(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	cfgPath := fs.String("config", "", "configuration file (default <config dir>/config.yml)")
+	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
+		return 2
+	}
+	var opt supervisor.DoctorOptions
+	if dirs, err := catalog.ResolveDirs(); err == nil {
+		opt.DataDir = dirs.Data
+		if *cfgPath == "" {
+			*cfgPath = filepath.Join(dirs.Config, "config.yml")
+		}
+	} else {
+		opt.ConfigErr = err
+	}
+	if *cfgPath != "" {
+		opt.Config, opt.ConfigErr = supervisor.LoadConfig(*cfgPath)
+	}
+	r := supervisor.Doctor(context.Background(), opt)
+	if *asJSON {
+		if err := r.WriteJSON(stdout); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+	} else {
+		r.WriteText(stdout)
+	}
+	if !r.OK {
+		return 1
+	}
+	return 0
 }

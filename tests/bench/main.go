@@ -1,12 +1,14 @@
 // Command bench measures workspace sessions against the alternatives an agent
 // would otherwise use, in the same run on the same machine: session creation
 // against `git worktree add` and `cp -a` for growing project sizes, a no-op
-// command round trip against `bash -c true` and `bwrap … true`, and the memory
-// that 32 live sessions cost. It prints medians and ratios; targets are printed
+// command round trip against `bash -c true` and `bwrap … true`, the memory
+// that 32 live sessions cost, and publication (publish latency against
+// `git commit` and `cp -a`, parallel publishes, a 3-way merging publish
+// against `git merge-file`). It prints medians and ratios; targets are printed
 // next to the measured values and never asserted. It exits non-zero only when
 // something breaks (an operation fails, a tool that must exist is missing).
 //
-//	go run ./tests/bench [-bin DIR] [-reps N] [-quick]
+//	go run ./tests/bench [-bin DIR] [-reps N] [-quick] [-only 2,4]
 //
 // It starts its own supervisor (SANDBOX_NO_AUTOSTART=1) on a temporary
 // EPHEMERAL_SANDBOX_HOME and removes every temporary file at the end.
@@ -49,15 +51,26 @@ func main() {
 	binFlag := flag.String("bin", "./bin", "directory holding the sandbox binaries")
 	reps := flag.Int("reps", 5, "measured repetitions per case (the exec round trip uses 6× as many)")
 	quick := flag.Bool("quick", false, "fast smoke run: small trees, 2 reps, 8 live sessions")
+	only := flag.String("only", "", "comma-separated section numbers to run (1-4); default all")
 	flag.Parse()
 	if *reps < 1 {
 		fmt.Fprintln(os.Stderr, "bench: -reps must be ≥ 1")
 		os.Exit(2)
 	}
+	sections := map[int]bool{}
+	for _, f := range strings.FieldsFunc(*only, func(r rune) bool { return r == ',' || r == ' ' }) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > 4 {
+			fmt.Fprintf(os.Stderr, "bench: -only: bad section %q (want numbers 1-4)\n", f)
+			os.Exit(2)
+		}
+		sections[n] = true
+	}
 	cfg := config{reps: *reps, sizes: []int{1000, 10000, 50000}, liveSessions: 32}
 	if *quick {
 		cfg = config{reps: 2, sizes: []int{100, 1000, 2000}, liveSessions: 8, quick: true}
 	}
+	cfg.only = sections
 	bin, err := filepath.Abs(*binFlag)
 	if err == nil {
 		_, err = os.Stat(filepath.Join(bin, "sandbox-supervisor"))
@@ -80,6 +93,7 @@ type config struct {
 	sizes        []int // generated tree sizes in files
 	liveSessions int
 	quick        bool
+	only         map[int]bool // sections to run; empty means all
 }
 
 // bench is one run: a temporary root, a supervisor and a client.
@@ -110,9 +124,10 @@ func run(cfg config) int {
 		return 1
 	}
 	b.header()
-	b.section("1. workspace session creation vs project size", b.sessionCreation)
-	b.section("2. no-op command round trip", b.execRoundTrip)
-	b.section(fmt.Sprintf("3. memory of %d live sessions", cfg.liveSessions), b.liveMemory)
+	b.section(1, "1. workspace session creation vs project size", b.sessionCreation)
+	b.section(2, "2. no-op command round trip", b.execRoundTrip)
+	b.section(3, fmt.Sprintf("3. memory of %d live sessions", cfg.liveSessions), b.liveMemory)
+	b.section(4, "4. publication", b.publication)
 	if ctx.Err() != nil {
 		fmt.Fprintln(os.Stderr, "bench: interrupted")
 		return 130
@@ -143,9 +158,10 @@ func check(err error) {
 
 func fail(format string, a ...any) { panic(failure{fmt.Errorf(format, a...)}) }
 
-// section runs one part; a failure is reported and the next part still runs.
-func (b *bench) section(title string, f func()) {
-	if ctx.Err() != nil {
+// section runs part n unless -only excludes it; a failure is reported and
+// the next part still runs.
+func (b *bench) section(n int, title string, f func()) {
+	if ctx.Err() != nil || (len(b.cfg.only) > 0 && !b.cfg.only[n]) {
 		return
 	}
 	fmt.Printf("\n== %s ==\n", title)

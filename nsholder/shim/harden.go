@@ -1,15 +1,19 @@
-package nsholder
-
-// Command hardening (contract §6.2, §12): every command the holder starts
-// goes through the internal mode
+// Package shim is command hardening (contract §6.2, §12): every command a
+// session holder starts goes through the exec shim
 //
-//	sandbox-supervisor nsholder shim -- ARGV...
+//	sandbox-exec-shim -- ARGV...
 //
-// which runs as uid 0 of the session's user namespace (with every capability
-// of that namespace), drops what a command must not have and then execs
-// ARGV. The kept capabilities and the seccomp rules are tables below so they
-// can be audited line by line against §6.2; the per-architecture system call
+// (or, as a fallback, `sandbox-supervisor nsholder shim -- ARGV...`), which
+// runs as uid 0 of the session's user namespace (with every capability of
+// that namespace), drops what a command must not have and then execs ARGV.
+// The kept capabilities and the seccomp rules are tables below so they can
+// be audited line by line against §6.2; the per-architecture system call
 // numbers live in harden_<arch>.go.
+//
+// The package is the whole of the sandbox-exec-shim binary, which every
+// command pays to start: it must stay small and import nothing of the
+// module (go list -deps ./cmd/sandbox-exec-shim).
+package shim
 
 import (
 	"errors"
@@ -313,7 +317,7 @@ func buildSeccompFilter(arch *seccompArch) ([]unix.SockFilter, error) {
 	return a.assemble()
 }
 
-// runShim is `nsholder shim -- ARGV...` (args start at "--"). It marks every
+// Run is the shim's main: args are `-- ARGV...`. It marks every
 // descriptor ≥ 3 close-on-exec, hardens the calling thread and execs ARGV
 // with the current environment. It returns only on failure, after printing a
 // one-line reason, with status 126.
@@ -323,7 +327,7 @@ func buildSeccompFilter(arch *seccompArch) ([]unix.SockFilter, error) {
 // calls it. So the goroutine is locked to its thread and both hardening and
 // execve happen on it; the other Go threads (still privileged, but filtered
 // through TSYNC) die in execve.
-func runShim(args []string) int {
+func Run(args []string) int {
 	runtime.LockOSThread() // never unlocked: this thread execs or the process exits
 	fail := func(format string, a ...any) int {
 		msg := strings.ReplaceAll(fmt.Sprintf(format, a...), "\n", " ")
@@ -331,7 +335,7 @@ func runShim(args []string) int {
 		return shimFailureExit
 	}
 	if len(args) < 2 || args[0] != "--" || args[1] == "" {
-		return fail("usage: nsholder shim -- ARGV...")
+		return fail("usage: sandbox-exec-shim -- ARGV...")
 	}
 	argv := args[1:]
 	path := argv[0]

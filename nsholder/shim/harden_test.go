@@ -1,4 +1,4 @@
-package nsholder
+package shim
 
 import (
 	"bufio"
@@ -25,7 +25,7 @@ import (
 // function (not TestMain, which other test files of the package may own)
 // switches on the environment before any test runs.
 const (
-	envShimTest = "ESBX_SHIM_TEST"      // run runShim(os.Args[1:])
+	envShimTest = "ESBX_SHIM_TEST"      // run Run(os.Args[1:])
 	envChecker  = "ESBX_HARDEN_CHECKER" // run hardenChecker and print results
 	envCheckDir = "ESBX_HARDEN_DIR"     // scratch directory for the checker
 )
@@ -33,7 +33,7 @@ const (
 func init() {
 	if os.Getenv(envShimTest) == "1" {
 		os.Unsetenv(envShimTest) // the exec'd command must not be a shim again
-		os.Exit(runShim(os.Args[1:]))
+		os.Exit(Run(os.Args[1:]))
 	}
 	if os.Getenv(envChecker) == "1" {
 		os.Exit(hardenChecker(os.Getenv(envCheckDir)))
@@ -243,7 +243,7 @@ func requireUserNS(t *testing.T) {
 	t.Helper()
 	userNSOnce.Do(func() {
 		cmd := exec.Command("/bin/true")
-		cmd.SysProcAttr = NamespaceAttr(0)
+		cmd.SysProcAttr = namespaceAttr()
 		userNSErr = cmd.Run()
 	})
 	if userNSErr != nil {
@@ -251,6 +251,19 @@ func requireUserNS(t *testing.T) {
 	}
 	if nativeSeccompArch == nil {
 		t.Skipf("no seccomp table for %s", runtime.GOARCH)
+	}
+}
+
+// namespaceAttr is nsholder.NamespaceAttr(0), which this package cannot
+// import (nsholder imports shim): root of a new user and mount namespace
+// with a single-ID map of the caller.
+func namespaceAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{
+		Cloneflags:                 syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS,
+		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Geteuid(), Size: 1}},
+		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getegid(), Size: 1}},
+		GidMappingsEnableSetgroups: false,
+		Pdeathsig:                  syscall.SIGKILL,
 	}
 }
 
@@ -264,7 +277,7 @@ func testBinary(t *testing.T) string {
 }
 
 // inUserNS returns a command that runs argv in a fresh user+mount namespace
-// (the holder's NamespaceAttr), through the shim when shim is set.
+// (as nsholder.NamespaceAttr makes them), through the shim when shim is set.
 func inUserNS(t *testing.T, shim bool, argv ...string) *exec.Cmd {
 	t.Helper()
 	requireUserNS(t)
@@ -278,7 +291,7 @@ func inUserNS(t *testing.T, shim bool, argv ...string) *exec.Cmd {
 		cmd = exec.CommandContext(ctx, argv[0], argv[1:]...)
 		cmd.Env = os.Environ()
 	}
-	cmd.SysProcAttr = NamespaceAttr(0)
+	cmd.SysProcAttr = namespaceAttr()
 	return cmd
 }
 

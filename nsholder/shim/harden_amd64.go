@@ -1,4 +1,4 @@
-package nsholder
+package shim
 
 import "golang.org/x/sys/unix"
 

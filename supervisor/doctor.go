@@ -1,0 +1,649 @@
+package supervisor
+
+// `sandbox-supervisor doctor` (§13): every host capability of §4.5, each
+// with pass or fail and the exact fix. The checks only look; nothing on the
+// host is changed (the overlay probe works in a scratch directory it
+// removes again).
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/nsholder"
+)
+
+// DoctorOptions are the host lookups of Doctor; zero fields take the real
+// host's values, tests replace them.
+type DoctorOptions struct {
+	// Self is the sandbox-supervisor binary run for the overlay probe
+	// (default os.Executable) and named in the AppArmor profile.
+	Self string
+	// DataDir is where sessions will live; the probe runs in it, or in its
+	// nearest existing ancestor when it does not exist yet (default: the
+	// resolved data directory).
+	DataDir string
+	// Config is the configuration to judge against (nil: the defaults).
+	// sandbox.id_mapping: subid makes the subid check required;
+	// images.docker_host is tried first.
+	Config *Config
+	// ConfigErr is a configuration that failed to load: reported as a
+	// failed required check.
+	ConfigErr error
+	// Env is the process environment (PATH, USER, XDG_RUNTIME_DIR,
+	// DOCKER_HOST); default os.Environ().
+	Env []string
+	// FuseDevice defaults to /dev/fuse.
+	FuseDevice string
+	// SubUIDFile and SubGIDFile default to /etc/subuid and /etc/subgid.
+	SubUIDFile, SubGIDFile string
+	// ProcSys defaults to /proc/sys (sysctls).
+	ProcSys string
+	// CgroupRoot defaults to /sys/fs/cgroup, SelfCgroup to /proc/self/cgroup.
+	CgroupRoot, SelfCgroup string
+	// DockerSockets are the default Docker sockets tried after
+	// images.docker_host and DOCKER_HOST (default /var/run/docker.sock and
+	// $XDG_RUNTIME_DIR/docker.sock).
+	DockerSockets []string
+	// Probe replaces nsholder.Probe(ctx, Self, scratchParent).
+	Probe func(ctx context.Context, scratchParent string) nsholder.ProbeResult
+}
+
+// DoctorCheck is one line of the report.
+type DoctorCheck struct {
+	ID       string `json:"id"`
+	Required bool   `json:"required"`
+	OK       bool   `json:"ok"`
+	Detail   string `json:"detail"`
+	Fix      string `json:"fix"` // the exact command or configuration change; "" when OK
+}
+
+// DoctorReport is the result: OK when every required check passed.
+type DoctorReport struct {
+	OK     bool          `json:"ok"`
+	Checks []DoctorCheck `json:"checks"`
+}
+
+// Check returns the check with that id (zero value if absent).
+func (r DoctorReport) Check(id string) DoctorCheck {
+	for _, c := range r.Checks {
+		if c.ID == id {
+			return c
+		}
+	}
+	return DoctorCheck{}
+}
+
+// WriteText prints `PASS|FAIL|WARN <id>: <detail>`, an indented fix under
+// every check that did not pass, and a summary line.
+func (r DoctorReport) WriteText(w io.Writer) {
+	for _, c := range r.Checks {
+		status := "PASS"
+		switch {
+		case !c.OK && c.Required:
+			status = "FAIL"
+		case !c.OK:
+			status = "WARN"
+		}
+		fmt.Fprintf(w, "%s %s: %s\n", status, c.ID, c.Detail)
+		if !c.OK && c.Fix != "" {
+			lines := strings.Split(c.Fix, "\n")
+			fmt.Fprintf(w, "    fix: %s\n", lines[0])
+			for _, l := range lines[1:] {
+				fmt.Fprintf(w, "         %s\n", l)
+			}
+		}
+	}
+	if r.OK {
+		fmt.Fprintln(w, "ok: everything the configuration needs is present (WARN lines are optional features)")
+	} else {
+		fmt.Fprintln(w, "not ok: fix the FAIL lines above; the supervisor cannot create sandboxes until then")
+	}
+}
+
+// WriteJSON prints the report as one JSON object.
+func (r DoctorReport) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+type doctor struct {
+	opt  DoctorOptions
+	env  map[string]string
+	user string
+}
+
+// Doctor runs every check.
+func Doctor(ctx context.Context, opt DoctorOptions) DoctorReport {
+	if opt.Env == nil {
+		opt.Env = os.Environ()
+	}
+	d := &doctor{opt: opt, env: map[string]string{}}
+	for _, kv := range opt.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			d.env[k] = v
+		}
+	}
+	if d.opt.Self == "" {
+		if p, err := os.Executable(); err == nil {
+			d.opt.Self = p
+		}
+	}
+	if p, err := filepath.EvalSymlinks(d.opt.Self); err == nil {
+		d.opt.Self = p
+	}
+	if d.opt.DataDir == "" {
+		if dirs, err := catalog.ResolveDirs(); err == nil {
+			d.opt.DataDir = dirs.Data
+		}
+	}
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	def(&d.opt.FuseDevice, "/dev/fuse")
+	def(&d.opt.SubUIDFile, "/etc/subuid")
+	def(&d.opt.SubGIDFile, "/etc/subgid")
+	def(&d.opt.ProcSys, "/proc/sys")
+	def(&d.opt.CgroupRoot, "/sys/fs/cgroup")
+	def(&d.opt.SelfCgroup, "/proc/self/cgroup")
+	if d.opt.DockerSockets == nil {
+		d.opt.DockerSockets = []string{"/var/run/docker.sock"}
+		if x := d.env["XDG_RUNTIME_DIR"]; x != "" {
+			d.opt.DockerSockets = append(d.opt.DockerSockets, filepath.Join(x, "docker.sock"))
+		}
+	}
+	if d.opt.Probe == nil {
+		self := d.opt.Self
+		d.opt.Probe = func(ctx context.Context, dir string) nsholder.ProbeResult { return nsholder.Probe(ctx, self, dir) }
+	}
+	d.user = strconv.Itoa(os.Geteuid())
+	if u, err := user.LookupId(d.user); err == nil && u.Username != "" {
+		d.user = u.Username
+	}
+
+	var r DoctorReport
+	if opt.ConfigErr != nil {
+		r.Checks = append(r.Checks, DoctorCheck{ID: "config", Required: true, Detail: opt.ConfigErr.Error(),
+			Fix: "correct the key named above in the configuration file (unknown keys and invalid values are refused)"})
+	}
+	userns, overlay := d.checkNamespacesAndOverlay(ctx)
+	r.Checks = append(r.Checks, userns, overlay, d.checkFuse(), d.checkSubID(),
+		d.checkCgroup(), d.checkDocker(ctx), d.checkSystemdUser(ctx))
+	r.OK = true
+	for _, c := range r.Checks {
+		if c.Required && !c.OK {
+			r.OK = false
+		}
+	}
+	return r
+}
+
+func (d *doctor) sysctl(name string) (string, bool) {
+	b, err := os.ReadFile(filepath.Join(d.opt.ProcSys, strings.ReplaceAll(name, ".", "/")))
+	if err != nil {
+		return "", false
+	}
+	return strings.TrimSpace(string(b)), true
+}
+
+// persist is the command that keeps a sysctl across reboots.
+func persist(kv string) string {
+	return fmt.Sprintf("echo '%s' | sudo tee /etc/sysctl.d/90-ephemeral-sandbox.conf", kv)
+}
+
+// appArmorFix is the profile that lets the supervisor binary create user
+// namespaces under Ubuntu's restriction, and how to load it.
+func (d *doctor) appArmorFix() string {
+	self := d.opt.Self
+	if self == "" {
+		self = "/usr/local/bin/sandbox-supervisor"
+	}
+	return "install this AppArmor profile as /etc/apparmor.d/sandbox-supervisor:\n" +
+		"abi <abi/4.0>,\n" +
+		"include <tunables/global>\n" +
+		"profile sandbox-supervisor " + self + " flags=(unconfined) {\n" +
+		"  userns,\n" +
+		"  include if exists <local/sandbox-supervisor>\n" +
+		"}\n" +
+		"then load it: sudo apparmor_parser -r /etc/apparmor.d/sandbox-supervisor\n" +
+		"(or lift the restriction for everyone: sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0 && " +
+		persist("kernel.apparmor_restrict_unprivileged_userns=0") + ")"
+}
+
+// inContainer reports whether this process looks like it runs in a container.
+func inContainer() bool {
+	for _, p := range []string{"/.dockerenv", "/run/.containerenv"} {
+		if _, err := os.Stat(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// probeDir is the data directory or its nearest existing ancestor.
+func (d *doctor) probeDir() string {
+	dir := d.opt.DataDir
+	if dir == "" {
+		return os.TempDir()
+	}
+	for {
+		if st, err := os.Stat(dir); err == nil && st.IsDir() {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return dir
+		}
+		dir = parent
+	}
+}
+
+func (d *doctor) checkNamespacesAndOverlay(ctx context.Context) (userns, overlay DoctorCheck) {
+	userns = DoctorCheck{ID: "userns", Required: true}
+	overlay = DoctorCheck{ID: "kernel_overlay", Required: true} // the FUSE driver is not part of this version
+	dir := d.probeDir()
+	res := d.opt.Probe(ctx, dir)
+	where := dir
+	if d.opt.DataDir != "" && dir != d.opt.DataDir {
+		where = dir + " (the data directory " + d.opt.DataDir + " does not exist yet)"
+	}
+
+	if res.UserNamespaces {
+		userns.OK, userns.Detail = true, "unprivileged user namespaces work (a probe process ran as root of its own user namespace)"
+	} else {
+		userns.Detail = res.UserNSReason
+		if userns.Detail == "" {
+			userns.Detail = "cannot start a process in a new user namespace"
+		}
+		var why, fixes []string
+		if v, ok := d.sysctl("kernel.unprivileged_userns_clone"); ok && v == "0" {
+			why = append(why, "kernel.unprivileged_userns_clone is 0")
+			fixes = append(fixes, "sudo sysctl -w kernel.unprivileged_userns_clone=1 && "+persist("kernel.unprivileged_userns_clone=1"))
+		}
+		if v, ok := d.sysctl("user.max_user_namespaces"); ok && v == "0" {
+			why = append(why, "user.max_user_namespaces is 0")
+			fixes = append(fixes, "sudo sysctl -w user.max_user_namespaces=65536 && "+persist("user.max_user_namespaces=65536"))
+		}
+		if v, ok := d.sysctl("kernel.apparmor_restrict_unprivileged_userns"); ok && v == "1" {
+			why = append(why, "AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1)")
+			fixes = append(fixes, d.appArmorFix())
+		}
+		if len(why) > 0 {
+			userns.Detail += "; cause: " + strings.Join(why, ", ")
+		} else if inContainer() {
+			userns.Detail += "; this looks like a container whose seccomp profile or capabilities forbid user namespaces"
+			fixes = append(fixes, "run on the host, or start the container with --security-opt seccomp=unconfined --security-opt apparmor=unconfined (or --privileged)")
+		}
+		if len(fixes) == 0 {
+			fixes = append(fixes, "enable unprivileged user namespaces: the kernel needs CONFIG_USER_NS=y, and `unshare -Ur true` must work as "+d.user)
+		}
+		userns.Fix = strings.Join(fixes, "\n")
+	}
+
+	switch {
+	case !res.UserNamespaces:
+		overlay.Detail = "not probed: needs a user namespace"
+		overlay.Fix = "fix the userns check first"
+	case res.KernelOverlay:
+		overlay.OK = true
+		overlay.Detail = "OverlayFS with userxattr mounts in a user namespace on " + fsName(dir) + " at " + where + ", whiteouts and user.overlay.opaque work"
+		if res.LowerdirPlus {
+			overlay.Detail += ", lowerdir+ available"
+		}
+	default:
+		overlay.Detail = res.OverlayReason + " (probed on " + fsName(dir) + " at " + where + "; kernel " + kernelRelease() + ")"
+		var fixes []string
+		if !kernelAtLeast(kernelRelease(), 5, 11) {
+			fixes = append(fixes, "upgrade to Linux ≥ 5.11 (OverlayFS in a user namespace with userxattr); this kernel is "+kernelRelease())
+		}
+		if !goodOverlayFS(dir) {
+			fixes = append(fixes, "put the data directory on ext4, xfs or btrfs: set XDG_DATA_HOME (or EPHEMERAL_SANDBOX_HOME) to a directory on such a filesystem; "+dir+" is "+fsName(dir))
+		}
+		if v, ok := d.sysctl("kernel.apparmor_restrict_unprivileged_userns"); ok && v == "1" && strings.Contains(res.OverlayReason, "not permitted") {
+			fixes = append(fixes, d.appArmorFix())
+		}
+		if inContainer() {
+			fixes = append(fixes, "this looks like a container: it must allow mount(2) in user namespaces (e.g. --security-opt seccomp=unconfined --security-opt apparmor=unconfined), or run on the host")
+		}
+		if len(fixes) == 0 {
+			fixes = append(fixes, "use Linux ≥ 5.11 with the data directory on ext4, xfs or btrfs, not inside a container that forbids mounts in user namespaces")
+		}
+		overlay.Fix = strings.Join(fixes, "\n")
+	}
+	return userns, overlay
+}
+
+func fsName(dir string) string {
+	var s unix.Statfs_t
+	if unix.Statfs(dir, &s) != nil {
+		return "unknown filesystem"
+	}
+	switch int64(s.Type) {
+	case unix.EXT4_SUPER_MAGIC:
+		return "ext4"
+	case unix.XFS_SUPER_MAGIC:
+		return "xfs"
+	case unix.BTRFS_SUPER_MAGIC:
+		return "btrfs"
+	case unix.TMPFS_MAGIC:
+		return "tmpfs"
+	case unix.OVERLAYFS_SUPER_MAGIC:
+		return "overlayfs"
+	case unix.NFS_SUPER_MAGIC:
+		return "nfs"
+	case unix.FUSE_SUPER_MAGIC:
+		return "fuse"
+	}
+	return fmt.Sprintf("filesystem type %#x", s.Type)
+}
+
+func goodOverlayFS(dir string) bool {
+	switch fsName(dir) {
+	case "ext4", "xfs", "btrfs":
+		return true
+	}
+	return false
+}
+
+// kernelAtLeast compares the leading "major.minor" of a release string.
+func kernelAtLeast(release string, major, minor int) bool {
+	parts := strings.SplitN(release, ".", 3)
+	if len(parts) < 2 {
+		return true // unknown: do not blame the kernel
+	}
+	ma, err1 := strconv.Atoi(parts[0])
+	mi, err2 := strconv.Atoi(strings.TrimRightFunc(parts[1], func(r rune) bool { return r < '0' || r > '9' }))
+	if err1 != nil || err2 != nil {
+		return true
+	}
+	return ma > major || (ma == major && mi >= minor)
+}
+
+func (d *doctor) checkFuse() DoctorCheck {
+	c := DoctorCheck{ID: "fuse_device", Required: false}
+	dev := d.opt.FuseDevice
+	f, err := os.OpenFile(dev, os.O_RDWR, 0)
+	if err == nil {
+		f.Close()
+		c.OK, c.Detail = true, dev+" opens read-write (for the FUSE overlay driver, not part of this version)"
+		return c
+	}
+	msg := err.Error()
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		msg = pe.Err.Error()
+	}
+	c.Detail = "cannot open " + dev + ": " + msg + " (only the FUSE overlay driver needs it, and it is not part of this version)"
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		c.Fix = "sudo modprobe fuse (and make it permanent: echo fuse | sudo tee /etc/modules-load.d/fuse.conf); " + dev + " must then exist with mode 0666"
+	default:
+		c.Fix = "sudo chmod 0666 " + dev
+	}
+	return c
+}
+
+// lookPath finds name on the PATH of the doctor's environment.
+func (d *doctor) lookPath(name string) (string, bool) {
+	for _, dir := range filepath.SplitList(d.env["PATH"]) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p, true
+		}
+	}
+	return "", false
+}
+
+func (d *doctor) checkSubID() DoctorCheck {
+	required := d.opt.Config != nil && d.opt.Config.Sandbox.IDMapping == nsholder.IDMappingSubID
+	c := DoctorCheck{ID: "subid", Required: required}
+	why := "needed only for sandbox.id_mapping: subid"
+	if required {
+		why = "the configuration sets sandbox.id_mapping: subid"
+	}
+	var missing []string
+	var found []string
+	for _, h := range []string{"newuidmap", "newgidmap"} {
+		if p, ok := d.lookPath(h); ok {
+			found = append(found, p)
+		} else {
+			missing = append(missing, h)
+		}
+	}
+	if len(missing) > 0 {
+		c.Detail = strings.Join(missing, " and ") + " not found on PATH (" + why + ")"
+		c.Fix = "sudo apt-get install uidmap (Fedora/RHEL: sudo dnf install shadow-utils; Arch: sudo pacman -S shadow)"
+		return c
+	}
+	uid := os.Geteuid()
+	var ranges, bad []string
+	for _, file := range []string{d.opt.SubUIDFile, d.opt.SubGIDFile} {
+		start, count, err := nsholder.SubIDRange(file, d.user, uid)
+		if err != nil {
+			msg := err.Error()
+			var se *nsholder.SetupError
+			if errors.As(err, &se) {
+				msg = se.Err
+			}
+			bad = append(bad, msg)
+			continue
+		}
+		ranges = append(ranges, fmt.Sprintf("%s %d-%d", filepath.Base(file), start, uint64(start)+uint64(count)-1))
+	}
+	if len(bad) > 0 {
+		c.Detail = strings.Join(bad, "; ") + " (" + why + ")"
+		c.Fix = "sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 " + d.user
+		return c
+	}
+	c.OK = true
+	c.Detail = strings.Join(found, ", ") + "; " + d.user + ": " + strings.Join(ranges, ", ") + " (" + why + ")"
+	return c
+}
+
+func (d *doctor) checkCgroup() DoctorCheck {
+	c := DoctorCheck{ID: "cgroup_delegation", Required: false}
+	const note = " (optional: resource profiles other than unlimited need it)"
+	unitFix := "run the supervisor as a systemd user service with Delegate=yes, e.g. systemd-run --user --unit=sandbox-supervisor -p Delegate=yes " + d.selfOr() + " serve"
+	var s unix.Statfs_t
+	if err := unix.Statfs(d.opt.CgroupRoot, &s); err != nil || int64(s.Type) != unix.CGROUP2_SUPER_MAGIC {
+		c.Detail = d.opt.CgroupRoot + " is not a cgroup v2 mount (cgroup v1 or hybrid hierarchy)" + note
+		c.Fix = "boot with the unified hierarchy: add systemd.unified_cgroup_hierarchy=1 to the kernel command line (e.g. GRUB_CMDLINE_LINUX in /etc/default/grub, then sudo update-grub and reboot)"
+		return c
+	}
+	b, err := os.ReadFile(d.opt.SelfCgroup)
+	rel := ""
+	for _, line := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(line, "0::"); ok {
+			rel = p
+		}
+	}
+	if err != nil || rel == "" {
+		c.Detail = "cannot find this process's cgroup v2 path in " + d.opt.SelfCgroup + note
+		c.Fix = unitFix
+		return c
+	}
+	dir := filepath.Join(d.opt.CgroupRoot, rel)
+	controllers, _ := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+	ctl := strings.Fields(string(controllers))
+	var problems []string
+	if unix.Access(dir, unix.W_OK) != nil {
+		problems = append(problems, "cannot create child cgroups")
+	}
+	if unix.Access(filepath.Join(dir, "cgroup.subtree_control"), unix.W_OK) != nil {
+		problems = append(problems, "cgroup.subtree_control is not writable")
+	}
+	for _, want := range []string{"memory", "pids", "cpu"} {
+		if !contains(ctl, want) {
+			problems = append(problems, "controller "+want+" not delegated")
+		}
+	}
+	if len(problems) > 0 {
+		c.Detail = "cgroup " + rel + ": " + strings.Join(problems, ", ") + note
+		c.Fix = unitFix
+		return c
+	}
+	c.OK = true
+	c.Detail = "cgroup " + rel + " is delegated (controllers: " + strings.Join(ctl, " ") + ")"
+	return c
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+func (d *doctor) selfOr() string {
+	if d.opt.Self != "" {
+		return d.opt.Self
+	}
+	return "sandbox-supervisor"
+}
+
+// dockerEndpoints are the Docker Engine addresses in resolution order
+// (§13 images.docker_host: the configuration, DOCKER_HOST, the defaults).
+func (d *doctor) dockerEndpoints() []string {
+	var out []string
+	if d.opt.Config != nil && d.opt.Config.Images.DockerHost != nil && *d.opt.Config.Images.DockerHost != "" {
+		out = append(out, *d.opt.Config.Images.DockerHost)
+	}
+	if h := d.env["DOCKER_HOST"]; h != "" {
+		out = append(out, h)
+	}
+	for _, s := range d.opt.DockerSockets {
+		out = append(out, "unix://"+s)
+	}
+	return out
+}
+
+// pingDocker sends GET /_ping to a unix:// or plain tcp:// endpoint.
+func pingDocker(ctx context.Context, endpoint string) error {
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return err
+	}
+	tr := &http.Transport{DisableKeepAlives: true}
+	base := "http://docker"
+	switch u.Scheme {
+	case "unix":
+		path := u.Path
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var dl net.Dialer
+			return dl.DialContext(ctx, "unix", path)
+		}
+	case "tcp", "http":
+		base = "http://" + u.Host
+	default:
+		return fmt.Errorf("unsupported scheme %q", u.Scheme)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/_ping", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET /_ping: %s", resp.Status)
+	}
+	if strings.TrimSpace(string(body)) != "OK" {
+		return fmt.Errorf("GET /_ping answered %q", body)
+	}
+	return nil
+}
+
+func (d *doctor) checkDocker(ctx context.Context) DoctorCheck {
+	c := DoctorCheck{ID: "docker", Required: false}
+	var tried []string
+	denied := false
+	for _, ep := range d.dockerEndpoints() {
+		err := pingDocker(ctx, ep)
+		if err == nil {
+			c.OK, c.Detail = true, "Docker Engine answers GET /_ping at "+ep
+			return c
+		}
+		if errors.Is(err, fs.ErrPermission) {
+			denied = true
+		}
+		msg := err.Error()
+		if errors.Is(err, fs.ErrNotExist) {
+			msg = "no such socket"
+		}
+		tried = append(tried, ep+": "+msg)
+	}
+	c.Detail = "no reachable Docker Engine (optional: only Docker images need it): " + strings.Join(tried, "; ")
+	switch {
+	case denied:
+		c.Fix = "sudo usermod -aG docker " + d.user + " (then log in again), or use rootless Docker: dockerd-rootless-setuptool.sh install"
+	default:
+		c.Fix = "start Docker Engine (sudo systemctl enable --now docker) or rootless Docker (dockerd-rootless-setuptool.sh install), or set images.docker_host / DOCKER_HOST to its unix:// socket"
+	}
+	return c
+}
+
+func (d *doctor) checkSystemdUser(ctx context.Context) DoctorCheck {
+	c := DoctorCheck{ID: "systemd_user", Required: false}
+	fix := "sudo loginctl enable-linger " + d.user + " (starts your systemd user manager now and at every boot)"
+	if x := d.env["XDG_RUNTIME_DIR"]; x != "" {
+		if st, err := os.Stat(filepath.Join(x, "systemd", "private")); err == nil && st.Mode()&fs.ModeSocket != 0 {
+			c.OK, c.Detail = true, "systemd user manager is running ("+filepath.Join(x, "systemd", "private")+")"
+			return c
+		}
+	}
+	systemctl, ok := d.lookPath("systemctl")
+	if !ok {
+		c.Detail = "systemctl not found on PATH: no systemd user manager (optional: without it `sandbox-supervisor serve` is started automatically on first CLI use)"
+		c.Fix = fix
+		return c
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, systemctl, "--user", "is-system-running")
+	cmd.Env = d.opt.Env
+	out, _ := cmd.CombinedOutput()
+	state := strings.TrimSpace(string(out))
+	if i := strings.IndexByte(state, '\n'); i >= 0 {
+		state = state[:i]
+	}
+	switch state {
+	case "running", "degraded", "starting", "initializing":
+		c.OK, c.Detail = true, "systemd user manager is "+state
+		return c
+	}
+	if state == "" {
+		state = "no answer"
+	}
+	c.Detail = "no systemd user manager (systemctl --user is-system-running: " + state + "; optional: without it `sandbox-supervisor serve` is started automatically on first CLI use)"
+	c.Fix = fix
+	return c
+}

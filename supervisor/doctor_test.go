@@ -1,0 +1,219 @@
+package supervisor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/ephemeral-ai-lab/sandbox/nsholder"
+)
+
+// doctorOptions isolates Doctor from the host: a fake probe, an empty
+// PATH, no Docker sockets, an empty sysctl tree.
+func doctorOptions(t *testing.T, probe nsholder.ProbeResult) DoctorOptions {
+	t.Helper()
+	tmp := t.TempDir()
+	return DoctorOptions{
+		Self:          "/opt/esbx/bin/sandbox-supervisor",
+		DataDir:       filepath.Join(tmp, "data"),
+		Env:           []string{"PATH=" + filepath.Join(tmp, "emptybin")},
+		ProcSys:       filepath.Join(tmp, "proc-sys"),
+		DockerSockets: []string{filepath.Join(tmp, "docker.sock")},
+		Probe:         func(context.Context, string) nsholder.ProbeResult { return probe },
+	}
+}
+
+var probeOK = nsholder.ProbeResult{UserNamespaces: true, KernelOverlay: true}
+
+func TestDoctorFuseDeviceUnreadable(t *testing.T) {
+	if os.Geteuid() == 0 {
+		t.Skip("root opens a mode-000 file")
+	}
+	opt := doctorOptions(t, probeOK)
+	opt.FuseDevice = filepath.Join(t.TempDir(), "fuse")
+	if err := os.WriteFile(opt.FuseDevice, nil, 0o000); err != nil {
+		t.Fatal(err)
+	}
+	r := Doctor(context.Background(), opt)
+	c := r.Check("fuse_device")
+	if c.ID == "" || c.OK || c.Required {
+		t.Fatalf("fuse_device = %+v, want an optional failure", c)
+	}
+	if c.Fix != "sudo chmod 0666 "+opt.FuseDevice {
+		t.Errorf("fix = %q", c.Fix)
+	}
+	if !r.OK {
+		t.Errorf("an optional failure made the report fail: %+v", r)
+	}
+	var out bytes.Buffer
+	r.WriteText(&out)
+	if !strings.Contains(out.String(), "WARN fuse_device: cannot open "+opt.FuseDevice) ||
+		!strings.Contains(out.String(), "    fix: sudo chmod 0666 "+opt.FuseDevice+"\n") {
+		t.Errorf("text output:\n%s", out.String())
+	}
+}
+
+func TestDoctorSubIDWithoutNewuidmap(t *testing.T) {
+	r := Doctor(context.Background(), doctorOptions(t, probeOK))
+	c := r.Check("subid")
+	if c.OK || c.Required || !strings.Contains(c.Detail, "newuidmap and newgidmap not found on PATH") {
+		t.Fatalf("subid = %+v", c)
+	}
+	if !strings.HasPrefix(c.Fix, "sudo apt-get install uidmap") {
+		t.Errorf("fix = %q", c.Fix)
+	}
+	if !r.OK {
+		t.Errorf("report not ok: %+v", r)
+	}
+	var out bytes.Buffer
+	r.WriteText(&out)
+	if !strings.Contains(out.String(), "WARN subid: ") || !strings.Contains(out.String(), "    fix: sudo apt-get install uidmap") {
+		t.Errorf("text output:\n%s", out.String())
+	}
+
+	// sandbox.id_mapping: subid makes it required.
+	opt := doctorOptions(t, probeOK)
+	opt.Config = DefaultConfig()
+	opt.Config.Sandbox.IDMapping = "subid"
+	r = Doctor(context.Background(), opt)
+	if c := r.Check("subid"); !c.Required || c.OK || r.OK {
+		t.Errorf("with id_mapping subid: ok=%v subid=%+v", r.OK, c)
+	}
+	out.Reset()
+	r.WriteText(&out)
+	if !strings.Contains(out.String(), "FAIL subid: ") {
+		t.Errorf("text output:\n%s", out.String())
+	}
+}
+
+func TestDoctorSubIDRanges(t *testing.T) {
+	opt := doctorOptions(t, probeOK)
+	bin := filepath.Join(t.TempDir(), "bin")
+	if err := os.Mkdir(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"newuidmap", "newgidmap"} {
+		if err := os.WriteFile(filepath.Join(bin, h), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opt.Env = []string{"PATH=" + bin}
+	dir := t.TempDir()
+	opt.SubUIDFile, opt.SubGIDFile = filepath.Join(dir, "subuid"), filepath.Join(dir, "subgid")
+	if err := os.WriteFile(opt.SubUIDFile, []byte("someoneelse:100000:65536\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := Doctor(context.Background(), opt).Check("subid")
+	if c.OK || !strings.HasPrefix(c.Fix, "sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 ") {
+		t.Fatalf("subid without a range = %+v", c)
+	}
+	line := []byte(strconv.Itoa(os.Geteuid()) + ":200000:65536\n")
+	for _, f := range []string{opt.SubUIDFile, opt.SubGIDFile} {
+		if err := os.WriteFile(f, line, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c = Doctor(context.Background(), opt).Check("subid")
+	if !c.OK || !strings.Contains(c.Detail, "subuid 200000-265535") || !strings.Contains(c.Detail, "subgid 200000-265535") {
+		t.Fatalf("subid with ranges = %+v", c)
+	}
+}
+
+func TestDoctorUserNSAppArmor(t *testing.T) {
+	opt := doctorOptions(t, nsholder.ProbeResult{UserNSReason: "cannot start a process in a new user namespace: fork/exec: permission denied"})
+	knob := filepath.Join(opt.ProcSys, "kernel", "apparmor_restrict_unprivileged_userns")
+	if err := os.MkdirAll(filepath.Dir(knob), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(knob, []byte("1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(opt.ProcSys, "kernel", "unprivileged_userns_clone"), []byte("0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := Doctor(context.Background(), opt)
+	if r.OK {
+		t.Fatal("report ok without user namespaces")
+	}
+	c := r.Check("userns")
+	if c.OK || !c.Required || !strings.Contains(c.Detail, "AppArmor") || !strings.Contains(c.Detail, "kernel.unprivileged_userns_clone is 0") {
+		t.Fatalf("userns = %+v", c)
+	}
+	for _, want := range []string{
+		"sudo sysctl -w kernel.unprivileged_userns_clone=1",
+		"profile sandbox-supervisor /opt/esbx/bin/sandbox-supervisor flags=(unconfined) {\n  userns,",
+		"sudo apparmor_parser -r /etc/apparmor.d/sandbox-supervisor",
+		"sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0",
+	} {
+		if !strings.Contains(c.Fix, want) {
+			t.Errorf("fix lacks %q:\n%s", want, c.Fix)
+		}
+	}
+	if o := r.Check("kernel_overlay"); o.OK || !o.Required {
+		t.Errorf("kernel_overlay = %+v", o)
+	}
+	var out bytes.Buffer
+	r.WriteText(&out)
+	if !strings.Contains(out.String(), "FAIL userns: ") || !strings.Contains(out.String(), "\n         profile sandbox-supervisor ") {
+		t.Errorf("text output:\n%s", out.String())
+	}
+}
+
+func TestDoctorOverlayFailure(t *testing.T) {
+	r := Doctor(context.Background(), doctorOptions(t, nsholder.ProbeResult{UserNamespaces: true, OverlayReason: "mount overlay with userxattr: invalid argument"}))
+	c := r.Check("kernel_overlay")
+	if r.OK || c.OK || !strings.Contains(c.Detail, "mount overlay with userxattr: invalid argument") || c.Fix == "" {
+		t.Fatalf("ok=%v kernel_overlay=%+v", r.OK, c)
+	}
+	if u := r.Check("userns"); !u.OK {
+		t.Errorf("userns = %+v", u)
+	}
+}
+
+func TestDoctorJSONShape(t *testing.T) {
+	r := Doctor(context.Background(), doctorOptions(t, probeOK))
+	var buf bytes.Buffer
+	if err := r.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		OK     *bool            `json:"ok"`
+		Checks []map[string]any `json:"checks"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
+		t.Fatalf("%v\n%s", err, buf.String())
+	}
+	if got.OK == nil || !*got.OK {
+		t.Fatalf("ok = %v\n%s", got.OK, buf.String())
+	}
+	var ids []string
+	for _, c := range got.Checks {
+		if len(c) != 5 {
+			t.Errorf("check has keys %v, want id, required, ok, detail, fix", c)
+		}
+		for k, typ := range map[string]string{"id": "string", "required": "bool", "ok": "bool", "detail": "string", "fix": "string"} {
+			switch c[k].(type) {
+			case string:
+				if typ != "string" {
+					t.Errorf("%v: %s is a string", c["id"], k)
+				}
+			case bool:
+				if typ != "bool" {
+					t.Errorf("%v: %s is a bool", c["id"], k)
+				}
+			default:
+				t.Errorf("%v: %s = %#v", c["id"], k, c[k])
+			}
+		}
+		ids = append(ids, c["id"].(string))
+	}
+	want := "userns kernel_overlay fuse_device subid cgroup_delegation docker systemd_user"
+	if strings.Join(ids, " ") != want {
+		t.Errorf("ids = %v, want %s", ids, want)
+	}
+}

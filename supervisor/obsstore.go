@@ -1,0 +1,365 @@
+package supervisor
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// The bounded event/span store of §10.1: per sandbox under
+// sandboxes/<id>/observability/ and system-wide under
+// supervisor/observability/, an event log observability.ndjson plus one
+// rotated observability.ndjson.1. Appends are one JSON line each, written
+// with a single write(2) on an O_APPEND descriptor under an exclusive flock
+// of the directory's .lock (cross-process) and the store's mutex
+// (in-process); rotation happens before an append would push the current
+// segment over half of observability.max_disk_bytes. Nothing is cached:
+// every read opens the segments, streams them and keeps only the bounded
+// result.
+
+const (
+	obsDirName  = "observability"
+	obsLogName  = "observability.ndjson"
+	obsLockName = ".lock"
+
+	// obsMaxRecords and obsMaxBytes bound one query response (§10.1).
+	obsMaxRecords = 500
+	obsMaxBytes   = 256 << 10
+	// obsEnvelopeSlack is left of obsMaxBytes for the response's own keys.
+	obsEnvelopeSlack = 1 << 10
+)
+
+// SinkStats are the drop and truncation counters of a store (§10.1).
+type SinkStats struct {
+	DroppedStorage   uint64 `json:"dropped_storage"`
+	DroppedOversized uint64 `json:"dropped_oversized"`
+	TruncatedRecords uint64 `json:"truncated_records"`
+}
+
+type sinkCounters struct {
+	droppedStorage, droppedOversized, truncated atomic.Uint64
+}
+
+func (c *sinkCounters) stats() SinkStats {
+	return SinkStats{DroppedStorage: c.droppedStorage.Load(), DroppedOversized: c.droppedOversized.Load(), TruncatedRecords: c.truncated.Load()}
+}
+
+// obsStore is one event log directory.
+type obsStore struct {
+	dir      string
+	maxDisk  int64 // total of both segments
+	maxLine  int   // including the newline
+	mkParent bool  // create the parent too (system store); a sandbox store never recreates a removed sandbox directory
+	mu       sync.Mutex
+	counters sinkCounters
+	total    *sinkCounters // registry-wide totals (health), may be nil
+}
+
+func (st *obsStore) half() int64 { return st.maxDisk / 2 }
+
+func (st *obsStore) stats() SinkStats {
+	if st == nil {
+		return SinkStats{}
+	}
+	return st.counters.stats()
+}
+
+func (st *obsStore) count(f func(*sinkCounters) *atomic.Uint64) {
+	f(&st.counters).Add(1)
+	if st.total != nil {
+		f(st.total).Add(1)
+	}
+}
+
+func droppedStorage(c *sinkCounters) *atomic.Uint64   { return &c.droppedStorage }
+func droppedOversized(c *sinkCounters) *atomic.Uint64 { return &c.droppedOversized }
+func truncatedRecords(c *sinkCounters) *atomic.Uint64 { return &c.truncated }
+
+// encodeLine renders v as one JSON line, newline included.
+func encodeLine(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// appendRecord writes one record within the line cap. payload points at the
+// record's attrs (or metrics) field: when the line is too long it is replaced
+// by {"_truncated":<its original byte length>}; when the line still does not
+// fit (or could never fit a segment) the record is dropped. Every failure is
+// counted and swallowed: observability never fails a runtime operation.
+func (st *obsStore) appendRecord(rec any, payload *any) {
+	if st == nil {
+		return
+	}
+	line, err := encodeLine(rec)
+	if err != nil {
+		st.count(droppedStorage)
+		return
+	}
+	if len(line) > st.maxLine && payload != nil {
+		orig, _ := encodeLine(*payload)
+		*payload = map[string]any{"_truncated": max(len(orig)-1, 0)}
+		if line, err = encodeLine(rec); err != nil {
+			st.count(droppedStorage)
+			return
+		}
+		if len(line) <= st.maxLine && int64(len(line)) <= st.half() {
+			st.count(truncatedRecords)
+		}
+	}
+	if len(line) > st.maxLine || int64(len(line)) > st.half() {
+		st.count(droppedOversized)
+		return
+	}
+	if err := st.write(line); err != nil {
+		st.count(droppedStorage)
+	}
+}
+
+func (st *obsStore) write(line []byte) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.mkParent {
+		if err := os.MkdirAll(st.dir, 0o700); err != nil {
+			return err
+		}
+	} else if err := os.Mkdir(st.dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	lock, err := os.OpenFile(filepath.Join(st.dir, obsLockName), os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := flockRetry(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return err
+	}
+	cur := filepath.Join(st.dir, obsLogName)
+	var size int64
+	if fi, err := os.Stat(cur); err == nil {
+		size = fi.Size()
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if size > 0 && size+int64(len(line)) > st.half() {
+		if err := os.Rename(cur, cur+".1"); err != nil {
+			return err
+		}
+	}
+	f, err := os.OpenFile(cur, os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(line)
+	cerr := f.Close()
+	if werr != nil {
+		return werr
+	}
+	return cerr
+}
+
+func flockRetry(fd, how int) error {
+	for {
+		err := unix.Flock(fd, how)
+		if err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+// obsSnapshot is one consistent read view of a store: both segments opened
+// under a shared flock (so no rotation splits them), read after the lock is
+// released. Opening creates nothing: a store that was never written has no
+// files and yields no records.
+type obsSnapshot struct {
+	files []*os.File // oldest first
+}
+
+func (st *obsStore) open() (*obsSnapshot, error) {
+	snap := &obsSnapshot{}
+	if st == nil {
+		return snap, nil
+	}
+	lock, err := os.OpenFile(filepath.Join(st.dir, obsLockName), os.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return snap, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Close() // closing releases the shared lock
+	if err := flockRetry(int(lock.Fd()), unix.LOCK_SH); err != nil {
+		return nil, err
+	}
+	cur := filepath.Join(st.dir, obsLogName)
+	for _, p := range []string{cur + ".1", cur} {
+		f, err := os.Open(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			snap.close()
+			return nil, err
+		}
+		snap.files = append(snap.files, f)
+	}
+	return snap, nil
+}
+
+func (sn *obsSnapshot) close() {
+	for _, f := range sn.files {
+		f.Close()
+	}
+	sn.files = nil
+}
+
+// scan calls fn with every complete line, oldest first. The slice is only
+// valid during the call. It may be called again (it rewinds).
+func (sn *obsSnapshot) scan(fn func(line []byte)) error {
+	for _, f := range sn.files {
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		r := bufio.NewReaderSize(f, 64<<10)
+		for {
+			line, err := r.ReadSlice('\n')
+			if errors.Is(err, bufio.ErrBufferFull) {
+				// A line longer than any cap we write: skip it whole.
+				for errors.Is(err, bufio.ErrBufferFull) {
+					_, err = r.ReadSlice('\n')
+				}
+				if err == nil {
+					continue
+				}
+			}
+			if err == io.EOF {
+				break // a torn last line (no newline) is ignored
+			}
+			if err != nil {
+				return err
+			}
+			if len(line) > 1 {
+				fn(line[:len(line)-1])
+			}
+		}
+	}
+	return nil
+}
+
+// recordHead is the part of a record the queries filter on.
+type recordHead struct {
+	Kind   string `json:"kind"`
+	TS     int64  `json:"ts"`
+	Trace  string `json:"trace"`
+	Span   string `json:"span"`
+	Parent string `json:"parent"`
+	Name   string `json:"name"`
+	DurMs  int64  `json:"dur_ms"`
+}
+
+// recordWindow keeps the newest records within a count and a byte budget,
+// dropping the oldest first.
+type recordWindow struct {
+	max, maxBytes int
+	bytes         int
+	recs          []json.RawMessage
+	heads         []recordHead
+}
+
+// newRecordWindow keeps at most n records (0 or above the cap: 500) within
+// maxBytes of record text.
+func newRecordWindow(n, maxBytes int) *recordWindow {
+	if n <= 0 || n > obsMaxRecords {
+		n = obsMaxRecords
+	}
+	return &recordWindow{max: n, maxBytes: maxBytes}
+}
+
+func (w *recordWindow) add(h recordHead, line []byte) {
+	if len(line)+1 > w.maxBytes {
+		return
+	}
+	w.recs = append(w.recs, json.RawMessage(bytes.Clone(line)))
+	w.heads = append(w.heads, h)
+	w.bytes += len(line) + 1
+	for len(w.recs) > w.max || w.bytes > w.maxBytes {
+		w.bytes -= len(w.recs[0]) + 1
+		w.recs, w.heads = w.recs[1:], w.heads[1:]
+	}
+}
+
+// obsRegistry owns every store of the supervisor.
+type obsRegistry struct {
+	enabled bool
+	data    string
+	maxDisk int64
+	maxLine int
+	system  *obsStore
+	total   sinkCounters
+	spanSeq atomic.Uint64
+
+	mu     sync.Mutex
+	stores map[string]*obsStore // by sandbox directory
+}
+
+// newObsRegistry prepares the stores; nothing is created on disk until the
+// first append. With observability.enabled:false it returns a disabled
+// registry: no store is ever created and every query is empty.
+func newObsRegistry(cfg *Config, data string) *obsRegistry {
+	r := &obsRegistry{enabled: cfg.Observability.Enabled, data: data,
+		maxDisk: int64(cfg.Observability.MaxDiskBytes), maxLine: cfg.Observability.MaxLineBytes,
+		stores: map[string]*obsStore{}}
+	if r.enabled {
+		r.system = r.newStore(filepath.Join(data, "supervisor", obsDirName), true)
+	}
+	return r
+}
+
+func (r *obsRegistry) newStore(dir string, mkParent bool) *obsStore {
+	return &obsStore{dir: dir, maxDisk: r.maxDisk, maxLine: r.maxLine, mkParent: mkParent, total: &r.total}
+}
+
+// store returns the store of sb (nil: the system store), or nil when
+// observability is disabled.
+func (r *obsRegistry) store(sb *sandbox) *obsStore {
+	if r == nil || !r.enabled {
+		return nil
+	}
+	if sb == nil {
+		return r.system
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := r.stores[sb.dir]
+	if st == nil {
+		st = r.newStore(filepath.Join(sb.dir, obsDirName), false)
+		r.stores[sb.dir] = st
+	}
+	return st
+}
+
+// obsStats returns the counters of sb's store, or with sb nil the totals of
+// every store (health's event_store).
+func (s *Supervisor) obsStats(sb *sandbox) SinkStats {
+	if s.obs == nil {
+		return SinkStats{}
+	}
+	if sb == nil {
+		return s.obs.total.stats()
+	}
+	return s.obs.store(sb).stats()
+}
