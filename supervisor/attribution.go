@@ -130,6 +130,28 @@ func writeFileAtomic(p string, data []byte) error {
 // loadIndex reads index.json; a missing or corrupt one is rebuilt from the
 // stored checkpoints with unknown stat identities (their files are re-read
 // once).
+// cachedIndex returns the session's checkpoint index, parsing index.json
+// only when it changed: a publish asks once per committed file, and parsing
+// a 1,000-entry index 1,000 times made large publishes quadratic. The
+// caller holds ss.attrMu.
+func (ss *session) cachedIndex(dir string) *ckIndex {
+	st, err := os.Stat(filepath.Join(dir, attrIndexName))
+	var ino uint64
+	if err == nil {
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+			ino = sys.Ino // index.json is replaced by rename: a new inode
+		}
+	}
+	if err == nil && ss.attrIdx != nil && st.ModTime().Equal(ss.attrIdxMod) && st.Size() == ss.attrIdxSize && ino == ss.attrIdxIno {
+		return ss.attrIdx
+	}
+	idx := loadIndex(dir)
+	if err == nil {
+		ss.attrIdx, ss.attrIdxMod, ss.attrIdxSize, ss.attrIdxIno = idx, st.ModTime(), st.Size(), ino
+	}
+	return idx
+}
+
 func loadIndex(dir string) *ckIndex {
 	idx := &ckIndex{V: 1, Files: map[string]*ckEntry{}}
 	if b, err := os.ReadFile(filepath.Join(dir, attrIndexName)); err == nil {
@@ -441,15 +463,7 @@ func (s *Supervisor) sessionAttribution(ss *session, p string, content []byte) [
 	mu := &ss.attrMu // checkpoints of one session are serialized
 	mu.Lock()
 	dir := attrDir(ss)
-	var e *ckEntry
-	if b, err := os.ReadFile(filepath.Join(dir, attrIndexName)); err == nil {
-		var idx ckIndex
-		if json.Unmarshal(b, &idx) == nil {
-			e = idx.Files[p]
-		}
-	} else {
-		e = loadIndex(dir).Files[p]
-	}
+	e := ss.cachedIndex(dir).Files[p]
 	lines, ckContent, ok := loadCheckpoint(dir, e)
 	mu.Unlock()
 	if !ok {

@@ -55,7 +55,13 @@ type leaseRecord struct {
 // it, so a file operation never races a finalization. mu guards the rest.
 type session struct {
 	gate   sync.Mutex
-	attrMu sync.Mutex // serializes attribution checkpoints
+	attrMu sync.Mutex // serializes attribution checkpoints; guards the cached index below
+	// attrIdx caches the parsed checkpoint index with the mtime and size it
+	// was read at.
+	attrIdx     *ckIndex
+	attrIdxMod  time.Time
+	attrIdxSize int64
+	attrIdxIno  uint64
 
 	mu     sync.Mutex
 	rec    sessionRecord
