@@ -276,25 +276,52 @@ func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h nsholder.Holder) {
 }
 
 // holderExited handles an unexpected holder death (§5.6): running commands
-// become terminal with interrupted:true and the session refuses new work.
+// become terminal with interrupted:true; an implicit session keeps its work
+// as a recovery artifact and is destroyed; an explicit one gets one new
+// holder, else it is restore_failed with its data intact.
 func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
 	s.event(sb, "", "holder.exited", map[string]any{"workspace_session_id": ss.id(), "pid": holderPid(ss), "status": "exited_unexpectedly"})
 	ss.mu.Lock()
-	if ss.rec.State == sessActive {
-		ss.rec.State = sessRestoreFailed
-	}
+	ss.holder = nil // the session refuses new work from here on
 	cmds := make([]*command, 0, len(ss.ledger))
 	for _, c := range ss.ledger {
 		cmds = append(cmds, c)
 	}
 	ss.ledger = map[string]*command{}
-	rec := ss.rec
 	ss.mu.Unlock()
 	for _, c := range cmds {
 		s.finishCommand(sb, c, "holder_exited", nil)
 	}
-	_ = s.store.put(context.Background(), kindSession, rec.WorkspaceSessionID, sb.rec.ID, rec)
-	s.bump(context.Background(), sb)
+	ctx := context.Background()
+	defer s.bump(ctx, sb)
+	ss.gate.Lock()
+	defer ss.gate.Unlock()
+	if ss.isGone() {
+		return
+	}
+	if ss.implicit() {
+		// Its work is kept (a rename of the upper dir), then it is destroyed (§5.6).
+		msg := "the session's holder exited unexpectedly"
+		s.keepRecoveryArtifact(ctx, sb, ss, "holder_exited", map[string]any{"path": nil, "reason": "holder_exited",
+			"source_conflict": nil, "protected_drop": nil, "message": msg, "conflicts": []any{}})
+		_, _ = s.destroySession(ctx, sb, ss, 0)
+		return
+	}
+	if ss.state() == sessActive {
+		// One automatic re-creation over the same lease and upper dir.
+		ss.setState(sessRestoring)
+		if err := s.startHolder(ctx, sb, ss); err != nil {
+			ss.setState(sessRestoreFailed)
+			s.event(sb, "", "workspace_session.restore_failed", map[string]any{"workspace_session_id": ss.id(), "error": err.Error()})
+		} else {
+			ss.setState(sessActive)
+			s.event(sb, "", "workspace_session.restored", map[string]any{"workspace_session_id": ss.id()})
+		}
+	}
+	ss.mu.Lock()
+	rec := ss.rec
+	ss.mu.Unlock()
+	_ = s.store.put(ctx, kindSession, rec.WorkspaceSessionID, sb.rec.ID, rec)
 }
 
 // destroySession tears a session down (§5.7): holder, lease, directory, record.

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -422,4 +423,73 @@ func TestSubordinateIDMapping(t *testing.T) {
 	if out := e2.exec(id2, "chown 1000 a.txt 2>&1; echo rc=$?"); !strings.Contains(out["output"].(string), "rc=1") {
 		t.Fatalf("single map chown: %v", out)
 	}
+}
+
+func TestHolderDeath(t *testing.T) {
+	e, id := sandboxWithProject(t)
+	ws := e.session(id)
+	e.rt(id, "file_write", "--workspace-session-id", ws, "--path", "kept.txt", "--content", "kept\n")
+	long := e.exec(id, "--workspace-session-id", ws, "--yield-time-ms", "200", "sleep 60")
+	holderPid := func() int64 {
+		for _, s := range e.rt(id, "list_workspace_sessions")["workspace_sessions"].([]any) {
+			m := s.(map[string]any)
+			if m["workspace_session_id"] == ws && m["holder_pid"] != nil {
+				return num(t, m["holder_pid"])
+			}
+		}
+		return 0
+	}
+	old := holderPid()
+	if old == 0 {
+		t.Fatal("no holder pid")
+	}
+	if err := syscall.Kill(int(old), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	r := e.waitDone(id, long["command_session_id"].(string))
+	if r["status"] != "error" || r["interrupted"] != true || r["interrupt_reason"] != "holder_exited" || r["exit_code"] != nil {
+		t.Fatalf("command of a dead holder: %v", r)
+	}
+	// The explicit session comes back once with a new holder and all its files.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if p := holderPid(); p != 0 && p != old {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("session not re-created: %v", e.rt(id, "list_workspace_sessions"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if out := e.exec(id, "--workspace-session-id", ws, "cat kept.txt"); out["output"] != "kept" {
+		t.Fatalf("after re-creation: %v", out)
+	}
+	// An implicit session whose holder dies keeps its work as a recovery artifact.
+	imp := e.exec(id, "--yield-time-ms", "300", "echo work > implicit.txt; sleep 60")
+	var ipid int64
+	for _, s := range e.rt(id, "list_workspace_sessions")["workspace_sessions"].([]any) {
+		if m := s.(map[string]any); m["workspace_session_id"] == imp["workspace_session_id"] {
+			ipid = num(t, m["holder_pid"])
+		}
+	}
+	if err := syscall.Kill(int(ipid), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	e.waitDone(id, imp["command_session_id"].(string))
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		arts := e.mgr("inspect_sandbox", "--sandbox-id", id)["recovery_artifacts"].([]any)
+		if len(arts) == 1 && arts[0].(map[string]any)["reason"] == "holder_exited" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no recovery artifact: %v", arts)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	art := filepath.Join(e.data(), "sandboxes", id, "workspace_recovery", imp["workspace_session_id"].(string), "upper", "implicit.txt")
+	if b, err := os.ReadFile(art); err != nil || string(b) != "work\n" {
+		t.Fatalf("artifact content: %q %v", b, err)
+	}
+	e.rtFail(id, 1, "not_found", "file_read", "--path", "implicit.txt")
 }
