@@ -725,12 +725,20 @@ func (p *planner) strategy(path string) Strategy {
 
 // protected reports route 1 of §9.2.
 func (p *planner) protected(path string, isDir bool) bool {
+	return Protected(path, isDir, p.opt.Protected)
+}
+
+// Protected reports whether a publish may not write path (§9.2): a path
+// component starting with ".wh." (reserved for whiteouts) or a match of the
+// configured protected patterns (nil = none). Sessionless writes use the
+// same rule.
+func Protected(path string, isDir bool, patterns *Patterns) bool {
 	for _, comp := range strings.Split(path, "/") {
 		if hiddenName(comp) {
 			return true
 		}
 	}
-	return p.opt.Protected.Match(path, isDir)
+	return patterns.Match(path, isDir)
 }
 
 // emptyDigest is the SHA-256 of no bytes (the content of an absent base).

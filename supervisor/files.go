@@ -338,26 +338,16 @@ func writeTarget(v *layers.View, p string) (*layers.Entry, error) {
 	return &e, nil
 }
 
-// protectedError is the sessionless form of a protected_path publish rejection (§9.2, §9.8).
+// checkProtected refuses a sessionless write of a protected path with the
+// same rejection object a publish gives (§9.2, §9.8).
 func (s *Supervisor) checkProtected(p string) error {
-	reason := ""
-	for _, seg := range strings.Split(p, "/") {
-		if strings.HasPrefix(seg, ".wh.") {
-			reason = "protected_path"
-		}
-	}
-	if reason == "" && s.protected.Match(p, false) {
-		reason = "protected_path"
-	}
-	if reason == "" {
+	if !layers.Protected(p, false, s.protected) {
 		return nil
 	}
-	rej := map[string]any{
-		"path": p, "reason": reason, "source_conflict": nil, "protected_drop": nil, "message": nil,
-		"conflicts": []any{map[string]any{"path": p, "reason": reason, "strategy": "merge", "hunks": []any{}}},
-	}
+	rej := &layers.Rejection{Path: p, Reason: layers.RejectProtectedPath, Conflicts: []layers.RejectedPath{
+		{Path: p, Reason: layers.RejectProtectedPath, Strategy: layers.StrategyMerge, Hunks: []layers.ConflictHunk{}}}}
 	return catalog.Errorf(catalog.OperationFailed, "write rejected by publication rules: %s is a protected path", p).
-		With("path", p).With("publish_rejection", rej)
+		With("path", p).With("publish_rejection", rejectionBody(rej))
 }
 
 func (s *Supervisor) fileWrite(c *call) (any, error) {
