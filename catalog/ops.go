@@ -46,7 +46,9 @@ var ops = []Op{
 			"The host directory is read once and never written (except by export_changes).",
 		Result: "one sandbox record when count is 1, else {\"sandboxes\":[record,…]} in creation order",
 		Args: []Arg{
-			{Name: "image", Kind: String, Default: "host", Help: "Root filesystem of the sessions: host (read-only host system directories)."},
+			{Name: "image", Kind: String, Default: "host", NonEmpty: true,
+				Help: "Root filesystem of the sessions: host (read-only host system directories); a Docker image reference or sha256:<64 hex> image ID " +
+					"on the local Docker Engine (pulled when absent and images.pull is missing); docker-archive:/abs/path.tar or oci-archive:/abs/path.tar."},
 			{Name: "workspace_root", Kind: Path, Required: true, Flag: "workspace-bind-root", FlagAliases: []string{"workspace-root"},
 				Help: "Absolute existing directory to snapshot (not /, not inside or containing the supervisor's directories)."},
 			{Name: "count", Kind: Integer, Default: uint64(1), Min: u64(1), DefaultDoc: "1",
@@ -55,6 +57,12 @@ var ops = []Op{
 				Help: "Overlay driver of the sandbox's sessions."},
 			{Name: "name", Kind: String, MaxLen: 128, NoControl: true, Help: "Free-text label; not unique."},
 		},
+	},
+	{
+		ID: "list_docker_images", Group: Management, Family: "management", Scope: ScopeSystem,
+		Summary: "List the images of the local Docker Engine.",
+		Help:    "Every local repo tag and, for untagged images, the sha256 image ID, sorted. Never fails because Docker is absent: docker is then \"unavailable\" with the reason.",
+		Result:  `{"docker":"available","images":[…]} or {"images":[],"docker":"unavailable","error":"<reason>"}`,
 	},
 	{
 		ID: "list_workspace_directories", Group: Management, Family: "management", Scope: ScopeSystem,

@@ -31,6 +31,19 @@ type Config struct {
 	// is exec'd through; "" uses the holder's own binary
 	// (`sandbox-supervisor nsholder shim`), which starts slower.
 	Shim string `json:"shim,omitempty"`
+	// Image, when set, makes "/" an overlay of an image's cached rootfs
+	// instead of host binds (§5.4 image rootfs); HostPaths are then unused.
+	Image *ImageRoot `json:"image,omitempty"`
+}
+
+// ImageRoot is the root of an image sandbox's session: a kernel overlay of
+// Rootfs (read-only lower, shared by every session of the image) and a
+// private upper under Scratch, discarded with the session.
+type ImageRoot struct {
+	Rootfs string `json:"rootfs"`
+	// Files are written into the session root after pivot_root (absolute
+	// session path → content): /etc/hosts, /etc/hostname, /etc/resolv.conf.
+	Files map[string]string `json:"files,omitempty"`
 }
 
 // SetupError says at which stage holder setup failed (§5.2 "workspace setup

@@ -28,6 +28,14 @@ package nsholder
 //  8. /workspace is the kernel overlay (MountOverlay).
 //  9. pivot_root(".", ".") then umount2(".", MNT_DETACH) drops the old
 //     root; the root tmpfs is then made read-only.
+//
+// An image sandbox (Config.Image) differs in steps 3, 4 and 9 (§5.4 image
+// rootfs): the new root is a kernel overlay (userxattr) of the cached image
+// rootfs and a private upper at <scratch>/.image/upper, writable, with no
+// host paths; every mount point of steps 5-8 that the image lacks or has
+// as a non-directory (a symlink could point out of the root before
+// pivot_root) is replaced by a directory in that upper; after pivot_root
+// the root stays writable and Image.Files are written into it.
 
 import (
 	"errors"
@@ -123,15 +131,21 @@ func setupRoot(cfg *Config) (*sessionRoot, error) {
 	if err := os.Mkdir(root, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fail(atStage(stageMountRoot, "root mount point: %w", err))
 	}
-	if err := unix.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=755,size=4m"); err != nil {
-		return fail(atStage(stageMountRoot, "mount root tmpfs: %w", err))
-	}
-	binds, err := bindHostPaths(root, cfg.HostPaths)
-	if err != nil {
-		return fail(&stageError{stageMountRoot, err})
-	}
-	if err := hidePaths(root, cfg.Scratch, cfg.HiddenPaths, binds); err != nil {
-		return fail(&stageError{stageMountRoot, err})
+	var binds []bindTarget
+	if cfg.Image != nil {
+		if err := mountImageRoot(root, cfg.Scratch, cfg.Image.Rootfs); err != nil {
+			return fail(&stageError{stageMountRoot, err})
+		}
+	} else {
+		if err := unix.Mount("tmpfs", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=755,size=4m"); err != nil {
+			return fail(atStage(stageMountRoot, "mount root tmpfs: %w", err))
+		}
+		if binds, err = bindHostPaths(root, cfg.HostPaths); err != nil {
+			return fail(&stageError{stageMountRoot, err})
+		}
+		if err := hidePaths(root, cfg.Scratch, cfg.HiddenPaths, binds); err != nil {
+			return fail(&stageError{stageMountRoot, err})
+		}
 	}
 	if err := mountSpecial(root, cfg.IsolatedNetwork); err != nil {
 		return fail(&stageError{stageMountRoot, err})
@@ -158,8 +172,13 @@ func setupRoot(cfg *Config) (*sessionRoot, error) {
 		return fail(atStage(stageMountOverlay, "kernel overlay: %w", err))
 	}
 
-	if err := pivotInto(root); err != nil {
+	if err := pivotInto(root, cfg.Image == nil); err != nil {
 		return fail(&stageError{stagePivotRoot, err})
+	}
+	if cfg.Image != nil {
+		if err := writeImageFiles(cfg.Image.Files); err != nil {
+			return fail(&stageError{stageReady, err})
+		}
 	}
 
 	if err := unix.Sethostname([]byte(cfg.SessionID)); err != nil {
@@ -524,7 +543,7 @@ func copyResolvConf(root, hostRoot, scratch string, binds []bindTarget) error {
 }
 
 // pivotInto makes root the new "/" and detaches the old root entirely.
-func pivotInto(root string) error {
+func pivotInto(root string, readOnly bool) error {
 	if err := unix.Chdir(root); err != nil {
 		return fmt.Errorf("chdir new root: %w", err)
 	}
@@ -537,6 +556,9 @@ func pivotInto(root string) error {
 	}
 	if err := unix.Chdir("/"); err != nil {
 		return fmt.Errorf("chdir /: %w", err)
+	}
+	if !readOnly {
+		return nil
 	}
 	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
 	if err := unix.MountSetattr(unix.AT_FDCWD, "/", 0, &attr); err != nil {

@@ -72,8 +72,17 @@ func (c *command) terminal() bool {
 }
 
 // commandEnv builds the environment from scratch (§6.1).
-func (s *Supervisor) commandEnv(sbID, wsID, cmdID string) []string {
+// An image sandbox starts from the image's Env (§5.4), whose PATH replaces
+// the supervisor's; every variable set below overrides an image one.
+func (s *Supervisor) commandEnv(sb *sandbox, wsID, cmdID string) []string {
+	sbID := sb.rec.ID
 	path := os.Getenv("PATH")
+	if sb.rec.Rootfs != "host" {
+		path = ""
+		if v, ok := envLookup(sb.imageEnv, "PATH"); ok {
+			path = v
+		}
+	}
 	if path == "" {
 		path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	}
@@ -97,7 +106,7 @@ func (s *Supervisor) commandEnv(sbID, wsID, cmdID string) []string {
 	for _, k := range keys {
 		env = append(env, k+"="+s.cfg.Runtime.Command.Env[k])
 	}
-	return env
+	return mergeEnv(sb.imageEnv, env)
 }
 
 func (s *Supervisor) runningCommands() (total int) {
@@ -212,7 +221,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	// wait for it instead of dropping the event.
 	ss.mu.Lock()
 	proc, err := h.Spawn(ctx, nsholder.SpawnRequest{
-		Cmd: cmdline, Env: s.commandEnv(sb.rec.ID, ss.id(), id), Dir: "/workspace",
+		Cmd: cmdline, Env: s.commandEnv(sb, ss.id(), id), Dir: "/workspace",
 		Rows: uint16(s.cfg.Runtime.Command.PtyRows), Cols: uint16(s.cfg.Runtime.Command.PtyCols),
 	})
 	if err != nil {

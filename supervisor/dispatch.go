@@ -8,6 +8,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/images"
 )
 
 // call is one request on its way through a handler.
@@ -28,6 +29,7 @@ type handler func(s *Supervisor, c *call) (any, error)
 // undeclared one.
 var handlers = map[string]handler{
 	"create_sandbox":             (*Supervisor).createSandbox,
+	"list_docker_images":         (*Supervisor).listDockerImages,
 	"list_workspace_directories": (*Supervisor).listWorkspaceDirectories,
 	"destroy_sandbox":            (*Supervisor).destroySandbox,
 	"list_sandboxes":             (*Supervisor).listSandboxes,
@@ -156,6 +158,10 @@ func (s *Supervisor) toError(op string, err error) *catalog.Error {
 	var se *layers.SnapshotError
 	if errors.As(err, &se) {
 		return snapshotError(se)
+	}
+	var ie *images.Error
+	if errors.As(err, &ie) {
+		return imageError(ie)
 	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return catalog.Errorf(catalog.NotFound, "%v", err)

@@ -166,10 +166,12 @@ func Doctor(ctx context.Context, opt DoctorOptions) DoctorReport {
 	def(&d.opt.CgroupRoot, "/sys/fs/cgroup")
 	def(&d.opt.SelfCgroup, "/proc/self/cgroup")
 	if d.opt.DockerSockets == nil {
-		d.opt.DockerSockets = []string{"/var/run/docker.sock"}
+		// §4.2 order: rootless Docker's socket first, then the system one.
+		d.opt.DockerSockets = []string{}
 		if x := d.env["XDG_RUNTIME_DIR"]; x != "" {
 			d.opt.DockerSockets = append(d.opt.DockerSockets, filepath.Join(x, "docker.sock"))
 		}
+		d.opt.DockerSockets = append(d.opt.DockerSockets, "/var/run/docker.sock")
 	}
 	if d.opt.Probe == nil {
 		self := d.opt.Self

@@ -119,7 +119,6 @@ func (s *Supervisor) health(c *call) (any, error) {
 		status = "degraded"
 	}
 	cgroupReason := "cgroup delegation is not used by this version"
-	dockerReason := "Docker images are not supported by this version"
 	return map[string]any{
 		"status": status, "version": s.version, "uptime_s": time.Since(s.started).Seconds(), "uid": os.Geteuid(),
 		"kernel":          kernelRelease(),
@@ -127,7 +126,7 @@ func (s *Supervisor) health(c *call) (any, error) {
 		"fuse":            map[string]any{"available": s.probes.fuseDevice.Available, "device": "/dev/fuse", "reason": s.probes.fuseDevice.Reason},
 		"user_namespaces": s.probes.userNS,
 		"cgroup":          map[string]any{"delegated": false, "path": nil, "reason": cgroupReason},
-		"docker":          map[string]any{"available": false, "reason": dockerReason},
+		"docker":          map[string]any{"available": s.docker.Available, "reason": s.docker.Reason},
 		"store":           map[string]any{"status": storeStatus, "data_dir": s.dirs.Data, "free_bytes": free, "error": storeErr},
 		"counts":          map[string]any{"sandboxes": nSandboxes, "workspace_sessions": 0, "running_commands": 0},
 		"event_store":     s.obsStats(nil),

@@ -65,6 +65,9 @@ type sandbox struct {
 	rec   sandboxRecord
 	dir   string
 	stack *layers.Stack
+	// imageEnv is the image config's Env (nil for "host"), loaded at
+	// creation and recovery.
+	imageEnv []string
 
 	sessions      map[string]*session // live sessions
 	commands      map[string]*command // running and retained terminal commands
@@ -143,10 +146,6 @@ func (s *Supervisor) bump(ctx context.Context, sb *sandbox) {
 
 func (s *Supervisor) createSandbox(c *call) (any, error) {
 	image := c.args.String("image")
-	if image != "host" {
-		return nil, catalog.Errorf(catalog.InvalidRequest,
-			"image %q is not supported by this version: only \"host\" is available", image).With("image", image)
-	}
 	root, err := s.checkWorkspaceRoot(c.args.String("workspace_root"))
 	if err != nil {
 		return nil, err
@@ -175,21 +174,31 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 		name = &n
 	}
 
+	img, releaseImage, err := s.acquireImage(c, image, int(count))
+	if err != nil {
+		return nil, err
+	}
+	rootfs, imageEnv := "host", []string(nil)
+	if img != nil {
+		rootfs, imageEnv = img.ID, img.Env
+	}
 	var created []*sandbox
 	rollback := func() {
 		for i := len(created) - 1; i >= 0; i-- {
 			s.removeSandbox(c.ctx, created[i])
 		}
+		releaseImage()
 	}
 	var first *layers.Stack
 	for i := uint64(0); i < count; i++ {
 		id := s.ids.new("sbx-")
 		sb := newSandbox(sandboxRecord{
-			ID: id, Name: name, WorkspaceRoot: c.args.String("workspace_root"), Image: image, Rootfs: "host",
+			ID: id, Name: name, WorkspaceRoot: c.args.String("workspace_root"), Image: image, Rootfs: rootfs,
 			OverlayDriver: driver, State: stateCreating, CreatedAt: nowRFC3339(),
 			LiveWorkspaceSessions: []string{}, RecoveryArtifacts: []recoveryArtifact{},
 			ResourceProfile: resourceProfileRec{Name: s.cfg.Sandbox.ResourceProfile, ResourceProfile: s.cfg.ResourceProfiles[s.cfg.Sandbox.ResourceProfile]},
 		}, s.sandboxDir(id))
+		sb.imageEnv = imageEnv
 		// The record is persisted as creating first so a crash mid-snapshot is rolled back at start.
 		if err := s.store.putSandbox(c.ctx, &sb.rec); err != nil {
 			rollback()
@@ -384,6 +393,9 @@ func (s *Supervisor) destroySandbox(c *call) (any, error) {
 		_ = s.store.putSandbox(c.ctx, &rec)
 		return nil, catalog.Errorf(catalog.OperationFailed, "destroy sandbox %s: %v", rec.ID, err).With("sandbox_id", rec.ID)
 	}
+	if rec.Rootfs != "host" {
+		s.images.Release(rec.Rootfs) // §4.3: the image rootfs reference is released
+	}
 	final.State = stateStopped
 	final.LiveWorkspaceSessions = []string{}
 	final.Error = ""
@@ -520,11 +532,18 @@ func (s *Supervisor) recover(ctx context.Context) error {
 			s.log.Error("recovery: sandbox failed", "sandbox", rec.ID, "err", err)
 		}
 		s.sandboxes[rec.ID] = sb
+		if sb.rec.Rootfs != "host" {
+			s.images.Hold(sb.rec.Rootfs)
+			if err := s.loadImageEnv(sb); err != nil {
+				s.log.Error("recovery: image of sandbox", "sandbox", rec.ID, "err", err)
+			}
+		}
 		if sb.rec.State == stateReady {
 			s.loadCommands(ctx, sb)
 			s.removeOrphanSessionDirs(ctx, sb)
 			s.restoreSessions(ctx, sb)
 		}
 	}
+	s.images.Prune() // every reference is known now
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/images"
 )
 
 // Options are the command-line inputs of `sandbox-supervisor serve`.
@@ -56,6 +57,8 @@ type Supervisor struct {
 	sandboxes map[string]*sandbox
 	exports   exportGate       // serializes export_changes per sandbox
 	protected *layers.Patterns // runtime.publish.protected_paths, compiled once
+	images    *images.Cache    // image → rootfs cache (§4.2 step 2)
+	docker    dockerProbe      // Docker Engine reachability at start (health)
 
 	draining atomic.Bool
 	inflight sync.WaitGroup
@@ -115,6 +118,9 @@ func Serve(ctx context.Context, opt Options) error {
 	s.obs = newObsRegistry(cfg, dirs.Data) // stores are created on first append
 	s.shimPath = execShim(self)
 	s.probes = runProbes(ctx, self, dirs.Data, log)
+	if err := s.openImages(ctx); err != nil {
+		return err
+	}
 	if err := s.recover(ctx); err != nil {
 		return err
 	}

@@ -242,6 +242,14 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 		IDMapping:       s.cfg.Sandbox.IDMapping,
 		Shim:            s.shimPath,
 	}
+	if sb.rec.Rootfs != "host" {
+		img, err := s.images.Lookup(sb.rec.Rootfs)
+		if err != nil {
+			return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at mount_root: image rootfs %s: %v", sb.rec.Rootfs, err).With("stage", "mount_root")
+		}
+		cfg.HostPaths = nil
+		cfg.Image = &nsholder.ImageRoot{Rootfs: img.Rootfs, Files: imageFiles(ss.id(), ss.rec.NetworkProfile == "isolated")}
+	}
 	setup := time.Duration(s.cfg.Runtime.Workspace.SetupTimeoutS * float64(time.Second))
 	hctx, cancel := context.WithTimeout(ctx, setup)
 	defer cancel()

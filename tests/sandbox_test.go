@@ -159,7 +159,7 @@ func TestCreateBadArguments(t *testing.T) {
 		{2, "invalid_request", []string{"create_sandbox", "--workspace-bind-root", root, "--count", "0"}},
 		{2, "invalid_request", []string{"create_sandbox", "--workspace-bind-root", root, "--count", "x"}},
 		{2, "invalid_request", []string{"create_sandbox", "--workspace-bind-root", root, "--overlay", "zfs"}},
-		{1, "invalid_request", []string{"create_sandbox", "--workspace-bind-root", root, "--image", "debian:12"}},
+		{1, "invalid_request", []string{"create_sandbox", "--workspace-bind-root", root, "--image", "Not A Reference!"}},
 		{2, "invalid_request", []string{"create_sandbox", "--workspace-bind-root", root, "--name", strings.Repeat("n", 129)}},
 		{2, "invalid_request", []string{"create_sandbox", "--workspace-bind-root", root, "--bogus", "1"}},
 		{2, "invalid_request", []string{"destroy_sandbox"}},
