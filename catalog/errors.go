@@ -76,10 +76,13 @@ func CompactJSON(v any) []byte {
 }
 
 // ErrorFromResponse returns the *Error of a decoded response object, or nil
-// when the response is a success (it has no top-level "error" key).
+// when the response is a success (it has no top-level "error" object).
+// list_docker_images' success result without an Engine carries a string
+// "error" (its reason, §3.2), which is not an error envelope: §2.4's
+// envelope always has an object there.
 func ErrorFromResponse(resp map[string]any) *Error {
 	raw, ok := resp["error"]
-	if !ok {
+	if _, isString := raw.(string); !ok || isString {
 		return nil
 	}
 	m, _ := raw.(map[string]any)

@@ -255,7 +255,7 @@ func (p *projection) prepare(name string, raw []byte) (*catalog.Request, *catalo
 }
 
 func responseResult(resp map[string]any) *mcp.CallToolResult {
-	_, isErr := resp["error"]
+	isErr := catalog.ErrorFromResponse(resp) != nil
 	return &mcp.CallToolResult{
 		Content:           []mcp.Content{mcp.NewTextContent(string(catalog.CompactJSON(resp)))},
 		StructuredContent: resp,
