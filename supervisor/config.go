@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -292,6 +293,16 @@ func (c *Config) validate() error {
 		if err != nil || ep.Network != "tcp" {
 			return fmt.Errorf("%s: must be a tcp:// loopback literal", l.key)
 		}
+	}
+	if h := c.Images.DockerHost; h != nil {
+		u, err := url.Parse(*h)
+		ok := err == nil && ((u.Scheme == "unix" && filepath.IsAbs(u.Path) && u.Host == "") || (u.Scheme == "tcp" && u.Host != ""))
+		if !ok {
+			return fmt.Errorf("images.docker_host: %q must be a unix:///abs/path or tcp://host:port URL", *h)
+		}
+	}
+	if c.Images.CacheMaxBytes < 0 {
+		return fmt.Errorf("images.cache_max_bytes: must be ≥ 0")
 	}
 	if c.Manager.WorkspaceRoots != nil && len(c.Manager.WorkspaceRoots) == 0 {
 		return fmt.Errorf("manager.workspace_roots: must be a non-empty list")

@@ -78,17 +78,6 @@ func (e *env) imageEntries() []string {
 	return out
 }
 
-func (e *env) writeConfig(yml string) {
-	e.t.Helper()
-	dir := filepath.Join(e.home, "config")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		e.t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "config.yml"), []byte(yml), 0o600); err != nil {
-		e.t.Fatal(err)
-	}
-}
-
 func TestDockerImageSandbox(t *testing.T) {
 	imageID := requireDocker(t)
 	e := newEnv(t)
@@ -322,7 +311,7 @@ func TestDockerBadInput(t *testing.T) {
 func TestDockerPullNeverAndPrune(t *testing.T) {
 	requireDocker(t)
 	e := newEnv(t)
-	e.writeConfig("images:\n  pull: never\n  cache_max_bytes: 0\n")
+	writeConfig(t, e, "images:\n  pull: never\n  cache_max_bytes: 0\n")
 	e.start()
 	root := e.project(map[string]string{"a": "a\n"})
 	body := e.fail(1, "invalid_request", "sandbox-manager-cli", "create_sandbox", "--workspace-bind-root", root, "--image", "esbx-test/no-such-image:1")
@@ -343,7 +332,17 @@ func TestDockerPullNeverAndPrune(t *testing.T) {
 
 func TestDockerEngineUnavailable(t *testing.T) {
 	e := newEnv(t)
-	e.writeConfig("images:\n  docker_host: unix:///nonexistent/docker.sock\n")
+	for _, bad := range []string{"images:\n  docker_host: http://127.0.0.1:2375\n", "images:\n  docker_host: unix://relative.sock\n",
+		"images:\n  cache_max_bytes: -1\n", "images:\n  pull: always\n"} {
+		writeConfig(t, e, bad)
+		cmd := exec.Command(bin("sandbox-supervisor"), "serve")
+		cmd.Env = e.environ()
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "config_error") || !strings.Contains(string(out), "images.") {
+			t.Errorf("config %q accepted: %v %s", bad, err, out)
+		}
+	}
+	writeConfig(t, e, "images:\n  docker_host: unix:///nonexistent/docker.sock\n")
 	e.start()
 	root := e.project(map[string]string{"a": "a\n"})
 	body := e.fail(1, "operation_failed", "sandbox-manager-cli", "create_sandbox", "--workspace-bind-root", root, "--image", busyboxImage)
@@ -365,4 +364,31 @@ func TestDockerEngineUnavailable(t *testing.T) {
 func toJSON(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// An image sandbox survives a supervisor restart: its cache entry stays
+// referenced (even with cache_max_bytes 0), an explicit session comes back
+// with its image changes, and commands still get the image's Env.
+func TestDockerRestart(t *testing.T) {
+	e := newEnv(t)
+	writeConfig(t, e, "images:\n  cache_max_bytes: 0\n")
+	e.start()
+	arch := filepath.Join(t.TempDir(), "img.tar")
+	archive(t, arch, busyboxLayer(t))
+	id := e.createSandbox(e.project(map[string]string{"a": "a\n"}), "--image", "docker-archive:"+arch)
+	ws := e.rt(id, "create_workspace_session")["workspace_session_id"].(string)
+	e.rt(id, "exec_command", "--workspace-session-id", ws, "echo kept > /etc/session-file")
+	e.stop()
+	e.start()
+	if got := e.imageEntries(); len(got) != 1 {
+		t.Fatalf("the referenced image was pruned at restart: %v", got)
+	}
+	r := e.rt(id, "exec_command", "--workspace-session-id", ws, `cat /etc/session-file; echo "env=$FROM_ARCHIVE"`)
+	if out := r["output"].(string); !strings.Contains(out, "kept") || !strings.Contains(out, "env=yes") {
+		t.Fatalf("restored session: %v", r)
+	}
+	e.mgr("destroy_sandbox", "--sandbox-id", id)
+	if got := e.imageEntries(); len(got) != 0 {
+		t.Errorf("destroy did not release the image: %v", got)
+	}
 }

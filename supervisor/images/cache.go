@@ -195,6 +195,25 @@ func (cw *countingWriter) Write(b []byte) (int, error) {
 	return n, err
 }
 
+// countingReader reports the bytes read so far at most once a second (§4.2:
+// progress at least once per second).
+type countingReader struct {
+	r      io.Reader
+	n      int64
+	last   time.Time
+	report func(int64)
+}
+
+func (cr *countingReader) Read(b []byte) (int, error) {
+	n, err := cr.r.Read(b)
+	cr.n += int64(n)
+	if time.Since(cr.last) >= time.Second {
+		cr.last = time.Now()
+		cr.report(cr.n)
+	}
+	return n, err
+}
+
 func short(id string) string {
 	h := hexOf(id)
 	if len(h) > 12 {
@@ -265,7 +284,10 @@ func (c *Cache) ensure(ctx context.Context, image, id string, open func(staging 
 			return nil, errorf(Failed, image, "corrupt_archive", "image %s: layer %d of %d: %v", image, i+1, len(a.layers), err)
 		}
 		progress(fmt.Sprintf("unpacking layer %d of %d (%d bytes)", i+1, len(a.layers), r.Size()))
-		st, err := applyLayer(ctx, rootfs, r)
+		cr := &countingReader{r: r, last: time.Now(), report: func(n int64) {
+			progress(fmt.Sprintf("unpacking layer %d of %d: %d of %d bytes", i+1, len(a.layers), n, r.Size()))
+		}}
+		st, err := applyLayer(ctx, rootfs, cr)
 		res.SkippedDevices += st.skippedDevices
 		if err != nil {
 			reason := "unpack_failed"
