@@ -4,7 +4,8 @@
 // command round trip against `bash -c true` and `bwrap … true`, the memory
 // that 32 live sessions cost, and publication (publish latency against
 // `git commit` and `cp -a`, parallel publishes, a 3-way merging publish
-// against `git merge-file`). It prints medians and ratios; targets are printed
+// against `git merge-file`) and sandbox creation from a Docker image, first and
+// cached, against `docker run --rm IMAGE true`. It prints medians and ratios; targets are printed
 // next to the measured values and never asserted. It exits non-zero only when
 // something breaks (an operation fails, a tool that must exist is missing).
 //
@@ -51,7 +52,7 @@ func main() {
 	binFlag := flag.String("bin", "./bin", "directory holding the sandbox binaries")
 	reps := flag.Int("reps", 5, "measured repetitions per case (the exec round trip uses 6× as many)")
 	quick := flag.Bool("quick", false, "fast smoke run: small trees, 2 reps, 8 live sessions")
-	only := flag.String("only", "", "comma-separated section numbers to run (1-4); default all")
+	only := flag.String("only", "", "comma-separated section numbers to run (1-5); default all")
 	flag.Parse()
 	if *reps < 1 {
 		fmt.Fprintln(os.Stderr, "bench: -reps must be ≥ 1")
@@ -60,8 +61,8 @@ func main() {
 	sections := map[int]bool{}
 	for _, f := range strings.FieldsFunc(*only, func(r rune) bool { return r == ',' || r == ' ' }) {
 		n, err := strconv.Atoi(f)
-		if err != nil || n < 1 || n > 4 {
-			fmt.Fprintf(os.Stderr, "bench: -only: bad section %q (want numbers 1-4)\n", f)
+		if err != nil || n < 1 || n > 5 {
+			fmt.Fprintf(os.Stderr, "bench: -only: bad section %q (want numbers 1-5)\n", f)
 			os.Exit(2)
 		}
 		sections[n] = true
@@ -128,6 +129,7 @@ func run(cfg config) int {
 	b.section(2, "2. no-op command round trip", b.execRoundTrip)
 	b.section(3, fmt.Sprintf("3. memory of %d live sessions", cfg.liveSessions), b.liveMemory)
 	b.section(4, "4. publication", b.publication)
+	b.section(5, "5. sandbox creation from a Docker image", b.imageCreation)
 	if ctx.Err() != nil {
 		fmt.Fprintln(os.Stderr, "bench: interrupted")
 		return 130
