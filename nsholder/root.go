@@ -35,7 +35,10 @@ package nsholder
 // host paths; every mount point of steps 5-8 that the image lacks or has
 // as a non-directory (a symlink could point out of the root before
 // pivot_root) is replaced by a directory in that upper; after pivot_root
-// the root stays writable and Image.Files are written into it.
+// the root stays writable and Image.Files are written into it. Commands
+// there need the static sandbox-exec-shim (Config.Shim): the fallback, the
+// holder's own binary, is dynamically linked and an image need not have a
+// compatible loader.
 
 import (
 	"errors"

@@ -243,6 +243,10 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 		Shim:            s.shimPath,
 	}
 	if sb.rec.Rootfs != "host" {
+		if s.shimPath == "" {
+			// The fallback shim is this binary, dynamically linked: an image need not have its loader.
+			return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at spawn: an image sandbox needs sandbox-exec-shim next to %s", s.self).With("stage", "spawn")
+		}
 		img, err := s.images.Lookup(sb.rec.Rootfs)
 		if err != nil {
 			return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at mount_root: image rootfs %s: %v", sb.rec.Rootfs, err).With("stage", "mount_root")
