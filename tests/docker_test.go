@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -327,6 +328,27 @@ func TestDockerPullNeverAndPrune(t *testing.T) {
 	e.mgr("destroy_sandbox", "--sandbox-id", id)
 	if got := e.imageEntries(); len(got) != 0 {
 		t.Errorf("cache_max_bytes 0: the unreferenced image was not pruned: %v", got)
+	}
+
+	// One reference per sandbox of a batch.
+	recs := e.mgr("create_sandbox", "--workspace-bind-root", root, "--image", "docker-archive:"+arch, "--count", "2")["sandboxes"].([]any)
+	for i, r := range recs {
+		e.mgr("destroy_sandbox", "--sandbox-id", r.(map[string]any)["id"].(string))
+		if got, want := len(e.imageEntries()), 1-i; got != want {
+			t.Errorf("after destroying %d of 2 sandboxes: %d cache entries, want %d", i+1, got, want)
+		}
+	}
+
+	// A create that fails after the image was unpacked (a FIFO in the
+	// workspace) releases its reference: nothing is left.
+	bad := filepath.Join(t.TempDir(), "ws")
+	os.MkdirAll(bad, 0o755)
+	if err := syscall.Mkfifo(filepath.Join(bad, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.fail(1, "invalid_request", "sandbox-manager-cli", "create_sandbox", "--workspace-bind-root", bad, "--image", "docker-archive:"+arch)
+	if got := e.imageEntries(); len(got) != 0 || len(sandboxDirs(t, e)) != 0 {
+		t.Errorf("a rolled-back create left %v and sandboxes %v", got, sandboxDirs(t, e))
 	}
 }
 
