@@ -3,6 +3,17 @@ package supervisor
 // Image sandboxes: the glue between the handlers and package images
 // (create_sandbox's image argument, list_docker_images, the image rootfs of
 // a session, the command environment, health's docker entry).
+//
+// Decisions the contract leaves open or contradicts:
+//   - list_docker_images without an Engine answers §3.2's success shape,
+//     whose "error" is a string; §2.4 says a response with a top-level
+//     "error" is an error. The clients (catalog.ErrorFromResponse, MCP)
+//     treat only an error object as the envelope, so the operation never
+//     fails because Docker is absent, as §3.2 requires.
+//   - A batch (count > 1) resolves and unpacks the image once and takes one
+//     cache reference per sandbox; a rolled-back create releases them all.
+//   - health's docker entry is the Engine ping taken at start (§10.3: probe
+//     results are the ones taken at start).
 
 import (
 	"context"
