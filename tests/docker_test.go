@@ -36,7 +36,7 @@ func requireDocker(t *testing.T) string {
 // it fails the test unless the command exits 0.
 func (e *env) shell(id, cmd string) string {
 	e.t.Helper()
-	r := e.rt(id, "exec_command", cmd)
+	r := e.rt(id, "exec_command", "--yield-time-ms", "120000", cmd) // returns at exit; the long yield only absorbs a loaded machine
 	if r["status"] != "ok" || num(e.t, r["exit_code"]) != 0 {
 		e.t.Fatalf("exec %q: %v", cmd, r)
 	}
@@ -399,13 +399,13 @@ func TestDockerRestart(t *testing.T) {
 	archive(t, arch, busyboxLayer(t))
 	id := e.createSandbox(e.project(map[string]string{"a": "a\n"}), "--image", "docker-archive:"+arch)
 	ws := e.rt(id, "create_workspace_session")["workspace_session_id"].(string)
-	e.rt(id, "exec_command", "--workspace-session-id", ws, "echo kept > /etc/session-file")
+	e.rt(id, "exec_command", "--yield-time-ms", "120000", "--workspace-session-id", ws, "echo kept > /etc/session-file")
 	e.stop()
 	e.start()
 	if got := e.imageEntries(); len(got) != 1 {
 		t.Fatalf("the referenced image was pruned at restart: %v", got)
 	}
-	r := e.rt(id, "exec_command", "--workspace-session-id", ws, `cat /etc/session-file; echo "env=$FROM_ARCHIVE"`)
+	r := e.rt(id, "exec_command", "--yield-time-ms", "120000", "--workspace-session-id", ws, `cat /etc/session-file; echo "env=$FROM_ARCHIVE"`)
 	if out := r["output"].(string); !strings.Contains(out, "kept") || !strings.Contains(out, "env=yes") {
 		t.Fatalf("restored session: %v", r)
 	}
