@@ -205,10 +205,12 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 		if first == nil {
 			c.progress(fmt.Sprintf("snapshotting %s into %s", root, id))
 			var stats layers.SnapshotStats
+			sp, _ := s.spanCtx(c.ctx, nil, "", "workspace.snapshot", map[string]any{"sandbox_id": id, "workspace_root": root})
 			st, stats, serr = layers.Create(c.ctx, stackDir, root, layers.SnapshotOptions{
 				MaxEntries: s.cfg.Manager.MaxWorkspaceEntries,
 				Progress:   throttledProgress(c.progress),
 			})
+			sp.done(serr, map[string]any{"files": stats.Files, "dirs": stats.Dirs, "symlinks": stats.Symlinks, "bytes": stats.Bytes})
 			if serr == nil {
 				c.progress(fmt.Sprintf("snapshot done: %d files, %d directories, %d symlinks, %d bytes", stats.Files, stats.Dirs, stats.Symlinks, stats.Bytes))
 			}
@@ -321,6 +323,8 @@ func underAny(p string, roots []string) bool {
 // removeSandbox deletes everything a sandbox owns: directory, command
 // transcripts, records, registry entry.
 func (s *Supervisor) removeSandbox(ctx context.Context, sb *sandbox) error {
+	s.cgroups.removeSandbox(sb.rec.ID)
+	s.obs.forget(sb.dir)
 	removeTree(sb.dir)
 	if _, err := os.Stat(sb.dir); err == nil {
 		return fmt.Errorf("remove %s: still present", sb.dir)

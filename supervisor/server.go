@@ -44,6 +44,7 @@ type Supervisor struct {
 	ids     *idSource
 	store   *store
 	obs     *obsRegistry // event/span stores (§10.1); nil-safe
+	cgroups *cgroups     // delegated cgroup subtree (§10.2); nil-safe
 	version string
 	started time.Time
 	probes  probes
@@ -115,6 +116,8 @@ func Serve(ctx context.Context, opt Options) error {
 	s.obs = newObsRegistry(cfg, dirs.Data) // stores are created on first append
 	s.shimPath = execShim(self)
 	s.probes = runProbes(ctx, self, dirs.Data, log)
+	s.cgroups = setupCgroups("/sys/fs/cgroup", "/proc/self/cgroup")
+	log.Info("cgroups", "delegated", s.cgroups.delegated, "root", s.cgroups.root, "reason", s.cgroups.reason)
 	if err := s.recover(ctx); err != nil {
 		return err
 	}
@@ -148,6 +151,7 @@ func Serve(ctx context.Context, opt Options) error {
 		opt.Ready(socket)
 	}
 
+	go s.runSampler(ctx) // stops when ctx ends, before shutdown tears sessions down
 	acceptDone := make(chan struct{})
 	go func() {
 		defer close(acceptDone)
