@@ -1,0 +1,189 @@
+package supervisor
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func resSegSizes(t *testing.T, dir string) (cur, rot int64) {
+	t.Helper()
+	if fi, err := os.Stat(filepath.Join(dir, resLogName)); err == nil {
+		cur = fi.Size()
+	}
+	if fi, err := os.Stat(filepath.Join(dir, resLogName+".1")); err == nil {
+		rot = fi.Size()
+	}
+	return cur, rot
+}
+
+func TestResourceStoreCapsUnder10000Samples(t *testing.T) {
+	s := obsSupervisor(t, func(c *Config) { c.Observability.ResourceStats.MaxDiskBytes = 128 << 10 })
+	sb := obsSandbox(t, s, "sbx-res")
+	dir := filepath.Join(sb.dir, obsDirName)
+	limit := int64(128 << 10)
+	st := s.obs.resources(sb)
+	now := time.Now().UnixMilli() - 10000
+	for i := range 10000 {
+		m := resMetrics{MetricsSource: "proc", CgroupError: "not delegated", CPUUsec: uint64(i) * 1000, MemCur: 1 << 20,
+			MemMaxUnlimited: true, IORBytes: uint64(i), PidsCur: 2}
+		appendSample(st, now+int64(i), scopeSandbox, &m, nil)
+		if i%500 == 0 || i == 9999 {
+			cur, rot := resSegSizes(t, dir)
+			if cur > limit/2 || rot > limit/2 || cur+rot > limit {
+				t.Fatalf("after %d samples: segments %d + %d exceed %d", i+1, cur, rot, limit)
+			}
+		}
+	}
+	if _, rot := resSegSizes(t, dir); rot == 0 {
+		t.Fatal("no rotation after 10,000 samples")
+	}
+	// Strict appends: an oversized sample is dropped, never truncated.
+	huge := resMetrics{MetricsSource: "proc", CgroupError: strings.Repeat("e", 20000)}
+	appendSample(st, now+10000, scopeSandbox, &huge, nil)
+	if got := st.stats(); got != (SinkStats{DroppedOversized: 1}) {
+		t.Fatalf("resource store counters: %+v", got)
+	}
+	for _, name := range []string{resLogName, resLogName + ".1"} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(b, []byte("_truncated")) || bytes.Contains(b, []byte("eeee")) {
+			t.Fatalf("%s holds a truncated or oversized sample", name)
+		}
+	}
+	// The event log of the same directory is untouched by samples.
+	if cur, rot := segSizes(t, dir); cur != 0 || rot != 0 {
+		t.Fatalf("samples went to the event log: %d %d", cur, rot)
+	}
+	// The view returns at most 500 points within 256 KiB, newest last,
+	// with the counter deltas of consecutive samples.
+	m := mustQuery(t, s, sb, "resources", map[string]any{"window_ms": 600000})
+	series := m["series"].([]any)
+	if m["availability"] != "available" || len(series) == 0 || len(series) > obsMaxRecords {
+		t.Fatalf("resources: %d points, %v", len(series), m["availability"])
+	}
+	last := series[len(series)-1].(map[string]any)
+	if last["metrics"].(map[string]any)["cpu_usec"] != float64(9999000) || last["deltas"].(map[string]any)["cpu_usec"] != float64(1000) ||
+		last["sample_delta_ms"] != float64(1) {
+		t.Fatalf("last point: %v", last)
+	}
+	for _, p := range series[1:] {
+		if p := p.(map[string]any); p["sample_delta_ms"] != float64(1) || p["deltas"].(map[string]any)["io_rbytes"] != float64(1) {
+			t.Fatalf("point: %v", p)
+		}
+	}
+}
+
+func TestResourceDeltasClampAndWindow(t *testing.T) {
+	s := obsSupervisor(t, nil)
+	sb := obsSandbox(t, s, "sbx-delta")
+	st := s.obs.resources(sb)
+	now := time.Now().UnixMilli()
+	// An old sample outside the window, then a drop (a process exited).
+	for i, c := range []struct {
+		ts  int64
+		cpu uint64
+	}{{now - 120000, 1}, {now - 3000, 5000}, {now - 2000, 9000}, {now - 1000, 4000}} {
+		m := resMetrics{MetricsSource: "proc", CPUUsec: c.cpu, PidsCur: i}
+		appendSample(st, c.ts, scopeSandbox, &m, nil)
+		appendSample(st, c.ts, "ws-a", &m, nil)
+	}
+	m := mustQuery(t, s, sb, "resources", map[string]any{"window_ms": 60000})
+	series := m["series"].([]any)
+	var deltas []float64
+	for _, p := range series {
+		deltas = append(deltas, p.(map[string]any)["deltas"].(map[string]any)["cpu_usec"].(float64))
+	}
+	if len(deltas) != 3 || deltas[0] != 4999 || deltas[1] != 4000 || deltas[2] != 0 {
+		t.Fatalf("deltas %v (series %v)", deltas, series)
+	}
+	// A window with no samples: partial with an error, never a new sample.
+	before, _ := resSegSizes(t, filepath.Join(sb.dir, obsDirName))
+	m = mustQuery(t, s, sb, "resources", map[string]any{"window_ms": 1})
+	if m["availability"] != "partial" || len(m["series"].([]any)) != 0 || len(m["errors"].([]any)) != 1 {
+		t.Fatalf("empty window: %v", m)
+	}
+	if after, _ := resSegSizes(t, filepath.Join(sb.dir, obsDirName)); after != before {
+		t.Fatalf("a read wrote %d bytes", after-before)
+	}
+	// window_ms above observability.views.resource_window_ms.
+	s.cfg.Observability.Views.ResourceWindowMs = 5000
+	if _, err := query(t, s, sb, "resources", map[string]any{"window_ms": 5001}); err == nil || !strings.Contains(err.Error(), "window_ms exceeds max (5000)") {
+		t.Fatalf("window over max: %v", err)
+	}
+}
+
+func TestResourcesDisabled(t *testing.T) {
+	s := obsSupervisor(t, func(c *Config) { c.Observability.ResourceStats.Enabled = false })
+	sb := obsSandbox(t, s, "sbx-off")
+	if st := s.obs.resources(sb); st != nil {
+		t.Fatal("a resource store with resource_stats disabled")
+	}
+	m := mustQuery(t, s, sb, "resources", nil)
+	if m["availability"] != "partial" || len(m["series"].([]any)) != 0 || !strings.Contains(m["errors"].([]any)[0].(string), "disabled") {
+		t.Fatalf("disabled: %v", m)
+	}
+}
+
+func TestReadCgroupMetrics(t *testing.T) {
+	tests := []struct {
+		name  string
+		files map[string]string
+		want  resMetrics
+		err   bool
+	}{
+		{"limited", map[string]string{
+			"cpu.stat":       "usage_usec 123456\nuser_usec 100000\nsystem_usec 23456\n",
+			"memory.current": "4096\n", "memory.max": "536870912\n",
+			"io.stat":      "8:0 rbytes=100 wbytes=200 rios=1 wios=2\n8:16 rbytes=1 wbytes=2\n",
+			"pids.current": "3\n"},
+			resMetrics{CPUUsec: 123456, MemCur: 4096, MemMax: ptr[int64](536870912), IORBytes: 101, IOWBytes: 202, PidsCur: 3}, false},
+		{"unlimited, no io", map[string]string{"cpu.stat": "usage_usec 7\n", "memory.current": "1\n", "memory.max": "max\n"},
+			resMetrics{CPUUsec: 7, MemCur: 1, MemMaxUnlimited: true}, false},
+		{"no cpu.stat", map[string]string{"memory.current": "1\n"}, resMetrics{}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for n, c := range tc.files {
+				if err := os.WriteFile(filepath.Join(dir, n), []byte(c), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := readCgroupMetrics(dir)
+			if (err != nil) != tc.err {
+				t.Fatalf("err %v", err)
+			}
+			if tc.err {
+				return
+			}
+			if got.MetricsSource != "cgroup" || !got.CgroupAvailable || got.CgroupPath == nil || *got.CgroupPath != dir {
+				t.Fatalf("header: %+v", got)
+			}
+			got.MetricsSource, got.CgroupAvailable, got.CgroupPath = "", false, nil
+			if (got.MemMax == nil) != (tc.want.MemMax == nil) || (got.MemMax != nil && *got.MemMax != *tc.want.MemMax) {
+				t.Fatalf("mem_max %v want %v", got.MemMax, tc.want.MemMax)
+			}
+			got.MemMax, tc.want.MemMax = nil, nil
+			if got != tc.want {
+				t.Fatalf("got %+v want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSetupCgroupsWithoutV2(t *testing.T) {
+	// A directory that is not a cgroup2 mount: no delegation, with the reason.
+	cg := setupCgroups(t.TempDir(), "/proc/self/cgroup")
+	if cg.delegated || !strings.Contains(cg.reason, "not a cgroup v2 mount") || cg.sandboxPath("sbx-x") != "" || cg.sessionPath("ws-x") != "" {
+		t.Fatalf("%+v", cg)
+	}
+	if err := cg.attach("sbx-x", "ws-x", os.Getpid()); err != nil {
+		t.Fatalf("attach without delegation: %v", err)
+	}
+}
