@@ -120,6 +120,13 @@ func (s *Supervisor) sampleOnce(withStack bool) {
 	var groups []group
 	var all []*liveSession
 	for _, sb := range s.sandboxesSorted() {
+		// Hold the sandbox's gate like a request does, so destroy never
+		// removes the directory while a sample is being written into it;
+		// a sandbox being destroyed is skipped.
+		if !sb.gate.TryRLock() {
+			continue
+		}
+		defer sb.gate.RUnlock()
 		sb.mu.Lock()
 		state := sb.rec.State
 		sb.mu.Unlock()

@@ -50,6 +50,16 @@ func wantChain(t *testing.T, tr map[string]any, pairs ...[2]string) {
 	}
 }
 
+// hasEvent reports whether a span node carries an event of that name.
+func hasEvent(n map[string]any, name string) bool {
+	for _, x := range objs(n["events"]) {
+		if x["event"].(map[string]any)["name"] == name {
+			return true
+		}
+	}
+	return false
+}
+
 // storeSpans reads the span records of an event store from disk (§10.1's
 // documented format), both segments.
 func storeSpans(t *testing.T, dir string) []map[string]any {
@@ -142,6 +152,9 @@ func TestTraceChildSpans(t *testing.T) {
 	if a := spanAttrs(findSpan(tr["spans"], "command.exec")); a["session_created"] != true || a["finalize_policy"] != "publish_then_destroy" {
 		t.Fatalf("implicit command.exec attrs: %v", a)
 	}
+	if !hasEvent(findSpan(tr["spans"], "workspace_session.create"), "lease.acquired") {
+		t.Fatalf("the implicit session's lease.acquired is not in the exec trace: %v", tr)
+	}
 	var finTrace string
 	for _, sp := range storeSpans(t, filepath.Join(e.data(), "sandboxes", id, "observability")) {
 		if sp["name"] == "workspace_session.finalize" {
@@ -157,6 +170,18 @@ func TestTraceChildSpans(t *testing.T) {
 	}
 	wantChain(t, tr, [2]string{"workspace_session.finalize", "workspace_session.publish"},
 		[2]string{"workspace_session.publish", "layerstack.publish"}, [2]string{"workspace_session.finalize", "workspace_session.destroy"})
+	if !hasEvent(findSpan(tr["spans"], "workspace_session.destroy"), "lease.released") {
+		t.Fatalf("lease.released is not in the finalize trace: %v", tr)
+	}
+	// The same events are listed by events, chronologically, with the
+	// finalize trace id.
+	var released bool
+	for _, ev := range eventRecords(t, e.obsCLI("events", "--sandbox-id", id, "--name", "lease.released")) {
+		released = released || ev["trace"] == finTrace
+	}
+	if !released {
+		t.Fatalf("events lacks the finalize trace's lease.released")
+	}
 
 	mgr := e.ok("sandbox-manager-cli", "--request-id", "req-tr-destroy", "destroy_sandbox", "--sandbox-id", id)
 	if mgr["state"] != "stopped" {
