@@ -306,7 +306,12 @@ func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h nsholder.Holder) {
 // as a recovery artifact and is destroyed; an explicit one gets one new
 // holder, else it is restore_failed with its data intact.
 func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
-	s.event(sb, "", "holder.exited", map[string]any{"workspace_session_id": ss.id(), "pid": holderPid(ss), "status": "exited_unexpectedly"})
+	// One synthetic holder-<ulid> trace holds the death and what follows.
+	trace := ""
+	if s.obs.store(sb) != nil {
+		trace = s.syntheticTrace("holder")
+	}
+	s.event(sb, trace, "holder.exited", map[string]any{"workspace_session_id": ss.id(), "pid": holderPid(ss), "status": "exited_unexpectedly"})
 	ss.mu.Lock()
 	ss.holder = nil // the session refuses new work from here on
 	cmds := make([]*command, 0, len(ss.ledger))
@@ -328,23 +333,27 @@ func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
 	if ss.implicit() {
 		// Its work is kept (a rename of the upper dir), then it is destroyed (§5.6).
 		msg := "the session's holder exited unexpectedly"
-		s.keepRecoveryArtifact(ctx, sb, ss, "holder_exited", map[string]any{"path": nil, "reason": "holder_exited",
+		sp := s.startSpan(sb, trace, "", "workspace_session.finalize", map[string]any{"workspace_session_id": ss.id(), "reason": "holder_exited"})
+		fctx := withSpan(ctx, sp)
+		artifact := s.keepRecoveryArtifact(fctx, sb, ss, "holder_exited", map[string]any{"path": nil, "reason": "holder_exited",
 			"source_conflict": nil, "protected_drop": nil, "message": msg, "conflicts": []any{}})
-		_, _ = s.destroySession(ctx, sb, ss, 0)
+		_, err := s.destroySession(fctx, sb, ss, 0)
+		sp.done(err, map[string]any{"recovery_artifact": artifact})
 		return
 	}
 	if ss.state() == sessActive {
 		// One automatic re-creation over the same lease and upper dir.
 		ss.setState(sessRestoring)
-		sp, rctx := s.spanCtx(ctx, sb, "holder", "workspace_session.restore", map[string]any{"workspace_session_id": ss.id(), "reason": "holder_exited"})
+		sp := s.startSpan(sb, trace, "", "workspace_session.restore", map[string]any{"workspace_session_id": ss.id(), "reason": "holder_exited"})
+		rctx := withSpan(ctx, sp)
 		err := s.startHolder(rctx, sb, ss)
 		sp.done(err, nil)
 		if err != nil {
 			ss.setState(sessRestoreFailed)
-			s.event(sb, "", "workspace_session.restore_failed", map[string]any{"workspace_session_id": ss.id(), "error": err.Error()})
+			s.eventCtx(rctx, sb, "workspace_session.restore_failed", map[string]any{"workspace_session_id": ss.id(), "error": err.Error()})
 		} else {
 			ss.setState(sessActive)
-			s.event(sb, "", "workspace_session.restored", map[string]any{"workspace_session_id": ss.id()})
+			s.eventCtx(rctx, sb, "workspace_session.restored", map[string]any{"workspace_session_id": ss.id()})
 		}
 	}
 	ss.mu.Lock()

@@ -3,10 +3,13 @@ package tests
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // findSpan returns the first node (depth first) of a trace's span forest
@@ -188,4 +191,54 @@ func TestTraceChildSpans(t *testing.T) {
 		t.Fatalf("destroy: %v", mgr)
 	}
 	wantChain(t, e.obsCLI("trace", "--trace-id", "req-tr-destroy"), [2]string{"supervisor.dispatch", "sandbox.destroy"})
+}
+
+// TestTraceOfAHolderDeath: a holder that dies outside any request gets one
+// synthetic holder-<ulid> trace holding holder.exited and the restore.
+func TestTraceOfAHolderDeath(t *testing.T) {
+	e, id := sandboxWithProject(t)
+	ws := e.session(id)
+	var pid int64
+	for _, s := range e.rt(id, "list_workspace_sessions")["workspace_sessions"].([]any) {
+		if m := s.(map[string]any); m["workspace_session_id"] == ws {
+			pid = num(t, m["holder_pid"])
+		}
+	}
+	if pid == 0 {
+		t.Fatal("no holder pid")
+	}
+	if err := syscall.Kill(int(pid), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var restored map[string]any
+	for deadline := time.Now().Add(30 * time.Second); restored == nil; {
+		for _, ev := range eventRecords(t, e.obsCLI("events", "--sandbox-id", id, "--name", "workspace_session.restored")) {
+			if ev["attrs"].(map[string]any)["workspace_session_id"] == ws {
+				restored = ev
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no workspace_session.restored event")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	trace, _ := restored["trace"].(string)
+	if !strings.HasPrefix(trace, "holder-") {
+		t.Fatalf("restored event trace %q", trace)
+	}
+	tr := e.obsCLI("trace", "--sandbox-id", id, "--trace-id", trace)
+	wantChain(t, tr, [2]string{"workspace_session.restore", "holder.spawn"}, [2]string{"holder.spawn", "holder.mount_overlay"})
+	var exited bool
+	for _, root := range objs(tr["spans"]) {
+		for _, x := range objs(root["events"]) {
+			ev := x["event"].(map[string]any)
+			exited = exited || (ev["name"] == "holder.exited" && ev["attrs"].(map[string]any)["pid"] == json.Number(fmt.Sprint(pid)))
+		}
+	}
+	if !exited {
+		t.Fatalf("holder.exited (pid %d) not in the holder trace: %v", pid, tr)
+	}
+	if a := spanAttrs(findSpan(tr["spans"], "workspace_session.restore")); a["workspace_session_id"] != ws || a["reason"] != "holder_exited" {
+		t.Fatalf("restore attrs: %v", a)
+	}
 }
