@@ -516,6 +516,8 @@ func (s *Supervisor) recover(ctx context.Context) error {
 			if err == nil && (len(res.RemovedLayerIDs) > 0 || res.RemovedStagingEntries > 0 || res.SkippedReason != "") {
 				s.log.Info("recovery: storage sweep", "sandbox", rec.ID, "removed_layers", res.RemovedLayerIDs,
 					"removed_staging", res.RemovedStagingEntries, "skipped", res.SkippedReason)
+				s.event(sb, "", "layerstack.squash", map[string]any{"boot_sweep": true, "removed_layer_ids": nonNil(res.RemovedLayerIDs),
+					"removed_staging_entries": res.RemovedStagingEntries, "skipped_reason": res.SkippedReason})
 			}
 		}
 		if err != nil && !errors.Is(err, context.Canceled) {

@@ -121,6 +121,10 @@ func Serve(ctx context.Context, opt Options) error {
 	if err := s.recover(ctx); err != nil {
 		return err
 	}
+	s.event(nil, "", "supervisor.boot", map[string]any{"version": s.version, "probes": map[string]any{
+		"user_namespaces": s.probes.userNS, "kernel_overlay": s.probes.kernelOverlay, "lowerdir_plus": s.probes.lowerdirPlus,
+		"fuse_device": s.probes.fuseDevice, "fuse_overlay": s.probes.fuseOverlay,
+		"cgroup": map[string]any{"delegated": s.cgroups.delegated, "reason": s.cgroups.reason}}})
 
 	var socket string
 	ln := opt.Listener

@@ -100,6 +100,15 @@ func TestTraceChildSpans(t *testing.T) {
 		return e.ok("sandbox-runtime-cli", append([]string{"--sandbox-id", id, "--request-id", req}, args...)...)
 	}
 
+	// The boot is recorded in the system store under a synthetic trace.
+	var boot map[string]any
+	for _, ev := range eventRecords(t, e.obsCLI("events", "--name", "supervisor.boot")) {
+		boot = ev
+	}
+	if boot == nil || !strings.HasPrefix(boot["trace"].(string), "boot-") || boot["attrs"].(map[string]any)["probes"] == nil {
+		t.Fatalf("supervisor.boot: %v", boot)
+	}
+
 	// create_sandbox is system-scoped: its trace is in the system store.
 	wantChain(t, e.obsCLI("trace", "--trace-id", "req-tr-create"),
 		[2]string{"supervisor.dispatch", "sandbox.create"}, [2]string{"sandbox.create", "workspace.snapshot"})
