@@ -132,7 +132,7 @@ func (s *Supervisor) health(c *call) (any, error) {
 		"cgroup":          cgroup,
 		"docker":          map[string]any{"available": false, "reason": dockerReason},
 		"store":           map[string]any{"status": storeStatus, "data_dir": s.dirs.Data, "free_bytes": free, "error": storeErr},
-		"counts":          map[string]any{"sandboxes": nSandboxes, "workspace_sessions": 0, "running_commands": 0},
+		"counts":          map[string]any{"sandboxes": nSandboxes, "workspace_sessions": s.sessionCount(), "running_commands": s.runningCommands()},
 		"event_store":     s.obsStats(nil),
 	}, nil
 }

@@ -17,6 +17,7 @@ package supervisor
 // (a process exited, with /proc) give a delta of 0.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -345,12 +346,8 @@ func (s *Supervisor) readScopes(sb *sandbox, since int64, max int, keep func(sco
 	defer snap.close()
 	var last = map[string][]byte{} // the newest sample before since, per scope
 	err = snap.scan(func(line []byte) {
-		var h struct {
-			Kind  string `json:"kind"`
-			TS    int64  `json:"ts"`
-			Scope string `json:"scope"`
-		}
-		if json.Unmarshal(line, &h) != nil || h.Kind != "sample" || !keep(h.Scope) {
+		h, ok := sampleHead(line)
+		if !ok || !keep(h.Scope) {
 			return
 		}
 		if h.TS < since {
@@ -371,6 +368,40 @@ func (s *Supervisor) readScopes(sb *sandbox, since int64, max int, keep func(sco
 		return nil, catalog.Errorf(catalog.OperationFailed, "read resource store: %v", err)
 	}
 	return out, nil
+}
+
+// sampleHeader is what the queries filter samples on.
+type sampleHeader struct {
+	Kind  string `json:"kind"`
+	TS    int64  `json:"ts"`
+	Scope string `json:"scope"`
+}
+
+// samplePrefix starts every sample line appendSample writes (field order
+// of sampleRecord).
+var samplePrefix = []byte(`{"kind":"sample","ts":`)
+
+// sampleHead reads a sample line's kind, ts and scope: directly from the
+// fixed prefix the sampler writes (a query scans up to the whole store, so
+// this is the hot path), else by decoding the line.
+func sampleHead(line []byte) (sampleHeader, bool) {
+	if rest, ok := bytes.CutPrefix(line, samplePrefix); ok {
+		i := 0
+		for i < len(rest) && rest[i] >= '0' && rest[i] <= '9' {
+			i++
+		}
+		ts, err := strconv.ParseInt(string(rest[:i]), 10, 64)
+		if after, ok := bytes.CutPrefix(rest[i:], []byte(`,"scope":"`)); ok && err == nil {
+			if j := bytes.IndexByte(after, '"'); j >= 0 && bytes.IndexByte(after[:j], '\\') < 0 {
+				return sampleHeader{Kind: "sample", TS: ts, Scope: string(after[:j])}, true
+			}
+		}
+	}
+	var h sampleHeader
+	if json.Unmarshal(line, &h) != nil || h.Kind != "sample" {
+		return h, false
+	}
+	return h, true
 }
 
 // series turns a window into points with per-counter deltas (clamped at 0).

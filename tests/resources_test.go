@@ -121,6 +121,10 @@ func TestResourcesBusySessionRisesIdleDoesNot(t *testing.T) {
 	if metric(t, c1, "pids_cur") < 2 || metric(t, b1, "pids_cur") < 2 {
 		t.Fatalf("command processes not counted: busy %v calm %v", b1, c1)
 	}
+	if counts := e.obsOK("health", "", nil)["counts"].(map[string]any); counts["sandboxes"] != float64(2) ||
+		counts["workspace_sessions"] != float64(2) || counts["running_commands"] != float64(2) {
+		t.Fatalf("health counts: %v", counts)
+	}
 
 	// The sandbox series: deltas of the counters, never negative; with
 	// /proc the sandbox sample is the sum of its sessions.
