@@ -459,7 +459,10 @@ func decodeSample(line []byte) (map[string]any, int64) {
 
 // noSamples is the error of a view without samples in its window.
 func (s *Supervisor) noSamples(what string, windowMs int64) string {
-	if s.obs == nil || !s.obs.resEnabled {
+	switch {
+	case s.obs == nil || !s.obs.enabled:
+		return "observability is disabled (observability.enabled: false)"
+	case !s.obs.resEnabled:
 		return "resource sampling is disabled (observability.resource_stats.enabled: false)"
 	}
 	return fmt.Sprintf("no %s resource samples in the last %d ms: samples are taken every %d ms while the sandbox has a live session, never on demand",

@@ -122,6 +122,21 @@ func TestResourceDeltasClampAndWindow(t *testing.T) {
 	}
 }
 
+func TestResourcesObservabilityDisabled(t *testing.T) {
+	s := obsSupervisor(t, func(c *Config) { c.Observability.Enabled = false })
+	sb := obsSandbox(t, s, "sbx-off")
+	s.sampleOnce(true) // nothing to sample, and nothing may be created
+	for _, op := range []string{"resources", "cgroup"} {
+		m := mustQuery(t, s, sb, op, map[string]any{"sandbox_id": "sbx-off"})
+		if len(m["series"].([]any)) != 0 || !strings.Contains(m["errors"].([]any)[0].(string), "observability.enabled: false") {
+			t.Fatalf("%s: %v", op, m)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(sb.dir, obsDirName)); !os.IsNotExist(err) {
+		t.Fatalf("store directory with observability disabled: %v", err)
+	}
+}
+
 func TestResourcesDisabled(t *testing.T) {
 	s := obsSupervisor(t, func(c *Config) { c.Observability.ResourceStats.Enabled = false })
 	sb := obsSandbox(t, s, "sbx-off")
