@@ -30,6 +30,8 @@ import (
 )
 
 const (
+	// obsMaxLine is the longest line a store holds (observability.max_line_bytes' maximum).
+	obsMaxLine   = 16384
 	scopeSandbox = "sandbox"
 	scopeStack   = "stack"
 	// stackEvery is how many intervals lie between two stack samples.
@@ -335,9 +337,21 @@ func (s *Supervisor) windowMs(c *call) (int64, error) {
 	return int64(w), nil
 }
 
+// pointOverhead is what a series point adds to its sample's bytes (the
+// deltas and the wrapping keys).
+const pointOverhead = 160
+
+// seriesBudget is the sample bytes a series of at most n points may keep so
+// that the response stays within obsMaxBytes, with share of the whole
+// budget (1 for a response that is only the series).
+func seriesBudget(n int, share float64) int {
+	return int(float64(obsMaxBytes-obsEnvelopeSlack)*share) - pointOverhead*n
+}
+
 // readScopes scans sb's resource store once and returns, for every scope
-// keep accepts, the newest samples at or after since (at most max each).
-func (s *Supervisor) readScopes(sb *sandbox, since int64, max int, keep func(scope string) bool) (map[string]*sampleWindow, error) {
+// keep accepts, the newest samples at or after since (at most max each,
+// within maxBytes of sample text each).
+func (s *Supervisor) readScopes(sb *sandbox, since int64, max, maxBytes int, keep func(scope string) bool) (map[string]*sampleWindow, error) {
 	out := map[string]*sampleWindow{}
 	snap, err := s.obs.resources(sb).open()
 	if err != nil {
@@ -356,7 +370,7 @@ func (s *Supervisor) readScopes(sb *sandbox, since int64, max int, keep func(sco
 		}
 		w := out[h.Scope]
 		if w == nil {
-			w = &sampleWindow{max: max, maxBytes: obsMaxBytes - obsEnvelopeSlack}
+			w = &sampleWindow{max: max, maxBytes: maxBytes}
 			if b := last[h.Scope]; b != nil {
 				w.before = append([]byte(nil), b...)
 			}
@@ -477,7 +491,7 @@ func (s *Supervisor) resources(c *call) (any, error) {
 	}
 	since := time.Now().UnixMilli() - window
 	if c.sb != nil {
-		ws, err := s.readScopes(c.sb, since, obsMaxRecords, func(sc string) bool { return sc == scopeSandbox })
+		ws, err := s.readScopes(c.sb, since, obsMaxRecords, seriesBudget(obsMaxRecords, 1), func(sc string) bool { return sc == scopeSandbox })
 		if err != nil {
 			return nil, err
 		}
@@ -493,7 +507,7 @@ func (s *Supervisor) resources(c *call) (any, error) {
 	availability, errs := "available", []string{}
 	for _, sb := range s.sandboxesSorted() {
 		node := map[string]any{"availability": "available", "errors": []string{}, "current": nil}
-		ws, err := s.readScopes(sb, since, 1, func(sc string) bool { return sc == scopeSandbox })
+		ws, err := s.readScopes(sb, since, 1, obsMaxLine, func(sc string) bool { return sc == scopeSandbox })
 		switch {
 		case err != nil:
 			node["availability"], node["errors"] = "unavailable", []string{boundedError(err.Error())}
@@ -532,7 +546,8 @@ func (s *Supervisor) cgroupView(c *call) (any, error) {
 		sessions = []*session{ss}
 		cgPath = s.cgroups.sessionPath(scope)
 	}
-	ws, err := s.readScopes(c.sb, time.Now().UnixMilli()-window, obsMaxRecords/2, func(sc string) bool { return sc == scope })
+	// The topology (≤ 512 rows) takes up to about half of the response.
+	ws, err := s.readScopes(c.sb, time.Now().UnixMilli()-window, obsMaxRecords/2, seriesBudget(obsMaxRecords/2, 0.5), func(sc string) bool { return sc == scope })
 	if err != nil {
 		return nil, err
 	}
@@ -558,7 +573,13 @@ func (s *Supervisor) cgroupView(c *call) (any, error) {
 // snapshotResources is snapshot's resources blocks: {latest, history} for
 // the sandbox and each session, from the samples of the last minute.
 func (s *Supervisor) snapshotResources(sb *sandbox) (sandboxRes map[string]any, bySession map[string]map[string]any, err error) {
-	ws, err := s.readScopes(sb, time.Now().UnixMilli()-snapshotWindowMs, snapshotHistory, func(sc string) bool { return sc != scopeStack })
+	// The history of every scope shares about half of the response (the
+	// rest is the sandbox's other blocks): 30 points each, fewer when a
+	// sandbox has many sessions.
+	scopes := len(sb.sessionsSorted()) + 1
+	per := max(1, min(snapshotHistory, obsMaxRecords/2/scopes))
+	ws, err := s.readScopes(sb, time.Now().UnixMilli()-snapshotWindowMs, per, max(obsMaxLine, seriesBudget(per*scopes, 0.5)/scopes),
+		func(sc string) bool { return sc != scopeStack })
 	if err != nil {
 		return nil, nil, err
 	}
@@ -581,7 +602,7 @@ func (s *Supervisor) snapshotResources(sb *sandbox) (sandboxRes map[string]any, 
 
 // stackTrend is layerstack's trend: the stack samples of the window.
 func (s *Supervisor) stackTrend(sb *sandbox, windowMs int64) ([]seriesPoint, error) {
-	ws, err := s.readScopes(sb, time.Now().UnixMilli()-windowMs, obsMaxRecords, func(sc string) bool { return sc == scopeStack })
+	ws, err := s.readScopes(sb, time.Now().UnixMilli()-windowMs, obsMaxRecords/2, seriesBudget(obsMaxRecords/2, 0.5), func(sc string) bool { return sc == scopeStack })
 	if err != nil {
 		return nil, err
 	}

@@ -285,3 +285,38 @@ func TestSampleHead(t *testing.T) {
 		t.Fatalf("%+v %v", h, ok)
 	}
 }
+
+// TestResourcesResponseBound: long samples still give a resources answer
+// within 256 KiB (the oldest points are dropped).
+func TestResourcesResponseBound(t *testing.T) {
+	s := obsSupervisor(t, func(c *Config) { c.Observability.ResourceStats.MaxDiskBytes = 4 << 20 })
+	sb := obsSandbox(t, s, "sbx-big")
+	st := s.obs.resources(sb)
+	now := time.Now().UnixMilli() - 1000
+	for i := range 300 {
+		m := resMetrics{MetricsSource: "proc", CgroupError: strings.Repeat("e", 10000), CPUUsec: uint64(i)}
+		appendSample(st, now+int64(i), scopeSandbox, &m, nil)
+		appendSample(st, now+int64(i), "ws-a", &m, nil)
+	}
+	for _, tc := range []struct {
+		op   string
+		args map[string]any
+		key  string
+	}{
+		{"resources", map[string]any{"window_ms": 600000}, "series"},
+		{"cgroup", map[string]any{"sandbox_id": "sbx-big", "scope": "sandbox"}, "series"},
+		{"snapshot", nil, "resources"},
+	} {
+		m, err := query(t, s, sb, tc.op, tc.args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := catalog.CompactJSON(m)
+		if len(b) > obsMaxBytes {
+			t.Fatalf("%s: %d bytes", tc.op, len(b))
+		}
+		if ser, ok := m[tc.key].([]any); ok && len(ser) == 0 {
+			t.Fatalf("%s: no points", tc.op)
+		}
+	}
+}
