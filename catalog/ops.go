@@ -15,8 +15,10 @@ var families = []Family{
 	{Group: Observability, Name: "snapshot", Help: "A point-in-time view of sandboxes and sessions."},
 	{Group: Observability, Name: "trace", Help: "Span trees of requests."},
 	{Group: Observability, Name: "events", Help: "The bounded event log."},
+	{Group: Observability, Name: "resources", Help: "Sampled CPU, memory, I/O and pids per sandbox and session."},
 	{Group: Observability, Name: "daemon", Help: "The supervisor process itself."},
 	{Group: Observability, Name: "topology", Help: "Processes per session."},
+	{Group: Observability, Name: "cgroup", Help: "Resource samples of a sandbox or one session, with its processes."},
 	{Group: Observability, Name: "layerstack", Help: "Layers, sizes and leases."},
 	{Group: Observability, Name: "health", Help: "The supervisor's own health and host capabilities."},
 	{Group: Observability, Name: "resource_isolation", Capability: true, Help: "Per-sandbox and per-session cgroups when the supervisor's cgroup is delegated."},
@@ -33,6 +35,9 @@ var graceArg = Arg{Name: "grace_s", Kind: Float, Default: 0.25, FMin: f64(0), FM
 	DefaultDoc: "runtime.workspace.exit_grace_s (0.25)", Help: "Seconds between SIGTERM and SIGKILL of the holder."}
 
 var obsSandboxArg = Arg{Name: "sandbox_id", Kind: String, ID: true, Help: "Only this sandbox (the request becomes sandbox-scoped)."}
+
+var windowArg = Arg{Name: "window_ms", Kind: Integer, Default: uint64(60000), Min: u64(1),
+	Help: "Samples of the last window_ms milliseconds (≤ observability.views.resource_window_ms, 600000)."}
 
 var obsSandboxRequired = Arg{Name: "sandbox_id", Kind: String, Required: true, ID: true, Help: "The sandbox."}
 
@@ -282,6 +287,13 @@ var ops = []Op{
 			{Name: "last_n", Kind: Integer, Min: u64(1), Max: u64(500), Help: "Only the newest n."}},
 	},
 	{
+		ID: "resources", Group: Observability, Family: "resources", Scope: ScopeSystemOrSandbox,
+		Summary: "Sampled resource use: a sandbox's series, or the fleet's latest per sandbox.",
+		Help:    "Reads the samples the supervisor records every observability.resource_stats.sample_interval_ms; it never samples on demand.",
+		Result:  "sandbox: {view:\"resources\", scope:\"sandbox\", sandbox_id, source, availability, errors[], series:[{ts, sample_delta_ms, metrics, deltas}]}; system: {view:\"resources\", scope:\"fleet\", availability, errors[], sandboxes:{<id>:{availability, errors, current}}}",
+		Args:    []Arg{obsSandboxArg, windowArg},
+	},
+	{
 		ID: "daemon", Group: Observability, Family: "daemon", Scope: ScopeSystemOrSandbox,
 		Summary: "The supervisor process: pid, uptime, memory, goroutines, descriptors, holders.",
 		Result:  "{view:\"daemon\", scope, daemon:{…, holders:[…]}}",
@@ -292,6 +304,14 @@ var ops = []Op{
 		Summary: "Holders and the processes of each session, by PID namespace.",
 		Result:  "{view:\"topology\", scope:\"sandbox\", topology:{schema_version:2, workspaces:[…]}}",
 		Args:    []Arg{obsSandboxRequired},
+	},
+	{
+		ID: "cgroup", Group: Observability, Family: "cgroup", Scope: ScopeSandbox,
+		Summary: "The resource samples of a sandbox or one of its sessions, and its processes.",
+		Result:  "{view:\"cgroup\", scope, availability, errors[], series:[…], topology}",
+		Args: []Arg{obsSandboxRequired,
+			{Name: "scope", Kind: String, Default: "sandbox", NonEmpty: true, Help: "\"sandbox\" or a workspace session ID."},
+			windowArg},
 	},
 	{
 		ID: "layerstack", Group: Observability, Family: "layerstack", Scope: ScopeSandbox,

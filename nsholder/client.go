@@ -156,6 +156,15 @@ type client struct {
 
 var _ Holder = (*client)(nil)
 
+// OverlayMountTime is how long the holder took to mount the session's
+// /workspace overlay during setup (0 when h does not report it).
+func OverlayMountTime(h Holder) time.Duration {
+	if c, ok := h.(*client); ok {
+		return time.Duration(c.ready.OverlayUs) * time.Microsecond
+	}
+	return 0
+}
+
 func (c *client) Pid() int              { return c.cmd.Process.Pid }
 func (c *client) Done() <-chan struct{} { return c.done }
 func (c *client) Events() <-chan Event  { return c.events.out }

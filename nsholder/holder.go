@@ -161,7 +161,8 @@ func (s *server) run(sigchld chan os.Signal) int {
 		return 1
 	}
 	s.root = root
-	rep := &ctlHeader{ID: hdr.ID, Op: opReply, Ready: &readyState{LowerdirPlus: root.lowerdirPlus, Shell: root.shell}}
+	rep := &ctlHeader{ID: hdr.ID, Op: opReply, Ready: &readyState{LowerdirPlus: root.lowerdirPlus, Shell: root.shell,
+		OverlayUs: root.overlayDur.Microseconds()}}
 	if err := s.conn.writeFrame(context.Background(), rep, nil, -1); err != nil {
 		return 1
 	}

@@ -88,6 +88,8 @@ type wireEvent struct {
 type readyState struct {
 	LowerdirPlus bool   `json:"lowerdir_plus"`
 	Shell        string `json:"shell,omitempty"`
+	// OverlayUs is how long mounting /workspace took, in microseconds.
+	OverlayUs int64 `json:"overlay_us,omitempty"`
 }
 
 // wireError carries an error across the channel so that errors.Is with the

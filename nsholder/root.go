@@ -48,6 +48,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -69,6 +70,7 @@ type sessionRoot struct {
 	workspace    *os.File // directory fd of /workspace
 	shell        string   // /bin/bash or /bin/sh, "" when neither exists
 	lowerdirPlus bool
+	overlayDur   time.Duration // how long mounting /workspace took (reported for the holder.mount_overlay span)
 }
 
 // bindTarget maps a session path to the host directory it shows.
@@ -160,6 +162,7 @@ func setupRoot(cfg *Config) (*sessionRoot, error) {
 		return fail(&stageError{stageMountRoot, err})
 	}
 
+	overlayStart := time.Now()
 	ws := filepath.Join(root, "workspace")
 	if err := os.Mkdir(ws, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fail(atStage(stageMountOverlay, "workspace mount point: %w", err))
@@ -175,6 +178,7 @@ func setupRoot(cfg *Config) (*sessionRoot, error) {
 		return fail(atStage(stageMountOverlay, "kernel overlay: %w", err))
 	}
 
+	res.overlayDur = time.Since(overlayStart)
 	if err := pivotInto(root, cfg.Image == nil); err != nil {
 		return fail(&stageError{stagePivotRoot, err})
 	}

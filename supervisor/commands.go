@@ -219,11 +219,13 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	// The holder may report a fast command's exit right after Spawn returns;
 	// holding ss.mu until the command is in the ledger makes commandEvent
 	// wait for it instead of dropping the event.
+	sp, _ := s.spanCtx(ctx, sb, "holder", "holder.exec", map[string]any{"workspace_session_id": ss.id(), "command_session_id": id})
 	ss.mu.Lock()
 	proc, err := h.Spawn(ctx, nsholder.SpawnRequest{
 		Cmd: cmdline, Env: s.commandEnv(sb, ss.id(), id), Dir: "/workspace",
 		Rows: uint16(s.cfg.Runtime.Command.PtyRows), Cols: uint16(s.cfg.Runtime.Command.PtyCols),
 	})
+	sp.done(err, nil)
 	if err != nil {
 		ss.mu.Unlock()
 		tr.Close()

@@ -247,7 +247,7 @@ func (c *Config) validate() error {
 		{"runtime.file.max_read_file_bytes", float64(c.Runtime.File.MaxReadFileBytes), 1, inf},
 		{"runtime.file.max_list_entries", float64(c.Runtime.File.MaxListEntries), 1, inf},
 		{"runtime.layerstack.spool_zstd_level", float64(c.Runtime.Layerstack.SpoolZstdLevel), 1, 22},
-		{"observability.max_disk_bytes", float64(c.Observability.MaxDiskBytes), 1, 16 * mib},
+		{"observability.max_disk_bytes", float64(c.Observability.MaxDiskBytes), mib, 16 * mib},
 		{"observability.max_line_bytes", float64(c.Observability.MaxLineBytes), 1, 16384},
 		{"observability.resource_stats.sample_interval_ms", float64(c.Observability.ResourceStats.SampleIntervalMs), 250, 600000},
 		{"observability.resource_stats.max_disk_bytes", float64(c.Observability.ResourceStats.MaxDiskBytes), 128 << 10, 4 * mib},
@@ -258,6 +258,9 @@ func (c *Config) validate() error {
 		if r.v < r.lo || r.v > r.hi {
 			return fmt.Errorf("%s: %v is out of range", r.key, r.v)
 		}
+	}
+	if c.Observability.ResourceStats.MaxDiskBytes%2 != 0 {
+		return fmt.Errorf("observability.resource_stats.max_disk_bytes: %d is not even (two equal segments)", c.Observability.ResourceStats.MaxDiskBytes)
 	}
 	if c.Supervisor.RequestReadTimeoutS <= 0 {
 		return fmt.Errorf("supervisor.request_read_timeout_s: must be > 0")

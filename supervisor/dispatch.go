@@ -51,6 +51,8 @@ var handlers = map[string]handler{
 	"diff_workspace_session":     (*Supervisor).diffWorkspaceSession,
 	"publish_workspace_session":  (*Supervisor).publishWorkspaceSession,
 	"events":                     (*Supervisor).eventsView,
+	"resources":                  (*Supervisor).resources,
+	"cgroup":                     (*Supervisor).cgroupView,
 	"trace":                      (*Supervisor).traceView,
 	"snapshot":                   (*Supervisor).snapshot,
 	"daemon":                     (*Supervisor).daemon,
@@ -112,7 +114,7 @@ func (s *Supervisor) handleLine(line []byte, w *responseWriter) (out any) {
 		}
 	}()
 	c.span = s.requestSpan(c) // root span of non-observability ops; c.ctx carries it
-	res, err := h(s, c)
+	res, err := s.runTraced(c, h)
 	c.span.finish(err)
 	if err != nil {
 		return s.toError(op.ID, err)

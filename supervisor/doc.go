@@ -12,4 +12,13 @@
 //     version has none, so it is not_found.
 //   - Domain errors that are not *catalog.Error become operation_failed
 //     (an I/O failure of a valid request), in toError only.
+//   - Resource views: window_ms is at least 1; a snapshot's resources are
+//     the last 30 samples of the last minute; the fleet's current is the
+//     newest sandbox sample within window_ms; the cgroup view adds
+//     cgroup_path and cgroup_delegated. A sample's metrics are its
+//     cgroup's when one exists for it, else /proc sums (resources.go).
+//   - holder.file_op spans cover reads, directory listings and writes
+//     through a holder, not the lstat calls a listing makes (cheap traces);
+//     holder.mount_overlay is timed inside the holder and recorded as
+//     ending when the holder reported ready.
 package supervisor

@@ -106,12 +106,16 @@ func (f sessionFiles) lstat(ctx context.Context, p string) (fileEntry, error) {
 }
 
 func (f sessionFiles) readFile(ctx context.Context, p string, max int64) ([]byte, error) {
+	sp := spanFrom(ctx).child("holder.file_op", map[string]any{"op": "read", "path": p})
 	b, _, err := f.h.ReadFile(ctx, p, max)
+	sp.done(err, nil)
 	return b, holderReadErr(err)
 }
 
 func (f sessionFiles) readDir(ctx context.Context, p string) ([]fileEntry, error) {
+	sp := spanFrom(ctx).child("holder.file_op", map[string]any{"op": "read_dir", "path": p})
 	fis, err := f.h.ReadDir(ctx, p)
+	sp.done(err, nil)
 	out := make([]fileEntry, len(fis))
 	for i, fi := range fis {
 		out[i] = holderEntry(fi)
@@ -407,7 +411,9 @@ func (s *Supervisor) sessionWrite(ctx context.Context, ss *session, p string, da
 	ss.mu.Lock()
 	h := ss.holder
 	ss.mu.Unlock()
+	sp := spanFrom(ctx).child("holder.file_op", map[string]any{"op": "write", "path": p, "bytes": len(data)})
 	created, err := h.WriteFile(ctx, p, data, nil)
+	sp.done(err, nil)
 	switch {
 	case err == nil:
 		return created, nil

@@ -29,11 +29,19 @@ func (s *Supervisor) publishOptions() layers.PublishOptions {
 // command whose completion published an implicit session.
 func (s *Supervisor) publishSession(ctx context.Context, sb *sandbox, ss *session, opt layers.PublishOptions, drain *command) (*layers.Plan, layers.PublishResult, error) {
 	base := ss.base()
+	sp := spanFrom(ctx).child("workspace_session.capture_changes", map[string]any{"workspace_session_id": ss.id()})
 	cs, err := layers.Capture(ctx, ss.upper(), sb.stack.View(base))
+	sp.done(err, nil)
 	if err != nil {
 		return nil, layers.PublishResult{}, fmt.Errorf("capture: %w", err)
 	}
+	sp = spanFrom(ctx).child("layerstack.publish", map[string]any{"base": base.Revision(), "dry_run": opt.DryRun})
 	plan, res, err := sb.stack.PublishChangeset(ctx, base, cs, opt)
+	added := 0
+	if err == nil && !opt.DryRun && !res.NoOp {
+		added = 1
+	}
+	sp.done(err, map[string]any{"bytes": res.Bytes, "revision": res.Revision, "no_op": res.NoOp, "layers_added": added})
 	if err != nil || opt.DryRun || res.NoOp {
 		return plan, res, err
 	}
@@ -85,6 +93,22 @@ func publishObject(plan *layers.Plan, res layers.PublishResult, withResolved boo
 // the draining command reports. A rejected publish keeps the upper dir as a
 // recovery artifact so no agent's work vanishes (§9.9).
 func (s *Supervisor) finalizeImplicit(ctx context.Context, sb *sandbox, ss *session, drain *command) map[string]any {
+	attrs := map[string]any{"workspace_session_id": ss.id()}
+	if drain != nil {
+		attrs["command_session_id"] = drain.rec.CommandSessionID
+	}
+	fsp, ctx := s.spanCtx(ctx, sb, "finalize", "workspace_session.finalize", attrs)
+	extra := s.finalize(ctx, sb, ss, drain)
+	var ferr error
+	if extra["finalization_failed"] == true {
+		ferr = errors.New("finalization failed")
+	}
+	fsp.done(ferr, map[string]any{"publish_rejected": extra["publish_rejected"] == true})
+	return extra
+}
+
+// finalize is finalizeImplicit's work.
+func (s *Supervisor) finalize(ctx context.Context, sb *sandbox, ss *session, drain *command) map[string]any {
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(s.cfg.Runtime.Workspace.FinalizeTimeoutS*float64(time.Second)))
 	defer cancel()
 	ss.gate.Lock()
@@ -102,7 +126,13 @@ func (s *Supervisor) finalizeImplicit(ctx context.Context, sb *sandbox, ss *sess
 	}
 	opt := s.publishOptions()
 	opt.Implicit = true
-	plan, res, err := s.publishSession(ctx, sb, ss, opt, drain)
+	psp, pctx := s.spanCtx(ctx, sb, "", "workspace_session.publish", map[string]any{"workspace_session_id": ss.id(), "dry_run": false})
+	plan, res, err := s.publishSession(pctx, sb, ss, opt, drain)
+	pattrs := map[string]any{"no_op": res.NoOp, "revision": res.Revision, "committed": err == nil && !res.NoOp, "destroyed": false, "stage": "publish"}
+	if plan != nil {
+		pattrs["source_count"], pattrs["ignored_count"] = plan.RouteSummary.SourceCount, plan.RouteSummary.IgnoredCount
+	}
+	psp.done(err, pattrs)
 	extra := map[string]any{}
 	var rej *layers.Rejection
 	switch {

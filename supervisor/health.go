@@ -118,17 +118,20 @@ func (s *Supervisor) health(c *call) (any, error) {
 	case storeStatus != "ok" || failed:
 		status = "degraded"
 	}
-	cgroupReason := "cgroup delegation is not used by this version"
+	cgroup := map[string]any{"delegated": false, "path": nil, "reason": s.cgroups.reasonOr("")}
+	if s.cgroups != nil && s.cgroups.delegated {
+		cgroup = map[string]any{"delegated": true, "path": s.cgroups.root, "reason": nil}
+	}
 	return map[string]any{
 		"status": status, "version": s.version, "uptime_s": time.Since(s.started).Seconds(), "uid": os.Geteuid(),
 		"kernel":          kernelRelease(),
 		"overlay_drivers": map[string]any{"kernel": s.probes.kernelOverlay, "fuse": s.probes.fuseOverlay},
 		"fuse":            map[string]any{"available": s.probes.fuseDevice.Available, "device": "/dev/fuse", "reason": s.probes.fuseDevice.Reason},
 		"user_namespaces": s.probes.userNS,
-		"cgroup":          map[string]any{"delegated": false, "path": nil, "reason": cgroupReason},
+		"cgroup":          cgroup,
 		"docker":          map[string]any{"available": s.docker.Available, "reason": s.docker.Reason},
 		"store":           map[string]any{"status": storeStatus, "data_dir": s.dirs.Data, "free_bytes": free, "error": storeErr},
-		"counts":          map[string]any{"sandboxes": nSandboxes, "workspace_sessions": 0, "running_commands": 0},
+		"counts":          map[string]any{"sandboxes": nSandboxes, "workspace_sessions": s.sessionCount(), "running_commands": s.runningCommands()},
 		"event_store":     s.obsStats(nil),
 	}, nil
 }

@@ -30,6 +30,7 @@ import (
 const (
 	obsDirName  = "observability"
 	obsLogName  = "observability.ndjson"
+	resLogName  = "resources.ndjson"
 	obsLockName = ".lock"
 
 	// obsMaxRecords and obsMaxBytes bound one query response (§10.1).
@@ -57,9 +58,10 @@ func (c *sinkCounters) stats() SinkStats {
 // obsStore is one event log directory.
 type obsStore struct {
 	dir      string
-	maxDisk  int64 // total of both segments
-	maxLine  int   // including the newline
-	mkParent bool  // create the parent too (system store); a sandbox store never recreates a removed sandbox directory
+	name     string // segment name: observability.ndjson or resources.ndjson
+	maxDisk  int64  // total of both segments
+	maxLine  int    // including the newline
+	mkParent bool   // create the parent too (system store); a sandbox store never recreates a removed sandbox directory
 	mu       sync.Mutex
 	counters sinkCounters
 	total    *sinkCounters // registry-wide totals (health), may be nil
@@ -148,7 +150,7 @@ func (st *obsStore) write(line []byte) error {
 	if err := flockRetry(int(lock.Fd()), unix.LOCK_EX); err != nil {
 		return err
 	}
-	cur := filepath.Join(st.dir, obsLogName)
+	cur := filepath.Join(st.dir, st.name)
 	var size int64
 	if fi, err := os.Stat(cur); err == nil {
 		size = fi.Size()
@@ -205,7 +207,7 @@ func (st *obsStore) open() (*obsSnapshot, error) {
 	if err := flockRetry(int(lock.Fd()), unix.LOCK_SH); err != nil {
 		return nil, err
 	}
-	cur := filepath.Join(st.dir, obsLogName)
+	cur := filepath.Join(st.dir, st.name)
 	for _, p := range []string{cur + ".1", cur} {
 		f, err := os.Open(p)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -311,9 +313,14 @@ type obsRegistry struct {
 	system  *obsStore
 	total   sinkCounters
 	spanSeq atomic.Uint64
+	// resEnabled and resMaxDisk configure the resource stores (§10.1).
+	resEnabled bool
+	resMaxDisk int64
+	resTotal   sinkCounters
 
-	mu     sync.Mutex
-	stores map[string]*obsStore // by sandbox directory
+	mu        sync.Mutex
+	stores    map[string]*obsStore // by sandbox directory
+	resStores map[string]*obsStore // by sandbox directory
 }
 
 // newObsRegistry prepares the stores; nothing is created on disk until the
@@ -322,7 +329,9 @@ type obsRegistry struct {
 func newObsRegistry(cfg *Config, data string) *obsRegistry {
 	r := &obsRegistry{enabled: cfg.Observability.Enabled, data: data,
 		maxDisk: int64(cfg.Observability.MaxDiskBytes), maxLine: cfg.Observability.MaxLineBytes,
-		stores: map[string]*obsStore{}}
+		stores: map[string]*obsStore{}, resStores: map[string]*obsStore{},
+		resEnabled: cfg.Observability.Enabled && cfg.Observability.ResourceStats.Enabled,
+		resMaxDisk: int64(cfg.Observability.ResourceStats.MaxDiskBytes)}
 	if r.enabled {
 		r.system = r.newStore(filepath.Join(data, "supervisor", obsDirName), true)
 	}
@@ -330,7 +339,36 @@ func newObsRegistry(cfg *Config, data string) *obsRegistry {
 }
 
 func (r *obsRegistry) newStore(dir string, mkParent bool) *obsStore {
-	return &obsStore{dir: dir, maxDisk: r.maxDisk, maxLine: r.maxLine, mkParent: mkParent, total: &r.total}
+	return &obsStore{dir: dir, name: obsLogName, maxDisk: r.maxDisk, maxLine: r.maxLine, mkParent: mkParent, total: &r.total}
+}
+
+// resources returns the resource store of sb (§10.1), nil when resource
+// statistics or observability are disabled. Its appends are strict: a
+// sample that does not fit is dropped, never truncated.
+func (r *obsRegistry) resources(sb *sandbox) *obsStore {
+	if r == nil || !r.resEnabled || sb == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := r.resStores[sb.dir]
+	if st == nil {
+		st = &obsStore{dir: filepath.Join(sb.dir, obsDirName), name: resLogName, maxDisk: r.resMaxDisk,
+			maxLine: r.maxLine, total: &r.resTotal}
+		r.resStores[sb.dir] = st
+	}
+	return st
+}
+
+// forget drops the cached stores of a removed sandbox directory.
+func (r *obsRegistry) forget(dir string) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	delete(r.stores, dir)
+	delete(r.resStores, dir)
+	r.mu.Unlock()
 }
 
 // store returns the store of sb (nil: the system store), or nil when

@@ -214,10 +214,12 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 		if first == nil {
 			c.progress(fmt.Sprintf("snapshotting %s into %s", root, id))
 			var stats layers.SnapshotStats
+			sp, _ := s.spanCtx(c.ctx, nil, "", "workspace.snapshot", map[string]any{"sandbox_id": id, "workspace_root": root})
 			st, stats, serr = layers.Create(c.ctx, stackDir, root, layers.SnapshotOptions{
 				MaxEntries: s.cfg.Manager.MaxWorkspaceEntries,
 				Progress:   throttledProgress(c.progress),
 			})
+			sp.done(serr, map[string]any{"files": stats.Files, "dirs": stats.Dirs, "symlinks": stats.Symlinks, "bytes": stats.Bytes})
 			if serr == nil {
 				c.progress(fmt.Sprintf("snapshot done: %d files, %d directories, %d symlinks, %d bytes", stats.Files, stats.Dirs, stats.Symlinks, stats.Bytes))
 			}
@@ -330,6 +332,8 @@ func underAny(p string, roots []string) bool {
 // removeSandbox deletes everything a sandbox owns: directory, command
 // transcripts, records, registry entry.
 func (s *Supervisor) removeSandbox(ctx context.Context, sb *sandbox) error {
+	s.cgroups.removeSandbox(sb.rec.ID)
+	s.obs.forget(sb.dir)
 	removeTree(sb.dir)
 	if _, err := os.Stat(sb.dir); err == nil {
 		return fmt.Errorf("remove %s: still present", sb.dir)
@@ -524,6 +528,8 @@ func (s *Supervisor) recover(ctx context.Context) error {
 			if err == nil && (len(res.RemovedLayerIDs) > 0 || res.RemovedStagingEntries > 0 || res.SkippedReason != "") {
 				s.log.Info("recovery: storage sweep", "sandbox", rec.ID, "removed_layers", res.RemovedLayerIDs,
 					"removed_staging", res.RemovedStagingEntries, "skipped", res.SkippedReason)
+				s.event(sb, "", "layerstack.squash", map[string]any{"boot_sweep": true, "removed_layer_ids": nonNil(res.RemovedLayerIDs),
+					"removed_staging_entries": res.RemovedStagingEntries, "skipped_reason": res.SkippedReason})
 			}
 		}
 		if err != nil && !errors.Is(err, context.Canceled) {

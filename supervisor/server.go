@@ -45,6 +45,7 @@ type Supervisor struct {
 	ids     *idSource
 	store   *store
 	obs     *obsRegistry // event/span stores (§10.1); nil-safe
+	cgroups *cgroups     // delegated cgroup subtree (§10.2); nil-safe
 	version string
 	started time.Time
 	probes  probes
@@ -121,9 +122,15 @@ func Serve(ctx context.Context, opt Options) error {
 	if err := s.openImages(ctx); err != nil {
 		return err
 	}
+	s.cgroups = setupCgroups("/sys/fs/cgroup", "/proc/self/cgroup")
+	log.Info("cgroups", "delegated", s.cgroups.delegated, "root", s.cgroups.root, "reason", s.cgroups.reason)
 	if err := s.recover(ctx); err != nil {
 		return err
 	}
+	s.event(nil, "", "supervisor.boot", map[string]any{"version": s.version, "probes": map[string]any{
+		"user_namespaces": s.probes.userNS, "kernel_overlay": s.probes.kernelOverlay, "lowerdir_plus": s.probes.lowerdirPlus,
+		"fuse_device": s.probes.fuseDevice, "fuse_overlay": s.probes.fuseOverlay,
+		"cgroup": map[string]any{"delegated": s.cgroups.delegated, "reason": s.cgroups.reason}}})
 
 	var socket string
 	ln := opt.Listener
@@ -154,6 +161,7 @@ func Serve(ctx context.Context, opt Options) error {
 		opt.Ready(socket)
 	}
 
+	go s.runSampler(ctx) // stops when ctx ends, before shutdown tears sessions down
 	acceptDone := make(chan struct{})
 	go func() {
 		defer close(acceptDone)

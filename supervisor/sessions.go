@@ -159,10 +159,22 @@ func (s *Supervisor) sessionCount() int {
 	return n
 }
 
-// newSession runs §5.2: reserve the ID, lease the head, create the
+// newSession runs §5.2 inside a workspace_session.create span.
+func (s *Supervisor) newSession(ctx context.Context, sb *sandbox, policy, network string, agent *string) (*session, error) {
+	sp, ctx := s.spanCtx(ctx, sb, "", "workspace_session.create", map[string]any{"finalize_policy": policy, "network_profile": network})
+	ss, err := s.openSession(ctx, sb, policy, network, agent)
+	var attrs map[string]any
+	if ss != nil {
+		attrs = map[string]any{"workspace_session_id": ss.id(), "layer_count": len(ss.rec.Lease.Layers)}
+	}
+	sp.done(err, attrs)
+	return ss, err
+}
+
+// openSession runs §5.2: reserve the ID, lease the head, create the
 // directories, start the holder, persist the record. Any failure rolls back
 // every step.
-func (s *Supervisor) newSession(ctx context.Context, sb *sandbox, policy, network string, agent *string) (*session, error) {
+func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, network string, agent *string) (*session, error) {
 	sb.mu.Lock()
 	live := len(sb.sessions)
 	sb.mu.Unlock()
@@ -257,7 +269,17 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 	setup := time.Duration(s.cfg.Runtime.Workspace.SetupTimeoutS * float64(time.Second))
 	hctx, cancel := context.WithTimeout(ctx, setup)
 	defer cancel()
+	sp, _ := s.spanCtx(ctx, sb, "holder", "holder.spawn", map[string]any{"workspace_session_id": ss.id(),
+		"overlay_driver": ss.rec.OverlayDriver, "lowers": len(cfg.Lowers), "isolated_network": cfg.IsolatedNetwork})
 	h, err := nsholder.Start(hctx, s.self, cfg)
+	if err == nil {
+		// Measured by the holder during its setup, which ended just now.
+		sp.measured("holder.mount_overlay", nsholder.OverlayMountTime(h), map[string]any{"workspace_session_id": ss.id(),
+			"driver": ss.rec.OverlayDriver, "lowers": len(cfg.Lowers)})
+		sp.done(nil, map[string]any{"pid": h.Pid()})
+	} else {
+		sp.done(err, nil)
+	}
 	if err != nil {
 		var se *nsholder.SetupError
 		if errors.As(err, &se) {
@@ -268,6 +290,10 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 	ss.mu.Lock()
 	ss.holder = h
 	ss.mu.Unlock()
+	if err := s.cgroups.attach(sb.rec.ID, ss.id(), h.Pid()); err != nil {
+		// Samples then come from /proc; nothing else depends on the cgroup.
+		s.log.Warn("attach holder to its cgroup", "workspace_session_id", ss.id(), "err", err)
+	}
 	go s.watchHolder(sb, ss, h)
 	return nil
 }
@@ -292,7 +318,12 @@ func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h nsholder.Holder) {
 // as a recovery artifact and is destroyed; an explicit one gets one new
 // holder, else it is restore_failed with its data intact.
 func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
-	s.event(sb, "", "holder.exited", map[string]any{"workspace_session_id": ss.id(), "pid": holderPid(ss), "status": "exited_unexpectedly"})
+	// One synthetic holder-<ulid> trace holds the death and what follows.
+	trace := ""
+	if s.obs.store(sb) != nil {
+		trace = s.syntheticTrace("holder")
+	}
+	s.event(sb, trace, "holder.exited", map[string]any{"workspace_session_id": ss.id(), "pid": holderPid(ss), "status": "exited_unexpectedly"})
 	ss.mu.Lock()
 	ss.holder = nil // the session refuses new work from here on
 	cmds := make([]*command, 0, len(ss.ledger))
@@ -314,20 +345,27 @@ func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
 	if ss.implicit() {
 		// Its work is kept (a rename of the upper dir), then it is destroyed (§5.6).
 		msg := "the session's holder exited unexpectedly"
-		s.keepRecoveryArtifact(ctx, sb, ss, "holder_exited", map[string]any{"path": nil, "reason": "holder_exited",
+		sp := s.startSpan(sb, trace, "", "workspace_session.finalize", map[string]any{"workspace_session_id": ss.id(), "reason": "holder_exited"})
+		fctx := withSpan(ctx, sp)
+		artifact := s.keepRecoveryArtifact(fctx, sb, ss, "holder_exited", map[string]any{"path": nil, "reason": "holder_exited",
 			"source_conflict": nil, "protected_drop": nil, "message": msg, "conflicts": []any{}})
-		_, _ = s.destroySession(ctx, sb, ss, 0)
+		_, err := s.destroySession(fctx, sb, ss, 0)
+		sp.done(err, map[string]any{"recovery_artifact": artifact})
 		return
 	}
 	if ss.state() == sessActive {
 		// One automatic re-creation over the same lease and upper dir.
 		ss.setState(sessRestoring)
-		if err := s.startHolder(ctx, sb, ss); err != nil {
+		sp := s.startSpan(sb, trace, "", "workspace_session.restore", map[string]any{"workspace_session_id": ss.id(), "reason": "holder_exited"})
+		rctx := withSpan(ctx, sp)
+		err := s.startHolder(rctx, sb, ss)
+		sp.done(err, nil)
+		if err != nil {
 			ss.setState(sessRestoreFailed)
-			s.event(sb, "", "workspace_session.restore_failed", map[string]any{"workspace_session_id": ss.id(), "error": err.Error()})
+			s.eventCtx(rctx, sb, "workspace_session.restore_failed", map[string]any{"workspace_session_id": ss.id(), "error": err.Error()})
 		} else {
 			ss.setState(sessActive)
-			s.event(sb, "", "workspace_session.restored", map[string]any{"workspace_session_id": ss.id()})
+			s.eventCtx(rctx, sb, "workspace_session.restored", map[string]any{"workspace_session_id": ss.id()})
 		}
 	}
 	ss.mu.Lock()
@@ -336,8 +374,17 @@ func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
 	_ = s.store.put(ctx, kindSession, rec.WorkspaceSessionID, sb.rec.ID, rec)
 }
 
-// destroySession tears a session down (§5.7): holder, lease, directory, record.
+// destroySession tears a session down (§5.7) inside a
+// workspace_session.destroy span.
 func (s *Supervisor) destroySession(ctx context.Context, sb *sandbox, ss *session, grace time.Duration) (int64, error) {
+	sp, ctx := s.spanCtx(ctx, sb, "", "workspace_session.destroy", map[string]any{"workspace_session_id": ss.id()})
+	n, err := s.closeSession(ctx, sb, ss, grace)
+	sp.done(err, map[string]any{"evicted_upperdir_bytes": n})
+	return n, err
+}
+
+// closeSession tears a session down: holder, lease, directory, record.
+func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session, grace time.Duration) (int64, error) {
 	upperBytes := dirBytes(ss.upper())
 	ss.mu.Lock()
 	h := ss.holder
@@ -349,6 +396,7 @@ func (s *Supervisor) destroySession(ctx context.Context, sb *sandbox, ss *sessio
 			s.log.Warn("close holder", "workspace_session_id", ss.id(), "err", err)
 		}
 	}
+	s.cgroups.removeSession(ss.id())
 	if ss.lease != nil {
 		if _, err := ss.lease.Release(); err != nil {
 			s.log.Warn("release lease", "workspace_session_id", ss.id(), "err", err)
@@ -482,7 +530,9 @@ func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox) {
 			continue // data stays until destroyed
 		}
 		ss.setState(sessRestoring)
-		err := s.startHolder(ctx, sb, ss)
+		sp, rctx := s.spanCtx(ctx, sb, "recovery", "workspace_session.restore", map[string]any{"workspace_session_id": rec.WorkspaceSessionID, "reason": "supervisor_start"})
+		err := s.startHolder(rctx, sb, ss)
+		sp.done(err, nil)
 		if err != nil {
 			ss.setState(sessRestoreFailed)
 			s.eventCtx(ctx, sb, "workspace_session.restore_failed", map[string]any{"workspace_session_id": rec.WorkspaceSessionID, "error": err.Error()})

@@ -481,3 +481,45 @@ func buildTree(w *recordWindow) []*traceNode {
 	}
 	return roots
 }
+
+// spanCtx starts name as a child of the span ctx carries or, outside any
+// request, as the root of a synthetic trace (origin "" takes
+// eventOrigin(name)). It returns ctx carrying the new span, so the work
+// below records its spans and events under it.
+func (s *Supervisor) spanCtx(ctx context.Context, sb *sandbox, origin, name string, attrs map[string]any) (*span, context.Context) {
+	if parent := spanFrom(ctx); parent != nil {
+		sp := parent.child(name, attrs)
+		return sp, withSpan(ctx, sp)
+	}
+	trace := ""
+	if origin != "" {
+		trace = s.syntheticTrace(origin)
+	}
+	sp := s.startSpan(sb, trace, "", name, attrs)
+	return sp, withSpan(ctx, sp)
+}
+
+// done ends sp with the status err implies.
+func (sp *span) done(err error, attrs map[string]any) {
+	if sp == nil {
+		return
+	}
+	if err != nil {
+		if attrs == nil {
+			attrs = map[string]any{}
+		}
+		attrs["error"] = boundedError(err.Error())
+	}
+	sp.end(spanStatus(err), attrs)
+}
+
+// measured records a completed child of sp that took d and ended now: work
+// timed elsewhere (inside the holder).
+func (sp *span) measured(name string, d time.Duration, attrs map[string]any) {
+	if sp == nil {
+		return
+	}
+	c := sp.child(name, attrs)
+	c.start = time.Now().Add(-d)
+	c.end(spanCompleted, nil)
+}

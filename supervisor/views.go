@@ -35,8 +35,6 @@ const (
 	topologyMaxWarnings = 16
 	// nodeErrorMax bounds the error string of an unavailable snapshot node.
 	nodeErrorMax = 4 << 10
-	// errNoResourceSamples is reported while no resource sampler exists.
-	errNoResourceSamples = "resource sampling is not available: no samples are recorded, and views never sample on demand"
 
 	wsOwnerPrefix = "workspace-session:"
 	whPrefixName  = ".wh."
@@ -845,10 +843,13 @@ func (s *Supervisor) layerstack(c *call) (any, error) {
 	if c.args.Has("workspace_id") && c.args.Has("layer_id") {
 		return nil, catalog.Errorf(catalog.InvalidRequest, "workspace_id and layer_id are mutually exclusive")
 	}
+	var window int64 = -1
 	if c.args.Has("window_ms") {
-		if maxW := s.cfg.Observability.Views.ResourceWindowMs; c.args.Uint("window_ms") > uint64(maxW) {
-			return nil, catalog.Errorf(catalog.InvalidRequest, "window_ms exceeds max (%d)", maxW).With("max", maxW)
+		w, err := s.windowMs(c)
+		if err != nil {
+			return nil, err
 		}
+		window = w
 	}
 	limit := uint64(s.cfg.Observability.Views.LayerDeltaDefaultLimit)
 	if v, explicit := c.req.Args["limit"]; explicit && v != nil {
@@ -880,8 +881,13 @@ func (s *Supervisor) layerstack(c *call) (any, error) {
 	if len(sum.Retained) > 0 {
 		out["retained_layers"] = sum.Retained
 	}
-	// trend (stack samples within window_ms) is left out: no stack samples
-	// are recorded yet, and a view never samples on demand.
+	if window >= 0 {
+		trend, err := s.stackTrend(sb, window)
+		if err != nil {
+			return nil, err
+		}
+		out["trend"] = trend
+	}
 	return out, nil
 }
 
@@ -975,13 +981,22 @@ func (s *Supervisor) snapshotNode(sb *sandbox) map[string]any {
 	sb.mu.Lock()
 	rec := sb.rec
 	sb.mu.Unlock()
-	errs := []string{errNoResourceSamples}
-	availability := "partial" // resources stay empty until a sampler exists
+	errs := []string{}
+	availability := "available"
+	sbRes, wsRes, rerr := s.snapshotResources(sb)
+	switch {
+	case rerr != nil:
+		availability, errs = "partial", append(errs, boundedError(rerr.Error()))
+		sbRes = map[string]any{"latest": nil, "history": []any{}}
+	case sbRes["latest"] == nil:
+		// No samples: the sandbox has no live session, or none was taken yet.
+		availability, errs = "partial", append(errs, s.noSamples("sandbox", snapshotWindowMs))
+	}
 	node := map[string]any{
 		"sandbox_id": rec.ID, "lifecycle_state": rec.State, "sampled_at_unix_ms": time.Now().UnixMilli(),
 		"daemon": map[string]any{"daemon_pid": os.Getpid(), "runtime_dir": sb.dir,
 			"event_store": s.obsStats(sb)}, // the sandbox event store's SinkStats
-		"resources": map[string]any{"latest": nil, "history": []any{}},
+		"resources": sbRes,
 	}
 	if rec.State == stateFailed && rec.Error != "" {
 		errs = append(errs, boundedError("sandbox failed: "+rec.Error))
@@ -1023,13 +1038,17 @@ func (s *Supervisor) snapshotNode(sb *sandbox) map[string]any {
 			return execs[i]["namespace_execution_id"].(string) < execs[j]["namespace_execution_id"].(string)
 		})
 		fds += len(execs) // one PTY master per running command
+		res := wsRes[r.WorkspaceSessionID]
+		if res == nil {
+			res = map[string]any{"latest": nil, "history": []any{}}
+		}
 		workspaces = append(workspaces, map[string]any{
 			"workspace_id": r.WorkspaceSessionID, "agent": r.Agent, "lifecycle_state": "active",
 			"finalization_state": r.State, "network_profile": r.NetworkProfile, "finalize_policy": r.FinalizePolicy,
 			"overlay_driver": r.OverlayDriver, "holder_pid": holder,
 			"layers":                      map[string]any{"base_root_hash": layers.ManifestRootHash(r.Lease.Layers), "layer_count": len(r.Lease.Layers)},
 			"namespace_fd_count":          fds,
-			"resources":                   map[string]any{"latest": nil, "history": []any{}},
+			"resources":                   res,
 			"active_namespace_executions": execs,
 		})
 	}

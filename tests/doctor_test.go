@@ -119,3 +119,118 @@ func TestDoctorSubIDMissingHelpers(t *testing.T) {
 		t.Errorf("output:\n%s", out)
 	}
 }
+
+// doctorReport is doctor --json's output.
+type doctorReport struct {
+	OK     bool `json:"ok"`
+	Checks []struct {
+		ID       string `json:"id"`
+		Required bool   `json:"required"`
+		OK       bool   `json:"ok"`
+		Detail   string `json:"detail"`
+		Fix      string `json:"fix"`
+	} `json:"checks"`
+}
+
+func (r doctorReport) check(t *testing.T, id string) (required, ok bool, detail, fix string) {
+	t.Helper()
+	for _, c := range r.Checks {
+		if c.ID == id {
+			return c.Required, c.OK, c.Detail, c.Fix
+		}
+	}
+	t.Fatalf("no %s check", id)
+	return
+}
+
+// TestDoctorFuseDeviceFails: a FUSE device that is missing or unreadable
+// fails the fuse_device check with the fix for that cause, in text and JSON,
+// and the exit code follows whether the check is required.
+func TestDoctorFuseDeviceFails(t *testing.T) {
+	e := newEnv(t)
+	if err := os.MkdirAll(e.data(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	unreadable := filepath.Join(e.root, "fuse-0000")
+	if err := os.WriteFile(unreadable, nil, 0o000); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name, dev, fix string
+	}{
+		{"missing", filepath.Join(e.root, "no-such-fuse"), "modprobe fuse"},
+		{"unreadable", unreadable, "sudo chmod 0666 " + unreadable},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "unreadable" && os.Geteuid() == 0 {
+				t.Skip("root opens a mode-0000 file") // CI runs this as esbx-ci
+			}
+			env := e.environ("SANDBOX_DOCTOR_FUSE_DEVICE=" + tc.dev)
+			js, code := doctor(t, env, "--json")
+			var r doctorReport
+			if err := json.Unmarshal([]byte(js), &r); err != nil {
+				t.Fatalf("doctor --json: %v\n%s", err, js)
+			}
+			required, ok, detail, fix := r.check(t, "fuse_device")
+			if ok || !strings.Contains(detail, tc.dev) || !strings.Contains(fix, tc.fix) {
+				t.Fatalf("fuse_device: ok=%v detail=%q fix=%q", ok, detail, fix)
+			}
+			wantCode := 0
+			if !r.OK {
+				wantCode = 1
+			}
+			if code != wantCode || (required && r.OK) {
+				t.Fatalf("exit %d, ok %v, fuse_device required %v", code, r.OK, required)
+			}
+			text, code2 := doctor(t, env)
+			status := "WARN"
+			if required {
+				status = "FAIL"
+			}
+			if code2 != code || !strings.Contains(text, "\n"+status+" fuse_device: ") && !strings.HasPrefix(text, status+" fuse_device: ") {
+				t.Fatalf("text (exit %d):\n%s", code2, text)
+			}
+			if !strings.Contains(text, "    fix: "+strings.Split(fix, "\n")[0]) {
+				t.Fatalf("text lacks the fix %q:\n%s", fix, text)
+			}
+		})
+	}
+}
+
+// TestDoctorRequiredCheckFails: with sandbox.id_mapping: subid the subid
+// check is required, so newuidmap missing from PATH fails doctor (exit 1)
+// with the install fix.
+func TestDoctorRequiredCheckFails(t *testing.T) {
+	e := newEnv(t)
+	cfgDir := filepath.Join(e.home, "config")
+	if err := os.MkdirAll(cfgDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cfgDir, "config.yml"), []byte("sandbox:\n  id_mapping: subid\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(e.data(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var env []string
+	for _, kv := range e.environ() {
+		if !strings.HasPrefix(kv, "PATH=") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, "PATH="+filepath.Join(e.root, "empty-bin"))
+	out, code := doctor(t, env)
+	if code != 1 || !strings.Contains(out, "FAIL subid: newuidmap and newgidmap not found on PATH") ||
+		!strings.Contains(out, "    fix: sudo apt-get install uidmap") || !strings.Contains(out, "not ok:") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	js, code := doctor(t, env, "--json")
+	var r doctorReport
+	if err := json.Unmarshal([]byte(js), &r); err != nil {
+		t.Fatal(err)
+	}
+	if required, ok, _, fix := r.check(t, "subid"); code != 1 || r.OK || !required || ok || fix == "" {
+		t.Fatalf("json (exit %d): %s", code, js)
+	}
+}

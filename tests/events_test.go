@@ -121,17 +121,18 @@ func TestEventsAndTraceOfASession(t *testing.T) {
 	if _, ok := root["events"].([]any); !ok {
 		t.Fatalf("events not an array: %v", root)
 	}
-	// The session request's trace carries lease.acquired under its root.
+	// The session request's trace carries lease.acquired under its
+	// workspace_session.create span.
 	str := e.obsCLI("trace", "--sandbox-id", id, "--trace-id", "req-ev-session")
-	sroot := str["spans"].([]any)[0].(map[string]any)
+	create := findSpan(str["spans"], "workspace_session.create")
 	found := false
-	for _, x := range sroot["events"].([]any) {
+	for _, x := range create["events"].([]any) {
 		if x.(map[string]any)["event"].(map[string]any)["name"] == "lease.acquired" {
 			found = true
 		}
 	}
 	if !found {
-		t.Fatalf("lease.acquired not under the session's root span: %v", str)
+		t.Fatalf("lease.acquired not under workspace_session.create: %v", str)
 	}
 	// "last" (the default) is the newest traced request: observability
 	// queries are not traced.

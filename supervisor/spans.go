@@ -1,0 +1,109 @@
+package supervisor
+
+// Spans of whole operations (§10.2). A handler whose operation names a span
+// here runs inside that span, a child of the request's supervisor.dispatch
+// root; its attributes come from the arguments and the result, so the
+// handlers stay free of tracing code. Spans of parts of operations
+// (capture, layer publication, holder calls, …) are recorded where that
+// work happens, under the span the context carries.
+
+import (
+	"errors"
+
+	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/layers"
+)
+
+// opSpan is the span of one operation and how to derive its attributes.
+type opSpan struct {
+	name  string
+	start func(c *call) map[string]any
+	end   func(c *call, res any, err error) map[string]any
+}
+
+var opSpans = map[string]opSpan{
+	"create_sandbox": {name: "sandbox.create",
+		start: func(c *call) map[string]any {
+			return map[string]any{"image": c.args.String("image"), "count": c.args.Uint("count")}
+		},
+		end: func(_ *call, res any, _ error) map[string]any {
+			if rec, ok := res.(sandboxRecord); ok {
+				return map[string]any{"sandbox_id": rec.ID, "overlay_driver": rec.OverlayDriver}
+			}
+			return nil
+		}},
+	"destroy_sandbox": {name: "sandbox.destroy",
+		start: func(c *call) map[string]any { return map[string]any{"sandbox_id": c.args.String("sandbox_id")} }},
+	"export_changes": {name: "layerstack.export",
+		start: func(c *call) map[string]any {
+			return map[string]any{"sandbox_id": c.args.String("sandbox_id"), "format": c.args.String("format")}
+		}},
+	"exec_command": {name: "command.exec",
+		start: func(c *call) map[string]any {
+			created := !c.args.Has("workspace_session_id")
+			policy := policyNoOp
+			if created {
+				policy = policyPublish
+			}
+			return map[string]any{"session_created": created, "finalize_policy": policy}
+		},
+		end: func(_ *call, res any, _ error) map[string]any {
+			if m, ok := res.(map[string]any); ok {
+				return map[string]any{"command_session_id": m["command_session_id"], "workspace_session_id": m["workspace_session_id"],
+					"status": m["status"]}
+			}
+			return nil
+		}},
+	"publish_workspace_session": {name: "workspace_session.publish",
+		start: func(c *call) map[string]any {
+			return map[string]any{"workspace_session_id": c.args.String("workspace_session_id"), "dry_run": c.args.Bool("dry_run")}
+		},
+		end: publishSpanAttrs},
+}
+
+// publishSpanAttrs are workspace_session.publish's attributes (§10.2) from
+// a publish result or error.
+func publishSpanAttrs(_ *call, res any, err error) map[string]any {
+	a := map[string]any{"committed": false, "destroyed": false}
+	if m, ok := res.(map[string]any); ok {
+		pub, _ := m["publish"].(map[string]any)
+		a["no_op"], a["revision"], a["destroyed"] = pub["no_op"], pub["revision"], m["destroyed"] == true
+		if rs, ok := pub["route_summary"].(layers.RouteSummary); ok {
+			a["source_count"], a["ignored_count"] = rs.SourceCount, rs.IgnoredCount
+		}
+		if dry, _ := m["dry_run"].(bool); dry {
+			a["committed"] = false
+		} else {
+			a["committed"] = pub["no_op"] == false
+		}
+		a["stage"] = "done"
+	}
+	var ce *catalog.Error
+	if errors.As(err, &ce) {
+		if st, ok := ce.Details["stage"]; ok {
+			a["stage"] = st
+		}
+	}
+	return a
+}
+
+// runTraced runs the handler inside its operation's span, if it has one.
+func (s *Supervisor) runTraced(c *call, h handler) (any, error) {
+	osp, ok := opSpans[c.op.ID]
+	if !ok || c.span == nil {
+		return h(s, c)
+	}
+	var attrs map[string]any
+	if osp.start != nil {
+		attrs = osp.start(c)
+	}
+	sp, ctx := s.spanCtx(c.ctx, c.sb, "", osp.name, attrs)
+	c.ctx = ctx
+	res, err := h(s, c)
+	var endAttrs map[string]any
+	if osp.end != nil {
+		endAttrs = osp.end(c, res, err)
+	}
+	sp.done(err, endAttrs)
+	return res, err
+}
