@@ -488,6 +488,8 @@ func (s *Supervisor) recover(ctx context.Context) error {
 	if err != nil {
 		return catalog.Errorf(catalog.ConfigError, "%v", err)
 	}
+	var sum recoverySummary
+	defer func() { s.recovered(&sum) }()
 	for _, rec := range recs {
 		sb := newSandbox(*rec, s.sandboxDir(rec.ID))
 		sb.rec.LiveWorkspaceSessions = []string{} // rebuilt from the session records
@@ -497,6 +499,7 @@ func (s *Supervisor) recover(ctx context.Context) error {
 			if err := s.removeSandbox(ctx, sb); err != nil {
 				s.log.Error("recovery: remove sandbox", "sandbox", rec.ID, "err", err)
 			}
+			sum.removeSandbox(rec.ID, rec.State)
 			continue
 		}
 		st, err := layers.Open(filepath.Join(sb.dir, "layerstack"))
@@ -509,9 +512,9 @@ func (s *Supervisor) recover(ctx context.Context) error {
 			sb.stack = st
 			var res layers.SweepResult
 			res, err = st.Sweep(s.persistedLeases(ctx, sb))
-			if err == nil && (len(res.RemovedLayerIDs) > 0 || res.RemovedStagingEntries > 0 || res.SkippedReason != "") {
-				s.log.Info("recovery: storage sweep", "sandbox", rec.ID, "removed_layers", res.RemovedLayerIDs,
-					"removed_staging", res.RemovedStagingEntries, "skipped", res.SkippedReason)
+			if err == nil {
+				s.bootSweepEvent(sb, res)
+				sum.sweep(res)
 			}
 		}
 		if err != nil && !errors.Is(err, context.Canceled) {
@@ -520,10 +523,13 @@ func (s *Supervisor) recover(ctx context.Context) error {
 			s.log.Error("recovery: sandbox failed", "sandbox", rec.ID, "err", err)
 		}
 		s.sandboxes[rec.ID] = sb
+		if sb.rec.State == stateFailed {
+			sum.FailedSandboxes = append(sum.FailedSandboxes, rec.ID)
+		}
 		if sb.rec.State == stateReady {
-			s.loadCommands(ctx, sb)
-			s.removeOrphanSessionDirs(ctx, sb)
-			s.restoreSessions(ctx, sb)
+			sum.InterruptedCommands += s.loadCommands(ctx, sb)
+			sum.RemovedSessionDirs += s.removeOrphanSessionDirs(ctx, sb)
+			s.restoreSessions(ctx, sb, &sum)
 		}
 	}
 	return nil

@@ -444,7 +444,7 @@ func (s *Supervisor) listWorkspaceSessions(c *call) (any, error) {
 // restoreSessions brings a sandbox's persisted sessions back at start (§4.5,
 // §5.5): explicit ones get a new holder over their lease and upper dir,
 // implicit ones are finalized from their upper dir.
-func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox) {
+func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox, sum *recoverySummary) {
 	var recs []sessionRecord
 	_ = s.store.list(ctx, kindSession, sb.rec.ID, func(b []byte) error {
 		var r sessionRecord
@@ -463,10 +463,12 @@ func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox) {
 		sb.rec.LiveWorkspaceSessions = append(sb.rec.LiveWorkspaceSessions, rec.WorkspaceSessionID)
 		sb.mu.Unlock()
 		if ss.implicit() {
-			s.finalizeImplicit(ctx, sb, ss, nil)
+			s.attachOutcome(ctx, sb, rec.WorkspaceSessionID, s.finalizeImplicit(ctx, sb, ss, nil))
+			sum.FinalizedSessions = append(sum.FinalizedSessions, rec.WorkspaceSessionID)
 			continue
 		}
 		if rec.State == sessRestoreFailed || rec.State == sessFinalizeFailed {
+			sum.KeptFailedSessions = append(sum.KeptFailedSessions, rec.WorkspaceSessionID)
 			continue // data stays until destroyed
 		}
 		ss.setState(sessRestoring)
@@ -474,9 +476,11 @@ func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox) {
 		if err != nil {
 			ss.setState(sessRestoreFailed)
 			s.eventCtx(ctx, sb, "workspace_session.restore_failed", map[string]any{"workspace_session_id": rec.WorkspaceSessionID, "error": err.Error()})
+			sum.RestoreFailedSessions = append(sum.RestoreFailedSessions, rec.WorkspaceSessionID)
 		} else {
 			ss.setState(sessActive)
 			s.eventCtx(ctx, sb, "workspace_session.restored", map[string]any{"workspace_session_id": rec.WorkspaceSessionID})
+			sum.RestoredSessions = append(sum.RestoredSessions, rec.WorkspaceSessionID)
 		}
 		ss.mu.Lock()
 		r := ss.rec
