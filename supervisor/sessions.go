@@ -337,15 +337,19 @@ func (s *Supervisor) destroySession(ctx context.Context, sb *sandbox, ss *sessio
 			s.log.Warn("close holder", "workspace_session_id", ss.id(), "err", err)
 		}
 	}
+	// The record goes first: a crash after it leaves only an orphan
+	// directory (removed at the next start) and layers no persisted lease
+	// pins (swept), so a destroy cut short completes at restart instead of
+	// leaving a record whose upper dir is half gone (restore_failed).
+	if err := s.store.delete(ctx, kindSession, ss.id()); err != nil {
+		return upperBytes, err
+	}
 	if ss.lease != nil {
 		if _, err := ss.lease.Release(); err != nil {
 			s.log.Warn("release lease", "workspace_session_id", ss.id(), "err", err)
 		}
 	}
 	removeTree(ss.dir)
-	if err := s.store.delete(ctx, kindSession, ss.id()); err != nil {
-		return upperBytes, err
-	}
 	sb.mu.Lock()
 	delete(sb.sessions, ss.id())
 	live := sb.rec.LiveWorkspaceSessions[:0]

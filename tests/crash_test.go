@@ -75,6 +75,7 @@ type crashModel struct {
 	// publishing: sessions whose publish was in flight; if head lacks their
 	// files, the session must still exist with them.
 	publishing map[string]map[string]string
+	destroying map[string]bool   // sessions whose destroy was in flight: may be gone
 	keeper     string            // an explicit session with long-running commands
 	running    []string          // commands that a kill must report interrupted
 	implicit   map[string]string // implicit command → path of its (atomic) output dir
@@ -107,7 +108,7 @@ func TestCrashRecovery(t *testing.T) {
 	root := e.project(map[string]string{"base.txt": "base\n", "src/app.py": "print('hi')\n"})
 	m := &crashModel{
 		main: e.createSandbox(root), published: map[string]string{"base.txt": "base\n"},
-		sessions: map[string]map[string]string{}, publishing: map[string]map[string]string{},
+		sessions: map[string]map[string]string{}, publishing: map[string]map[string]string{}, destroying: map[string]bool{},
 		implicit: map[string]string{}, sandboxes: map[string]bool{}, maybe: map[string]bool{},
 		stats: map[string]int{},
 	}
@@ -303,7 +304,11 @@ func crashSteps(e *env, m *crashModel, i int, tiny string, rng *rand.Rand) []cra
 		}
 		if victim != "" {
 			steps = append(steps, crashStep{func() bool {
+				m.destroying[victim] = true
 				r, ok := call("destroy_workspace_session", m.main, map[string]any{"workspace_session_id": victim})
+				if ok {
+					delete(m.destroying, victim)
+				}
 				if ok && errKind(r) == "" {
 					delete(m.sessions, victim)
 				} else if ok {
@@ -488,6 +493,13 @@ func (e *env) checkCrashInvariants(t *testing.T, m *crashModel, cycle int) {
 		}
 	}
 	m.publishing = map[string]map[string]string{}
+	for ws := range m.destroying {
+		m.stats[fmt.Sprintf("in-flight session destroy completed=%v", live[ws] == nil)]++
+		if live[ws] == nil {
+			delete(m.sessions, ws)
+		}
+	}
+	m.destroying = map[string]bool{}
 	for ws, files := range m.sessions {
 		if live[ws] == nil {
 			fail("acknowledged session %s is gone", ws)
