@@ -93,3 +93,23 @@ func (s *Supervisor) attachOutcome(ctx context.Context, sb *sandbox, wsID string
 		}
 	}
 }
+
+// persistOutcome stores the finalization outcome on the draining command's
+// record before the session is destroyed: the session record goes first in
+// destroySession, so a crash after it must not lose what was published
+// (the restart then reports the command interrupted, with the outcome).
+func (s *Supervisor) persistOutcome(ctx context.Context, sb *sandbox, drain *command, extra map[string]any) {
+	if drain == nil || len(extra) == 0 {
+		return
+	}
+	drain.mu.Lock()
+	rec := drain.rec
+	drain.mu.Unlock()
+	rec.Extra = make(map[string]any, len(extra))
+	for k, v := range extra {
+		rec.Extra[k] = v
+	}
+	if err := s.store.put(ctx, kindCommand, rec.CommandSessionID, sb.rec.ID, rec); err != nil {
+		s.log.Warn("persist finalization outcome", "command", rec.CommandSessionID, "err", err)
+	}
+}

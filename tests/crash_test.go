@@ -161,6 +161,9 @@ func TestCrashRecovery(t *testing.T) {
 		m.stats["ms checking"] += int(time.Since(t2).Milliseconds())
 		if i%20 == 19 {
 			t.Logf("cycle %d done at %s", i, time.Since(began).Round(time.Second))
+			if os.Getenv("ESBX_CRASH_DEBUG") != "" {
+				t.Logf("restart %s:\n%s", t2.Sub(t1), e.log)
+			}
 		}
 	}
 	e.stop()
@@ -496,8 +499,17 @@ func (e *env) checkCrashInvariants(t *testing.T, m *crashModel, cycle int) {
 			}
 		}
 		m.stats[fmt.Sprintf("in-flight session publish visible=%v session kept=%v", visible, live[ws] != nil)]++
+		if visible && live[ws] != nil {
+			// Committed, but the crash came before the close: a retried
+			// publish must succeed (its changes equal head's) and close it.
+			r, err := e.call("publish_workspace_session", m.main, map[string]any{"workspace_session_id": ws})
+			if err != nil || errKind(r) != "" || r["destroyed"] != true {
+				fail("retried publish of %s after a crash that committed it: %v %v", ws, r, err)
+			}
+			delete(live, ws)
+		}
 		if visible {
-			delete(m.sessions, ws) // published; the session may linger until closed
+			delete(m.sessions, ws) // published
 			for p, c := range files {
 				m.published[p] = c
 			}
