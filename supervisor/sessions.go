@@ -458,6 +458,9 @@ func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox, sum *reco
 		recs = append(recs, r)
 		return nil
 	})
+	var restoring sync.WaitGroup
+	var sumMu sync.Mutex
+	slots := make(chan struct{}, 4)
 	for _, rec := range recs {
 		m := layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: rec.Lease.Layers}
 		ss := &session{rec: rec, dir: filepath.Join(sb.dir, "sessions", rec.WorkspaceSessionID), ledger: map[string]*command{},
@@ -476,21 +479,39 @@ func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox, sum *reco
 			continue // data stays until destroyed
 		}
 		ss.setState(sessRestoring)
-		err := s.startHolder(ctx, sb, ss)
-		if err != nil {
-			ss.setState(sessRestoreFailed)
-			s.eventCtx(ctx, sb, "workspace_session.restore_failed", map[string]any{"workspace_session_id": rec.WorkspaceSessionID, "error": err.Error()})
-			sum.RestoreFailedSessions = append(sum.RestoreFailedSessions, rec.WorkspaceSessionID)
-		} else {
-			ss.setState(sessActive)
-			s.eventCtx(ctx, sb, "workspace_session.restored", map[string]any{"workspace_session_id": rec.WorkspaceSessionID})
-			sum.RestoredSessions = append(sum.RestoredSessions, rec.WorkspaceSessionID)
-		}
-		ss.mu.Lock()
-		r := ss.rec
-		ss.mu.Unlock()
-		_ = s.store.put(ctx, kindSession, r.WorkspaceSessionID, sb.rec.ID, r)
+		restoring.Go(func() {
+			slots <- struct{}{}
+			defer func() { <-slots }()
+			s.restoreHolder(ctx, sb, ss, sum, &sumMu)
+		})
 	}
+	restoring.Wait()
+}
+
+// restoreHolder gives one restoring explicit session a new holder over its
+// persisted lease and upper dir; several run at once (holder set-up is
+// mostly waiting on the kernel), so a restart with many sessions is quick.
+func (s *Supervisor) restoreHolder(ctx context.Context, sb *sandbox, ss *session, sum *recoverySummary, sumMu *sync.Mutex) {
+	id := ss.id()
+	err := s.startHolder(ctx, sb, ss)
+	sumMu.Lock()
+	if err != nil {
+		ss.setState(sessRestoreFailed)
+		sum.RestoreFailedSessions = append(sum.RestoreFailedSessions, id)
+	} else {
+		ss.setState(sessActive)
+		sum.RestoredSessions = append(sum.RestoredSessions, id)
+	}
+	sumMu.Unlock()
+	if err != nil {
+		s.eventCtx(ctx, sb, "workspace_session.restore_failed", map[string]any{"workspace_session_id": id, "error": err.Error()})
+	} else {
+		s.eventCtx(ctx, sb, "workspace_session.restored", map[string]any{"workspace_session_id": id})
+	}
+	ss.mu.Lock()
+	r := ss.rec
+	ss.mu.Unlock()
+	_ = s.store.put(ctx, kindSession, r.WorkspaceSessionID, sb.rec.ID, r)
 }
 
 // removeTree deletes a directory that may contain the mode-000 work dir the
