@@ -607,7 +607,7 @@ func (c *command) output(rows []string, first, end, truncBefore int, start time.
 
 // loadCommands restores a sandbox's command records at start: commands that
 // were running become terminal with interrupted:true (§4.5).
-func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) {
+func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted int) {
 	var recs []commandRecord
 	_ = s.store.list(ctx, kindCommand, sb.rec.ID, func(b []byte) error {
 		var r commandRecord
@@ -633,6 +633,7 @@ func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) {
 			r.EndedAt, r.EndedUnixMs = &ended, now.UnixMilli()
 			_ = s.store.put(ctx, kindCommand, r.CommandSessionID, sb.rec.ID, r)
 			s.eventCtx(ctx, sb, "command.interrupted", map[string]any{"command_session_id": r.CommandSessionID, "interrupt_reason": "supervisor_restart"})
+			interrupted++
 		}
 		done := make(chan struct{})
 		close(done)
@@ -647,4 +648,5 @@ func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) {
 		}
 		return nil
 	})
+	return interrupted
 }

@@ -70,7 +70,9 @@ func (s *Supervisor) handleLine(line []byte, w *responseWriter) (out any) {
 	if perr != nil {
 		return perr
 	}
-	delete(raw, catalog.TokenField) // Unix peers are authenticated by uid; the token is ignored
+	if e := s.authorize(raw, w.tcp); e != nil { // §2.4 step 4; strips the token
+		return e
+	}
 	req, perr := catalog.DecodeRequest(raw)
 	if perr != nil {
 		return perr

@@ -21,4 +21,20 @@
 //     through a holder, not the lstat calls a listing makes (cheap traces);
 //     holder.mount_overlay is timed inside the holder and recorded as
 //     ending when the holder reported ready.
+//   - The optional TCP listener (--listen, supervisor.listen) speaks the same
+//     line protocol; its address is checked before anything else happens at
+//     start, and listen.addr next to the socket names the bound port. The
+//     gateway token is read once at start; an unauthorized request is
+//     answered before envelope validation and names no token.
+//   - Each start records one system event supervisor.recovered listing what
+//     recovery did (sandboxes removed or failed, sessions restored, failed,
+//     finalized, commands interrupted, layers and staging swept); the boot
+//     sweep also records layerstack.squash {boot_sweep:true} when it removed
+//     or skipped something. Explicit sessions are restored four at a time.
+//   - Crash order: a session's record is deleted before its lease and
+//     directory, so a destroy cut short completes at the next start; an
+//     implicit session's finalization outcome is stored on the draining
+//     command before the session is destroyed. A crash between a publish's
+//     manifest replace and the session's close leaves the explicit session
+//     active; publishing it again succeeds (its changes equal head's).
 package supervisor

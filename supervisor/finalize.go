@@ -151,6 +151,7 @@ func (s *Supervisor) finalize(ctx context.Context, sb *sandbox, ss *session, dra
 		s.eventCtx(ctx, sb, "workspace_session.finalize.publish_failed", map[string]any{"workspace_session_id": ss.id(),
 			"reject_class": rej.Reason, "detail": err.Error(), "conflict_paths": conflictPaths(rej)})
 	}
+	s.persistOutcome(ctx, sb, drain, extra)
 	if _, err := s.destroySession(ctx, sb, ss, 0); err != nil {
 		ss.setState(sessFinalizeFailed)
 		extra["finalization_failed"], extra["finalization_failure_class"], extra["finalization_attempts"] = true, "holder_finalization_destroy_failed", 1

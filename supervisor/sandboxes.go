@@ -504,6 +504,8 @@ func (s *Supervisor) recover(ctx context.Context) error {
 	if err != nil {
 		return catalog.Errorf(catalog.ConfigError, "%v", err)
 	}
+	var sum recoverySummary
+	defer func() { s.recovered(&sum) }()
 	for _, rec := range recs {
 		sb := newSandbox(*rec, s.sandboxDir(rec.ID))
 		sb.rec.LiveWorkspaceSessions = []string{} // rebuilt from the session records
@@ -513,6 +515,7 @@ func (s *Supervisor) recover(ctx context.Context) error {
 			if err := s.removeSandbox(ctx, sb); err != nil {
 				s.log.Error("recovery: remove sandbox", "sandbox", rec.ID, "err", err)
 			}
+			sum.removeSandbox(rec.ID, rec.State)
 			continue
 		}
 		st, err := layers.Open(filepath.Join(sb.dir, "layerstack"))
@@ -525,11 +528,9 @@ func (s *Supervisor) recover(ctx context.Context) error {
 			sb.stack = st
 			var res layers.SweepResult
 			res, err = st.Sweep(s.persistedLeases(ctx, sb))
-			if err == nil && (len(res.RemovedLayerIDs) > 0 || res.RemovedStagingEntries > 0 || res.SkippedReason != "") {
-				s.log.Info("recovery: storage sweep", "sandbox", rec.ID, "removed_layers", res.RemovedLayerIDs,
-					"removed_staging", res.RemovedStagingEntries, "skipped", res.SkippedReason)
-				s.event(sb, "", "layerstack.squash", map[string]any{"boot_sweep": true, "removed_layer_ids": nonNil(res.RemovedLayerIDs),
-					"removed_staging_entries": res.RemovedStagingEntries, "skipped_reason": res.SkippedReason})
+			if err == nil {
+				s.bootSweepEvent(sb, res)
+				sum.sweep(res)
 			}
 		}
 		if err != nil && !errors.Is(err, context.Canceled) {
@@ -544,10 +545,13 @@ func (s *Supervisor) recover(ctx context.Context) error {
 				s.log.Error("recovery: image of sandbox", "sandbox", rec.ID, "err", err)
 			}
 		}
+		if sb.rec.State == stateFailed {
+			sum.FailedSandboxes = append(sum.FailedSandboxes, rec.ID)
+		}
 		if sb.rec.State == stateReady {
-			s.loadCommands(ctx, sb)
-			s.removeOrphanSessionDirs(ctx, sb)
-			s.restoreSessions(ctx, sb)
+			sum.InterruptedCommands += s.loadCommands(ctx, sb)
+			sum.RemovedSessionDirs += s.removeOrphanSessionDirs(ctx, sb)
+			s.restoreSessions(ctx, sb, &sum)
 		}
 	}
 	s.images.Prune() // every reference is known now

@@ -24,6 +24,7 @@ import (
 type Options struct {
 	ConfigPath string // --config; default <config dir>/config.yml
 	Endpoint   string // --endpoint; default SANDBOX_SUPERVISOR_SOCKET, config, runtime dir
+	Listen     string // --listen tcp://HOST:PORT (loopback); default supervisor.listen
 	Version    string
 	Logger     *slog.Logger
 	// Ready is called once the listener accepts requests (after recovery).
@@ -65,6 +66,8 @@ type Supervisor struct {
 	inflight sync.WaitGroup
 	conns    chan struct{} // connection slots (max_concurrent_connections)
 	active   atomic.Int64  // requests being executed
+
+	gatewayToken []byte // TCP peers must present it (§2.2); never logged
 }
 
 // Serve runs the supervisor until ctx is cancelled, then shuts down cleanly:
@@ -86,6 +89,10 @@ func Serve(ctx context.Context, opt Options) error {
 		cfgPath = filepath.Join(dirs.Config, "config.yml")
 	}
 	cfg, err := LoadConfig(cfgPath)
+	if err != nil {
+		return err
+	}
+	tcpAddr, err := listenAddr(opt.Listen, cfg)
 	if err != nil {
 		return err
 	}
@@ -144,6 +151,22 @@ func Serve(ctx context.Context, opt Options) error {
 			return err
 		}
 	}
+	var tcp net.Listener
+	if tcpAddr != "" {
+		if s.gatewayToken, err = readGatewayToken(dirs.Config); err == nil {
+			tcp, err = tcpListen(tcpAddr, socket)
+		}
+		if err != nil {
+			ln.Close()
+			if opt.Listener == nil {
+				os.Remove(socket)
+			}
+			return err
+		}
+		defer tcp.Close()
+		defer os.Remove(filepath.Join(filepath.Dir(socket), "listen.addr"))
+		log.Info("supervisor listening on TCP", "addr", tcpAddrString(tcp))
+	}
 	pidFile := filepath.Join(dirs.Runtime, "supervisor.pid")
 	if filepath.Dir(socket) != dirs.Runtime {
 		pidFile = filepath.Join(filepath.Dir(socket), "supervisor.pid")
@@ -162,16 +185,19 @@ func Serve(ctx context.Context, opt Options) error {
 	}
 
 	go s.runSampler(ctx) // stops when ctx ends, before shutdown tears sessions down
-	acceptDone := make(chan struct{})
-	go func() {
-		defer close(acceptDone)
-		s.acceptLoop(ln)
-	}()
+	var accepting sync.WaitGroup
+	accepting.Go(func() { s.acceptLoop(ln, false) })
+	if tcp != nil {
+		accepting.Go(func() { s.acceptLoop(tcp, true) })
+	}
 	<-ctx.Done()
 	log.Info("supervisor shutting down")
 	s.draining.Store(true)
 	ln.Close()
-	<-acceptDone
+	if tcp != nil {
+		tcp.Close()
+	}
+	accepting.Wait()
 	s.waitInflight(time.Duration(cfg.Supervisor.ShutdownGraceS * float64(time.Second)))
 	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.Supervisor.ShutdownGraceS*float64(time.Second)))
 	s.shutdown(sctx)
@@ -252,7 +278,9 @@ func listenUnix(socket string) (net.Listener, error) {
 	return ln, nil
 }
 
-func (s *Supervisor) acceptLoop(ln net.Listener) {
+// acceptLoop serves one listener; tcp marks the token-authenticated TCP
+// listener (no peer uid, a gateway token on every request).
+func (s *Supervisor) acceptLoop(ln net.Listener, tcp bool) {
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
@@ -273,7 +301,7 @@ func (s *Supervisor) acceptLoop(ln net.Listener) {
 		s.inflight.Add(1)
 		go func() {
 			defer func() { <-s.conns; s.inflight.Done() }()
-			s.serveConn(conn)
+			s.serveConn(conn, tcp)
 		}()
 	}
 }
@@ -307,17 +335,19 @@ func peerUID(conn net.Conn) (int, error) {
 	return int(cred.Uid), nil
 }
 
-func (s *Supervisor) serveConn(conn net.Conn) {
+func (s *Supervisor) serveConn(conn net.Conn, tcp bool) {
 	defer conn.Close()
-	uid, err := peerUID(conn)
-	if err != nil || uid != os.Geteuid() {
-		if err != nil {
-			uid = -1
+	if !tcp {
+		uid, err := peerUID(conn)
+		if err != nil || uid != os.Geteuid() {
+			if err != nil {
+				uid = -1
+			}
+			s.refuse(conn, catalog.Errorf(catalog.Unauthorized, "peer uid %d is not the supervisor owner", uid))
+			return
 		}
-		s.refuse(conn, catalog.Errorf(catalog.Unauthorized, "peer uid %d is not the supervisor owner", uid))
-		return
 	}
-	w := &responseWriter{conn: conn}
+	w := &responseWriter{conn: conn, tcp: tcp}
 	timeout := time.Duration(s.cfg.Supervisor.RequestReadTimeoutS * float64(time.Second))
 	_ = conn.SetReadDeadline(time.Now().Add(timeout))
 	line, rerr := readRequestLine(bufio.NewReaderSize(conn, 64<<10), s.cfg.Supervisor.MaxRequestBytes)
@@ -362,6 +392,7 @@ type responseWriter struct {
 	mu   sync.Mutex
 	conn net.Conn
 	done bool
+	tcp  bool // the request came over the TCP listener: it needs the gateway token
 }
 
 func (w *responseWriter) progress(msg string) {

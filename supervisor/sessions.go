@@ -396,6 +396,13 @@ func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session,
 			s.log.Warn("close holder", "workspace_session_id", ss.id(), "err", err)
 		}
 	}
+	// The record goes first: a crash after it leaves only an orphan
+	// directory (removed at the next start) and layers no persisted lease
+	// pins (swept), so a destroy cut short completes at restart instead of
+	// leaving a record whose upper dir is half gone (restore_failed).
+	if err := s.store.delete(ctx, kindSession, ss.id()); err != nil {
+		return upperBytes, err
+	}
 	s.cgroups.removeSession(ss.id())
 	if ss.lease != nil {
 		if _, err := ss.lease.Release(); err != nil {
@@ -403,9 +410,6 @@ func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session,
 		}
 	}
 	removeTree(ss.dir)
-	if err := s.store.delete(ctx, kindSession, ss.id()); err != nil {
-		return upperBytes, err
-	}
 	sb.mu.Lock()
 	delete(sb.sessions, ss.id())
 	live := sb.rec.LiveWorkspaceSessions[:0]
@@ -504,7 +508,7 @@ func (s *Supervisor) listWorkspaceSessions(c *call) (any, error) {
 // restoreSessions brings a sandbox's persisted sessions back at start (§4.5,
 // §5.5): explicit ones get a new holder over their lease and upper dir,
 // implicit ones are finalized from their upper dir.
-func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox) {
+func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox, sum *recoverySummary) {
 	var recs []sessionRecord
 	_ = s.store.list(ctx, kindSession, sb.rec.ID, func(b []byte) error {
 		var r sessionRecord
@@ -514,6 +518,9 @@ func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox) {
 		recs = append(recs, r)
 		return nil
 	})
+	var restoring sync.WaitGroup
+	var sumMu sync.Mutex
+	slots := make(chan struct{}, 4)
 	for _, rec := range recs {
 		m := layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: rec.Lease.Layers}
 		ss := &session{rec: rec, dir: filepath.Join(sb.dir, "sessions", rec.WorkspaceSessionID), ledger: map[string]*command{},
@@ -523,28 +530,50 @@ func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox) {
 		sb.rec.LiveWorkspaceSessions = append(sb.rec.LiveWorkspaceSessions, rec.WorkspaceSessionID)
 		sb.mu.Unlock()
 		if ss.implicit() {
-			s.finalizeImplicit(ctx, sb, ss, nil)
+			s.attachOutcome(ctx, sb, rec.WorkspaceSessionID, s.finalizeImplicit(ctx, sb, ss, nil))
+			sum.FinalizedSessions = append(sum.FinalizedSessions, rec.WorkspaceSessionID)
 			continue
 		}
 		if rec.State == sessRestoreFailed || rec.State == sessFinalizeFailed {
+			sum.KeptFailedSessions = append(sum.KeptFailedSessions, rec.WorkspaceSessionID)
 			continue // data stays until destroyed
 		}
 		ss.setState(sessRestoring)
-		sp, rctx := s.spanCtx(ctx, sb, "recovery", "workspace_session.restore", map[string]any{"workspace_session_id": rec.WorkspaceSessionID, "reason": "supervisor_start"})
-		err := s.startHolder(rctx, sb, ss)
-		sp.done(err, nil)
-		if err != nil {
-			ss.setState(sessRestoreFailed)
-			s.eventCtx(ctx, sb, "workspace_session.restore_failed", map[string]any{"workspace_session_id": rec.WorkspaceSessionID, "error": err.Error()})
-		} else {
-			ss.setState(sessActive)
-			s.eventCtx(ctx, sb, "workspace_session.restored", map[string]any{"workspace_session_id": rec.WorkspaceSessionID})
-		}
-		ss.mu.Lock()
-		r := ss.rec
-		ss.mu.Unlock()
-		_ = s.store.put(ctx, kindSession, r.WorkspaceSessionID, sb.rec.ID, r)
+		restoring.Go(func() {
+			slots <- struct{}{}
+			defer func() { <-slots }()
+			s.restoreHolder(ctx, sb, ss, sum, &sumMu)
+		})
 	}
+	restoring.Wait()
+}
+
+// restoreHolder gives one restoring explicit session a new holder over its
+// persisted lease and upper dir; several run at once (holder set-up is
+// mostly waiting on the kernel), so a restart with many sessions is quick.
+func (s *Supervisor) restoreHolder(ctx context.Context, sb *sandbox, ss *session, sum *recoverySummary, sumMu *sync.Mutex) {
+	id := ss.id()
+	sp, rctx := s.spanCtx(ctx, sb, "recovery", "workspace_session.restore", map[string]any{"workspace_session_id": id, "reason": "supervisor_start"})
+	err := s.startHolder(rctx, sb, ss)
+	sp.done(err, nil)
+	sumMu.Lock()
+	if err != nil {
+		ss.setState(sessRestoreFailed)
+		sum.RestoreFailedSessions = append(sum.RestoreFailedSessions, id)
+	} else {
+		ss.setState(sessActive)
+		sum.RestoredSessions = append(sum.RestoredSessions, id)
+	}
+	sumMu.Unlock()
+	if err != nil {
+		s.eventCtx(ctx, sb, "workspace_session.restore_failed", map[string]any{"workspace_session_id": id, "error": err.Error()})
+	} else {
+		s.eventCtx(ctx, sb, "workspace_session.restored", map[string]any{"workspace_session_id": id})
+	}
+	ss.mu.Lock()
+	r := ss.rec
+	ss.mu.Unlock()
+	_ = s.store.put(ctx, kindSession, r.WorkspaceSessionID, sb.rec.ID, r)
 }
 
 // removeTree deletes a directory that may contain the mode-000 work dir the

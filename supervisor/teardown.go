@@ -100,15 +100,17 @@ func (s *Supervisor) persistedLeases(ctx context.Context, sb *sandbox) [][]layer
 
 // removeOrphanSessionDirs deletes session directories without a record
 // (a crash during session creation).
-func (s *Supervisor) removeOrphanSessionDirs(ctx context.Context, sb *sandbox) {
+func (s *Supervisor) removeOrphanSessionDirs(ctx context.Context, sb *sandbox) (removed int) {
 	ents, err := os.ReadDir(filepath.Join(sb.dir, "sessions"))
 	if err != nil {
-		return
+		return 0
 	}
 	for _, e := range ents {
 		if ok, err := s.store.exists(ctx, kindSession, e.Name()); err == nil && !ok {
 			s.log.Info("recovery: removing orphan session directory", "sandbox", sb.rec.ID, "dir", e.Name())
 			removeTree(filepath.Join(sb.dir, "sessions", e.Name()))
+			removed++
 		}
 	}
+	return removed
 }

@@ -60,6 +60,8 @@ type env struct {
 	sup  *exec.Cmd
 	done chan error
 	log  *bytes.Buffer
+	// supEnv is extra environment for the supervisor only (failpoints).
+	supEnv []string
 }
 
 func newEnv(t *testing.T) *env {
@@ -104,7 +106,7 @@ func (e *env) start(extra ...string) {
 		e.t.Fatal("supervisor already running")
 	}
 	cmd := exec.Command(bin("sandbox-supervisor"), append([]string{"serve"}, extra...)...)
-	cmd.Env = e.environ()
+	cmd.Env = e.environ(e.supEnv...)
 	e.log = &bytes.Buffer{}
 	cmd.Stdout, cmd.Stderr = e.log, e.log
 	if err := cmd.Start(); err != nil {

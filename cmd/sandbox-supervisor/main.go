@@ -55,13 +55,14 @@ func serve(args []string, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	cfg := fs.String("config", "", "configuration file (default <config dir>/config.yml)")
 	endpoint := fs.String("endpoint", "", "Unix socket path (default: SANDBOX_SUPERVISOR_SOCKET, config, runtime dir)")
+	listen := fs.String("listen", "", "optional loopback TCP RPC listener tcp://127.0.0.1:PORT (default: config supervisor.listen)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	log := slog.New(serviceLogHandler(stderr))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	opts := supervisor.Options{ConfigPath: *cfg, Endpoint: *endpoint, Version: version, Logger: log}
+	opts := supervisor.Options{ConfigPath: *cfg, Endpoint: *endpoint, Listen: *listen, Version: version, Logger: log}
 	err := withService(ctx, &opts)
 	if err == nil {
 		err = supervisor.Serve(ctx, opts)

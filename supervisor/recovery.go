@@ -1,0 +1,115 @@
+package supervisor
+
+import (
+	"context"
+
+	"github.com/ephemeral-ai-lab/sandbox/layers"
+)
+
+// recoverySummary is what one start-up recovery (§4.5) did. It is reported
+// as the system event supervisor.recovered — the contract names the
+// per-item events (workspace_session.restored, command.interrupted, the boot
+// sweep's layerstack.squash) but no summary; one event lets a user (and the
+// crash test) see at a glance what a restart found and repaired.
+type recoverySummary struct {
+	RemovedSandboxes      []string // creating rolled back, stopping/stopped completed
+	FailedSandboxes       []string // manifest missing or unreadable
+	RestoredSessions      []string // explicit sessions with a new holder
+	RestoreFailedSessions []string
+	KeptFailedSessions    []string // restore_failed/finalize_failed before the restart
+	FinalizedSessions     []string // implicit sessions finalized
+	InterruptedCommands   int
+	RemovedSessionDirs    int // session directories without a record
+	SweptLayers           []string
+	SweptStagingEntries   int
+}
+
+func (r *recoverySummary) removeSandbox(id, state string) {
+	r.RemovedSandboxes = append(r.RemovedSandboxes, id+" ("+state+")")
+}
+
+func (r *recoverySummary) sweep(res layers.SweepResult) {
+	r.SweptLayers = append(r.SweptLayers, res.RemovedLayerIDs...)
+	r.SweptStagingEntries += res.RemovedStagingEntries
+}
+
+// recovered records the summary event and logs it.
+func (s *Supervisor) recovered(r *recoverySummary) {
+	s.event(nil, s.syntheticTrace("recovery"), "supervisor.recovered", map[string]any{
+		"removed_sandboxes":       nonNil(r.RemovedSandboxes),
+		"failed_sandboxes":        nonNil(r.FailedSandboxes),
+		"restored_sessions":       nonNil(r.RestoredSessions),
+		"restore_failed_sessions": nonNil(r.RestoreFailedSessions),
+		"kept_failed_sessions":    nonNil(r.KeptFailedSessions),
+		"finalized_sessions":      nonNil(r.FinalizedSessions),
+		"interrupted_commands":    r.InterruptedCommands,
+		"removed_session_dirs":    r.RemovedSessionDirs,
+		"swept_layers":            nonNil(r.SweptLayers),
+		"swept_staging_entries":   r.SweptStagingEntries,
+	})
+}
+
+// bootSweepEvent reports a sandbox's start-up sweep (§8.7, §10.2) when it
+// removed something or was skipped.
+func (s *Supervisor) bootSweepEvent(sb *sandbox, res layers.SweepResult) {
+	if len(res.RemovedLayerIDs) == 0 && res.RemovedStagingEntries == 0 && res.SkippedReason == "" {
+		return
+	}
+	var skipped any
+	if res.SkippedReason != "" {
+		skipped = res.SkippedReason
+	}
+	s.event(sb, s.syntheticTrace("recovery"), "layerstack.squash", map[string]any{
+		"boot_sweep": true, "removed_layer_ids": nonNil(res.RemovedLayerIDs),
+		"removed_staging_entries": res.RemovedStagingEntries, "skipped_reason": skipped,
+	})
+}
+
+// attachOutcome gives the commands of an implicit session that a restart
+// interrupted the outcome of its finalization at start-up (§4.5: "the
+// outcome fields are attached to each of its interrupted commands"), so an
+// agent polling its command learns whether its work was published.
+func (s *Supervisor) attachOutcome(ctx context.Context, sb *sandbox, wsID string, extra map[string]any) {
+	if len(extra) == 0 {
+		return
+	}
+	for _, cmd := range sb.commands {
+		cmd.mu.Lock()
+		hit := cmd.rec.WorkspaceSessionID == wsID && cmd.rec.Interrupted && cmd.rec.InterruptReason == "supervisor_restart"
+		if hit {
+			if cmd.rec.Extra == nil {
+				cmd.rec.Extra = map[string]any{}
+			}
+			for k, v := range extra {
+				cmd.rec.Extra[k] = v
+			}
+		}
+		rec := cmd.rec
+		cmd.mu.Unlock()
+		if hit {
+			if err := s.store.put(ctx, kindCommand, rec.CommandSessionID, sb.rec.ID, rec); err != nil {
+				s.log.Warn("persist command", "command", rec.CommandSessionID, "err", err)
+			}
+		}
+	}
+}
+
+// persistOutcome stores the finalization outcome on the draining command's
+// record before the session is destroyed: the session record goes first in
+// destroySession, so a crash after it must not lose what was published
+// (the restart then reports the command interrupted, with the outcome).
+func (s *Supervisor) persistOutcome(ctx context.Context, sb *sandbox, drain *command, extra map[string]any) {
+	if drain == nil || len(extra) == 0 {
+		return
+	}
+	drain.mu.Lock()
+	rec := drain.rec
+	drain.mu.Unlock()
+	rec.Extra = make(map[string]any, len(extra))
+	for k, v := range extra {
+		rec.Extra[k] = v
+	}
+	if err := s.store.put(ctx, kindCommand, rec.CommandSessionID, sb.rec.ID, rec); err != nil {
+		s.log.Warn("persist finalization outcome", "command", rec.CommandSessionID, "err", err)
+	}
+}

@@ -1,0 +1,762 @@
+package tests
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ephemeral-ai-lab/sandbox/layers"
+)
+
+// errLost marks a request whose connection died before a response: the
+// supervisor was killed while it ran, so its outcome is unknown.
+var errLost = errors.New("connection lost before the response")
+
+// call sends one request on the Unix socket. A success or an error envelope
+// is returned as the response object; only a lost connection is an error.
+func (e *env) call(op, sandboxID string, args map[string]any) (map[string]any, error) {
+	c, err := net.Dial("unix", e.socket())
+	if err != nil {
+		return nil, errLost
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Minute))
+	scope := map[string]any{"kind": "system"}
+	if sandboxID != "" {
+		scope = map[string]any{"kind": "sandbox", "sandbox_id": sandboxID}
+	}
+	if args == nil {
+		args = map[string]any{}
+	}
+	b, _ := json.Marshal(map[string]any{"op": op, "scope": scope, "args": args})
+	if _, err := c.Write(append(b, '\n')); err != nil {
+		return nil, errLost
+	}
+	line, err := bufio.NewReader(c).ReadBytes('\n')
+	if err != nil {
+		return nil, errLost
+	}
+	var m map[string]any
+	if err := json.Unmarshal(line, &m); err != nil {
+		return nil, fmt.Errorf("%s: bad response %q: %v", op, line, err)
+	}
+	return m, nil
+}
+
+// mustCall is call for requests that run while the supervisor is up and must succeed.
+func (e *env) mustCall(op, sandboxID string, args map[string]any) map[string]any {
+	e.t.Helper()
+	m, err := e.call(op, sandboxID, args)
+	if err != nil || errKind(m) != "" {
+		e.t.Fatalf("%s %v: %v %v", op, args, err, m)
+	}
+	return m
+}
+
+// crashModel is what the test knows the supervisor acknowledged, and what
+// was in flight when it died.
+type crashModel struct {
+	main      string                       // the sandbox every cycle works in
+	published map[string]string            // path → content that head must show
+	pending   []map[string]string          // unacknowledged publishes: all or nothing
+	sessions  map[string]map[string]string // explicit sessions → files they must hold
+	// publishing: sessions whose publish was in flight; if head lacks their
+	// files, the session must still exist with them.
+	publishing map[string]map[string]string
+	destroying map[string]bool   // sessions whose destroy was in flight: may be gone
+	keeper     string            // an explicit session with long-running commands
+	running    []string          // commands that a kill must report interrupted
+	implicit   map[string]string // implicit command → path of its (atomic) output dir
+	sandboxes  map[string]bool   // throwaway sandboxes: true acknowledged alive
+	maybe      map[string]bool   // throwaway sandboxes whose create/destroy was in flight
+	stats      map[string]int    // what the kills caught, logged at the end
+	verified   map[string]string // layer ID → digest already recomputed from its content
+	checked    map[string]bool   // published paths already seen in head once
+	cycles     int
+}
+
+// TestCrashRecovery kills the supervisor with SIGKILL at randomized points of
+// publish/create/destroy cycles (explicit session create → exec writes →
+// publish; implicit commands; sessionless writes; sandbox create/destroy;
+// session destroy; the fail-next-publish failpoint) and checks after every
+// restart what §4.5, §5.5 and §8.7-8.8 promise. ESBX_CRASH_CYCLES overrides
+// the 100 cycles; ESBX_CRASH_SEED replays a run.
+func TestCrashRecovery(t *testing.T) {
+	cycles := 100
+	if v, err := strconv.Atoi(os.Getenv("ESBX_CRASH_CYCLES")); err == nil && v > 0 {
+		cycles = v
+	}
+	seed := uint64(time.Now().UnixNano())
+	if v, err := strconv.ParseUint(os.Getenv("ESBX_CRASH_SEED"), 10, 64); err == nil {
+		seed = v
+	}
+	t.Logf("seed %d (ESBX_CRASH_SEED replays it), %d cycles", seed, cycles)
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+
+	e := newEnv(t)
+	e.supEnv = []string{"SANDBOX_LAYERSTACK_ENABLE_TEST_FAILPOINTS=1"}
+	e.start()
+	root := e.project(map[string]string{"base.txt": "base\n", "src/app.py": "print('hi')\n"})
+	m := &crashModel{
+		main: e.createSandbox(root), published: map[string]string{"base.txt": "base\n"},
+		sessions: map[string]map[string]string{}, publishing: map[string]map[string]string{}, destroying: map[string]bool{},
+		implicit: map[string]string{}, sandboxes: map[string]bool{}, maybe: map[string]bool{},
+		stats: map[string]int{}, verified: map[string]string{}, checked: map[string]bool{}, cycles: cycles,
+	}
+	m.keeper = e.session(m.main)
+	m.sessions[m.keeper] = map[string]string{}
+	tiny := e.project(map[string]string{"t.txt": "t\n"})
+
+	began := time.Now()
+	for i := 0; i < cycles; i++ {
+		steps := crashSteps(e, m, i, tiny, rng)
+		// Kill during a random step: after its request went out, at a random
+		// moment (sometimes before it even starts, sometimes after it ended).
+		k := rng.IntN(len(steps))
+		jitter := time.Duration(rng.IntN(60)) * time.Millisecond
+		if rng.IntN(4) == 0 {
+			jitter = time.Duration(rng.IntN(400)) * time.Millisecond
+		}
+		entered := make(chan struct{})
+		finished := make(chan struct{})
+		go func() {
+			defer close(finished)
+			for j, st := range steps {
+				if j == k {
+					close(entered)
+				}
+				if !st.run() {
+					break // the supervisor is gone
+				}
+			}
+		}()
+		t0 := time.Now()
+		select {
+		case <-entered:
+			time.Sleep(jitter)
+		case <-finished:
+		}
+		m.stats["ms working"] += int(time.Since(t0).Milliseconds())
+		e.kill9()
+		<-finished
+		m.stats[fmt.Sprintf("killed in step %d", k)]++
+		t0 = time.Now()
+		e.checkNoHolders(t)
+		t1 := time.Now()
+		e.start()
+		t2 := time.Now()
+		e.checkCrashInvariants(t, m, i)
+		m.stats["ms waiting for holders to die"] += int(t1.Sub(t0).Milliseconds())
+		m.stats["ms restarting"] += int(t2.Sub(t1).Milliseconds())
+		m.stats["ms checking"] += int(time.Since(t2).Milliseconds())
+		if i%20 == 19 {
+			t.Logf("cycle %d done at %s", i, time.Since(began).Round(time.Second))
+			if os.Getenv("ESBX_CRASH_DEBUG") != "" {
+				t.Logf("restart %s:\n%s", t2.Sub(t1), e.log)
+			}
+		}
+	}
+	e.stop()
+	t.Logf("what the kills caught: %v", m.stats)
+}
+
+type crashStep struct{ run func() bool }
+
+// crashSteps builds the cycle's workload. Each step records in m what the
+// supervisor acknowledged and returns false once the connection was lost.
+func crashSteps(e *env, m *crashModel, i int, tiny string, rng *rand.Rand) []crashStep {
+	t := e.t
+	var ws string
+	files := map[string]string{}
+	for f := 1; f <= 3; f++ {
+		files[fmt.Sprintf("e%d/%d.txt", i, f)] = fmt.Sprintf("explicit %d/%d\n", i, f)
+	}
+	call := func(op, sb string, args map[string]any) (map[string]any, bool) {
+		r, err := e.call(op, sb, args)
+		if errors.Is(err, errLost) {
+			return nil, false
+		}
+		if err != nil {
+			t.Errorf("cycle %d %s: %v", i, op, err)
+			return nil, false
+		}
+		return r, true
+	}
+	failpoint := i%5 == 4
+	steps := []crashStep{
+		{func() bool { // explicit session
+			r, ok := call("create_workspace_session", m.main, nil)
+			if ok && errKind(r) == "" {
+				ws = r["workspace_session_id"].(string)
+				m.sessions[ws] = map[string]string{}
+			} else if ok {
+				t.Errorf("cycle %d create_workspace_session: %v", i, r)
+			}
+			return ok
+		}},
+		{func() bool { // its files
+			if ws == "" {
+				return true
+			}
+			var sh strings.Builder
+			fmt.Fprintf(&sh, "mkdir -p e%d", i)
+			for p, c := range files {
+				fmt.Fprintf(&sh, " && echo '%s' > %s", strings.TrimSuffix(c, "\n"), p)
+			}
+			r, ok := call("exec_command", m.main, map[string]any{"workspace_session_id": ws, "cmd": sh.String(), "yield_time_ms": 30000})
+			if ok && (errKind(r) != "" || r["status"] != "ok") {
+				t.Errorf("cycle %d exec in %s: %v", i, ws, r)
+			} else if ok {
+				m.sessions[ws] = files
+			}
+			return ok
+		}},
+		{func() bool { // publish, sometimes through the failpoint
+			if ws == "" || len(m.sessions[ws]) == 0 {
+				return true
+			}
+			if failpoint {
+				marker := filepath.Join(e.data(), "sandboxes", m.main, "layerstack", ".layer-metadata", "fail-next-publish")
+				if err := os.WriteFile(marker, nil, 0o600); err != nil {
+					t.Errorf("failpoint marker: %v", err)
+				}
+			}
+			m.publishing[ws] = files
+			r, ok := call("publish_workspace_session", m.main, map[string]any{"workspace_session_id": ws})
+			if !ok {
+				m.pending = append(m.pending, files)
+				return false
+			}
+			delete(m.publishing, ws)
+			switch {
+			case failpoint && errKind(r) == "operation_failed":
+				// Rejected before the manifest replace: the session stays with its files.
+			case errKind(r) == "":
+				if failpoint {
+					t.Errorf("cycle %d: the failpoint did not fire: %v", i, r)
+				}
+				delete(m.sessions, ws)
+				for p, c := range files {
+					m.published[p] = c
+				}
+			default:
+				t.Errorf("cycle %d publish: %v", i, r)
+			}
+			return true
+		}},
+		{func() bool { // an implicit command that publishes its dir atomically
+			cmd := fmt.Sprintf("mkdir -p .t%d && echo a%d > .t%d/a && echo b%d > .t%d/b && sleep 0.%d && mv .t%d m%d", i, i, i, i, i, rng.IntN(4), i, i)
+			r, ok := call("exec_command", m.main, map[string]any{"cmd": cmd, "yield_time_ms": rng.IntN(2) * 2000})
+			if ok && errKind(r) == "" {
+				m.implicit[r["command_session_id"].(string)] = fmt.Sprintf("m%d", i)
+			} else if ok {
+				t.Errorf("cycle %d implicit exec: %v", i, r)
+			}
+			if !ok {
+				m.pending = append(m.pending, map[string]string{fmt.Sprintf("m%d/a", i): fmt.Sprintf("a%d\n", i), fmt.Sprintf("m%d/b", i): fmt.Sprintf("b%d\n", i)})
+			}
+			return ok
+		}},
+		{func() bool { // a sessionless write
+			p, c := fmt.Sprintf("w%d.txt", i), fmt.Sprintf("written %d\n", i)
+			r, ok := call("file_write", m.main, map[string]any{"path": p, "content": c})
+			if ok && errKind(r) == "" {
+				m.published[p] = c
+			} else if ok {
+				t.Errorf("cycle %d file_write: %v", i, r)
+			} else {
+				m.pending = append(m.pending, map[string]string{p: c})
+			}
+			return ok
+		}},
+		{func() bool { // a long command the kill must interrupt
+			r, ok := call("exec_command", m.main, map[string]any{"workspace_session_id": m.keeper, "cmd": "sleep 1000", "yield_time_ms": 0})
+			if ok && errKind(r) == "" {
+				m.running = append(m.running, r["command_session_id"].(string))
+			} else if ok {
+				t.Errorf("cycle %d keeper exec: %v", i, r)
+			}
+			return ok
+		}},
+		{func() bool { // a throwaway sandbox: create, then destroy
+			r, ok := call("create_sandbox", "", map[string]any{"workspace_root": tiny})
+			if !ok {
+				return false
+			}
+			id, _ := r["id"].(string)
+			if errKind(r) != "" || id == "" {
+				t.Errorf("cycle %d create_sandbox: %v", i, r)
+				return true
+			}
+			m.sandboxes[id] = true
+			m.maybe[id] = true // destroy follows
+			r, ok = call("destroy_sandbox", "", map[string]any{"sandbox_id": id})
+			if ok && errKind(r) == "" {
+				delete(m.sandboxes, id)
+				delete(m.maybe, id)
+			} else if ok {
+				t.Errorf("cycle %d destroy_sandbox: %v", i, r)
+			}
+			return ok
+		}},
+	}
+	// Destroy the oldest extra explicit session now and then.
+	if len(m.sessions) > 2 {
+		var victim string
+		for id := range m.sessions {
+			if id != m.keeper && id != ws && (victim == "" || id < victim) {
+				victim = id
+			}
+		}
+		if victim != "" {
+			steps = append(steps, crashStep{func() bool {
+				m.destroying[victim] = true
+				r, ok := call("destroy_workspace_session", m.main, map[string]any{"workspace_session_id": victim})
+				if ok {
+					delete(m.destroying, victim)
+				}
+				if ok && errKind(r) == "" {
+					delete(m.sessions, victim)
+				} else if ok {
+					t.Errorf("cycle %d destroy_workspace_session: %v", i, r)
+				}
+				return ok
+			}})
+		}
+	}
+	return steps
+}
+
+// checkNoHolders: holders die with the supervisor (PR_SET_PDEATHSIG and EOF
+// on their control channel), so none of this test binary's processes may
+// survive a kill for long.
+func (e *env) checkNoHolders(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		left := e.ourProcesses()
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes outlived the killed supervisor: %v", left)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ourProcesses lists processes running this test's binaries (by
+// /proc/PID/exe), other than the current supervisor, with their parent.
+func (e *env) ourProcesses() map[int]int {
+	out := map[int]int{}
+	ents, _ := os.ReadDir("/proc")
+	self := -1
+	if e.sup != nil {
+		self = e.sup.Process.Pid
+	}
+	for _, d := range ents {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if err != nil || !strings.HasPrefix(exe, binDir+"/") {
+			continue
+		}
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(stat)
+		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(fields) < 2 || fields[0] == "Z" {
+			continue
+		}
+		ppid, _ := strconv.Atoi(fields[1])
+		out[pid] = ppid
+	}
+	return out
+}
+
+func (e *env) checkCrashInvariants(t *testing.T, m *crashModel, cycle int) {
+	t.Helper()
+	fail := func(format string, a ...any) {
+		t.Helper()
+		t.Fatalf("cycle %d: "+format+"\nsupervisor log:\n%s", append([]any{cycle}, append(a, e.log)...)...)
+	}
+	// Sandboxes: none half-created or half-destroyed, no stray directories.
+	list := e.mustCall("list_sandboxes", "", nil)["sandboxes"].([]any)
+	listed := map[string]bool{}
+	for _, v := range list {
+		r := v.(map[string]any)
+		id := r["id"].(string)
+		listed[id] = true
+		if r["state"] != "ready" {
+			fail("sandbox %s is %v after recovery", id, r["state"])
+		}
+		if id != m.main && !m.sandboxes[id] && !m.maybe[id] {
+			// A create that was in flight and committed: fine, tidy it away.
+			m.maybe[id] = true
+		}
+	}
+	if !listed[m.main] {
+		fail("the main sandbox is gone")
+	}
+	for id := range m.sandboxes {
+		if !listed[id] && !m.maybe[id] {
+			fail("acknowledged sandbox %s is gone", id)
+		}
+	}
+	dirs, _ := os.ReadDir(filepath.Join(e.data(), "sandboxes"))
+	for _, d := range dirs {
+		if !listed[d.Name()] {
+			fail("sandbox directory %s has no record", d.Name())
+		}
+	}
+	for id := range listed {
+		e.checkStack(t, filepath.Join(e.data(), "sandboxes", id, "layerstack"), m.verified, fail)
+	}
+
+	// Head: every acknowledged write, and each in-flight publish wholly or not at all.
+	st, err := layers.Open(filepath.Join(e.data(), "sandboxes", m.main, "layerstack"))
+	if err != nil {
+		fail("open layerstack: %v", err)
+	}
+	head, err := st.Head()
+	if err != nil {
+		fail("head: %v", err)
+	}
+	view := st.View(head)
+	read := func(p string) (string, bool) {
+		b, err := view.ReadFile(p)
+		if err != nil {
+			return "", false
+		}
+		return string(b), true
+	}
+	// New acknowledged files every cycle; older ones (layers are immutable
+	// and the chain grows) a random dozen per cycle and all in the last one.
+	sampled := 0
+	for p, c := range m.published {
+		if m.checked[p] && cycle != m.cycles-1 {
+			if sampled >= 12 {
+				continue
+			}
+			sampled++
+		}
+		if got, ok := read(p); !ok || got != c {
+			fail("acknowledged %s: got %q (present %v), want %q", p, got, ok, c)
+		}
+		m.checked[p] = true
+	}
+	for _, group := range m.pending {
+		n := 0
+		for p, c := range group {
+			if got, ok := read(p); ok {
+				if got != c {
+					fail("in-flight %s has %q, want %q", p, got, c)
+				}
+				n++
+			}
+		}
+		if n != 0 && n != len(group) {
+			fail("in-flight publish partly visible: %d of %v", n, group)
+		}
+		m.stats[fmt.Sprintf("in-flight publish visible=%v", n != 0)]++
+		if n == len(group) {
+			for p, c := range group {
+				m.published[p] = c
+			}
+		}
+	}
+	m.pending = nil
+	// A failpoint marker that a kill left unconsumed must not fail a later cycle's publish.
+	_ = os.Remove(filepath.Join(e.data(), "sandboxes", m.main, "layerstack", ".layer-metadata", "fail-next-publish"))
+
+	// Sessions: every acknowledged explicit session active with all its files.
+	sessions := e.mustCall("list_workspace_sessions", m.main, nil)["workspace_sessions"].([]any)
+	live := map[string]map[string]any{}
+	for _, v := range sessions {
+		s := v.(map[string]any)
+		id := s["workspace_session_id"].(string)
+		live[id] = s
+		if s["finalize_policy"] != "no_op" {
+			fail("implicit session %s survived recovery: %v", id, s)
+		}
+		if s["state"] != "active" {
+			fail("session %s is %v after recovery", id, s["state"])
+		}
+		pid, ok := s["holder_pid"].(float64)
+		if !ok || syscall.Kill(int(pid), 0) != nil {
+			fail("session %s has no live holder: %v", id, s)
+		}
+	}
+	for ws, files := range m.publishing {
+		visible := true
+		for p := range files {
+			if _, ok := read(p); !ok {
+				visible = false
+			}
+		}
+		m.stats[fmt.Sprintf("in-flight session publish visible=%v session kept=%v", visible, live[ws] != nil)]++
+		if visible && live[ws] != nil {
+			// Committed, but the crash came before the close: a retried
+			// publish must succeed (its changes equal head's) and close it.
+			r, err := e.call("publish_workspace_session", m.main, map[string]any{"workspace_session_id": ws})
+			if err != nil || errKind(r) != "" || r["destroyed"] != true {
+				fail("retried publish of %s after a crash that committed it: %v %v", ws, r, err)
+			}
+			delete(live, ws)
+		}
+		if visible {
+			delete(m.sessions, ws) // published
+			for p, c := range files {
+				m.published[p] = c
+			}
+		} else if live[ws] == nil {
+			fail("session %s vanished although its publish did not commit", ws)
+		}
+	}
+	m.publishing = map[string]map[string]string{}
+	for ws := range m.destroying {
+		m.stats[fmt.Sprintf("in-flight session destroy completed=%v", live[ws] == nil)]++
+		if live[ws] == nil {
+			delete(m.sessions, ws)
+		}
+	}
+	m.destroying = map[string]bool{}
+	for ws, files := range m.sessions {
+		if live[ws] == nil {
+			fail("acknowledged session %s is gone", ws)
+		}
+		for p, c := range files {
+			r := e.mustCall("file_read", m.main, map[string]any{"workspace_session_id": ws, "path": p})
+			if got := r["content"].(string) + "\n"; got != c {
+				fail("session %s file %s: %q, want %q", ws, p, got, c)
+			}
+		}
+	}
+	// Sessions the test does not know (a create or publish in flight): discard.
+	for id := range live {
+		if _, known := m.sessions[id]; !known {
+			m.stats["unknown session destroyed"]++
+			e.mustCall("destroy_workspace_session", m.main, map[string]any{"workspace_session_id": id})
+			delete(live, id)
+		}
+	}
+	sessDirs, _ := os.ReadDir(filepath.Join(e.data(), "sandboxes", m.main, "sessions"))
+	for _, d := range sessDirs {
+		if live[d.Name()] == nil {
+			fail("session directory %s without a live session", d.Name())
+		}
+	}
+
+	// Commands: the ones a kill caught are interrupted.
+	for _, c := range m.running {
+		r := e.mustCall("read_command_lines", m.main, map[string]any{"command_session_id": c})
+		if r["status"] != "error" || r["interrupted"] != true || r["interrupt_reason"] != "supervisor_restart" || r["exit_code"] != nil {
+			fail("command %s after the restart: %v", c, r)
+		}
+	}
+	m.running = nil
+	for c, dir := range m.implicit {
+		r := e.mustCall("read_command_lines", m.main, map[string]any{"command_session_id": c})
+		_, hasA := read(dir + "/a")
+		switch {
+		case r["status"] == "running":
+			fail("implicit command %s still running after the restart: %v", c, r)
+		case r["interrupted"] == true:
+			m.stats["implicit command interrupted"]++
+			if r["interrupt_reason"] != "supervisor_restart" {
+				fail("implicit command %s: %v", c, r)
+			}
+			if r["publish"] == nil && r["publish_rejected"] == nil {
+				fail("interrupted implicit command %s has no finalization outcome: %v", c, r)
+			}
+		case r["status"] == "ok":
+			if r["publish"] == nil || !hasA {
+				fail("implicit command %s finished but %s is not published: %v", c, dir, r)
+			}
+		default:
+			fail("implicit command %s: %v", c, r)
+		}
+		if hasA {
+			m.published[dir+"/a"] = "a" + strings.TrimPrefix(dir, "m") + "\n"
+			m.published[dir+"/b"] = "b" + strings.TrimPrefix(dir, "m") + "\n"
+		}
+	}
+	m.implicit = map[string]string{}
+
+	// Throwaway sandboxes whose fate was unknown: remove them now.
+	for id := range m.maybe {
+		if listed[id] {
+			e.mustCall("destroy_sandbox", "", map[string]any{"sandbox_id": id})
+		}
+		delete(m.maybe, id)
+		delete(m.sandboxes, id)
+	}
+
+	// Processes: only the supervisor and one holder per live session.
+	procs := e.ourProcesses()
+	holders := 0
+	for pid, ppid := range procs {
+		if ppid != e.sup.Process.Pid {
+			fail("process %d (parent %d) does not belong to the running supervisor", pid, ppid)
+		}
+		holders++
+	}
+	if holders != len(live) {
+		fail("%d holder processes for %d live sessions", holders, len(live))
+	}
+	// Mounts: the holders' mounts live in their own namespaces; nothing of
+	// this test's home may be mounted in ours.
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), e.root) {
+		fail("a mount below %s leaked into the host namespace", e.root)
+	}
+	// The recovery is reported.
+	ev := e.mustCall("events", "", map[string]any{"name": "supervisor.recovered", "last_n": 1})["events"].([]any)
+	if len(ev) != 1 {
+		fail("no supervisor.recovered event")
+	}
+	attrs := ev[0].(map[string]any)["attrs"].(map[string]any)
+	if restored := attrs["restored_sessions"].([]any); len(restored) < 1 {
+		fail("recovery event restored no session (the keeper at least): %v", attrs)
+	}
+	for _, k := range []string{"finalized_sessions", "swept_layers", "removed_sandboxes"} {
+		if n := len(attrs[k].([]any)); n > 0 {
+			m.stats["recovered "+k] += n
+		}
+	}
+	if n, _ := attrs["swept_staging_entries"].(float64); n > 0 {
+		m.stats["recovered swept_staging_entries"] += int(n)
+	}
+}
+
+// checkStack verifies one LayerStack on disk: the manifest opens, every layer
+// it names exists with a digest sidecar that matches its content, staging is
+// empty and no layer directory or sidecar is unreferenced (§8.7, §8.8).
+// Layers are immutable: one recomputed digest per layer ID (in verified)
+// suffices; later restarts check that the sidecar still says the same.
+func (e *env) checkStack(t *testing.T, dir string, verified map[string]string, fail func(string, ...any)) {
+	t.Helper()
+	st, err := layers.Open(dir)
+	if err != nil {
+		fail("open %s: %v", dir, err)
+	}
+	head, err := st.Head()
+	if err != nil || len(head.Layers) == 0 {
+		fail("manifest of %s: %v %v", dir, head, err)
+	}
+	ids := map[string]bool{}
+	for i, ref := range head.Layers {
+		ids[ref.LayerID] = true
+		want, err := st.StoredDigest(ref.LayerID)
+		if err != nil {
+			fail("%v", err)
+		}
+		key := filepath.Base(filepath.Dir(dir)) + "/" + ref.LayerID
+		if d, ok := verified[key]; ok {
+			if d != want {
+				fail("layer %s of %s: its digest sidecar changed from %s to %s", ref.LayerID, dir, d, want)
+			}
+			if _, err := os.Stat(st.LayerDir(ref)); err != nil {
+				fail("layer %s of %s: %v", ref.LayerID, dir, err)
+			}
+			continue
+		}
+		var got string
+		if strings.HasPrefix(ref.LayerID, "B") {
+			got, err = layers.BaseRootHash(st.LayerDir(ref))
+		} else {
+			got, err = layerDigestMatches(st, head.Layers[i+1:], st.LayerDir(ref), want)
+		}
+		if err != nil || got != want {
+			fail("layer %s of %s: digest %s, stored %s (%v)", ref.LayerID, dir, got, want, err)
+		}
+		verified[key] = want
+	}
+	if ents, _ := os.ReadDir(filepath.Join(dir, "staging")); len(ents) != 0 {
+		fail("staging of %s not empty: %v", dir, ents)
+	}
+	ents, _ := os.ReadDir(filepath.Join(dir, "layers"))
+	for _, d := range ents {
+		if !ids[d.Name()] {
+			fail("unreferenced layer directory %s in %s", d.Name(), dir)
+		}
+	}
+	metas, _ := os.ReadDir(filepath.Join(dir, ".layer-metadata"))
+	for _, d := range metas {
+		id, _, _ := strings.Cut(d.Name(), ".")
+		if d.Name() != "fail-next-publish" && !ids[id] {
+			fail("unreferenced sidecar %s in %s", d.Name(), dir)
+		}
+	}
+}
+
+// layerDigestMatches recomputes an L layer's digest (§8.3) from its
+// directory: its files, symlinks and whiteouts, and the directories the
+// layers below do not have. A directory the layers below do have is either
+// a carrier (not hashed) or, when a session created it from an older base,
+// a directory change; the layer does not say which, so both readings are
+// tried — the files' content is hashed either way.
+func layerDigestMatches(st *layers.Stack, below []layers.LayerRef, root, want string) (string, error) {
+	strict, err := layerDigest(st, below, root, false)
+	if err != nil || strict == want {
+		return strict, err
+	}
+	loose, err := layerDigest(st, below, root, true)
+	if err != nil || loose == want {
+		return loose, err
+	}
+	return strict, nil
+}
+
+func layerDigest(st *layers.Stack, below []layers.LayerRef, root string, allDirs bool) (string, error) {
+	lower := st.View(layers.Manifest{SchemaVersion: 1, Layers: below})
+	var changes []layers.Change
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == root {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		name := d.Name()
+		switch {
+		case name == ".wh..wh..opq":
+			changes = append(changes, layers.Change{Kind: layers.ChangeOpaqueDir, Path: filepath.Dir(rel)})
+		case strings.HasPrefix(name, ".wh."):
+			changes = append(changes, layers.Change{Kind: layers.ChangeDelete, Path: filepath.Join(filepath.Dir(rel), strings.TrimPrefix(name, ".wh."))})
+		case d.IsDir():
+			if e, err := lower.Lstat(rel); allDirs || err != nil || e.Kind != layers.KindDir {
+				changes = append(changes, layers.Change{Kind: layers.ChangeDirectory, Path: rel})
+			}
+		case d.Type()&fs.ModeCharDevice != 0:
+			changes = append(changes, layers.Change{Kind: layers.ChangeDelete, Path: rel})
+		case d.Type()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			changes = append(changes, layers.Change{Kind: layers.ChangeSymlink, Path: rel, Target: target})
+		default:
+			changes = append(changes, layers.Change{Kind: layers.ChangeWrite, Path: rel, Source: p})
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	slices.SortFunc(changes, func(a, b layers.Change) int { return strings.Compare(a.Path, b.Path) })
+	return layers.ComputeLayerDigest(changes)
+}
