@@ -97,6 +97,14 @@ var ops = []Op{
 		Args:    []Arg{sandboxIDArg},
 	},
 	{
+		ID: "squash_layerstacks", Group: Management, Family: "management", Scope: ScopeSystem,
+		Summary: "Fold runs of published layers into squashed layers.",
+		Help: "Every run of two or more layers above the base that no live session's newest layer splits becomes one S layer; " +
+			"the merged view is unchanged. Sessions keep their views; layers they still pin are reclaimed when they end.",
+		Result: "{manifest_version, squashed_blocks[{squashed_layer_id, replaced_layer_ids, replaced_layers, blocked_reasons?}], swept_sessions[{session_id, disposition, reason?}]}",
+		Args:   []Arg{sandboxIDArg},
+	},
+	{
 		ID: "export_changes", Group: Management, Family: "management", Scope: ScopeSystem,
 		Summary: "Export the sandbox's published changes to a host directory or archive.",
 		Help: "Folds every non-base layer of head (newest wins, whiteouts and opaque cuts applied) and writes it to dest. " +

@@ -35,6 +35,7 @@ var handlers = map[string]handler{
 	"list_sandboxes":             (*Supervisor).listSandboxes,
 	"inspect_sandbox":            (*Supervisor).inspectSandbox,
 	"export_changes":             (*Supervisor).exportChanges,
+	"squash_layerstacks":         (*Supervisor).squashLayerstacks,
 	"file_read":                  (*Supervisor).fileRead,
 	"file_write":                 (*Supervisor).fileWrite,
 	"file_edit":                  (*Supervisor).fileEdit,

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
@@ -73,6 +74,7 @@ type sandbox struct {
 	commands      map[string]*command // running and retained terminal commands
 	terminalOrder []string            // retained terminal commands, oldest first
 	evicted       map[string]bool     // IDs evicted from retention
+	squashing     atomic.Bool         // a squash_layerstacks runs
 }
 
 func newSandbox(rec sandboxRecord, dir string) *sandbox {

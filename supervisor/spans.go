@@ -34,6 +34,8 @@ var opSpans = map[string]opSpan{
 		}},
 	"destroy_sandbox": {name: "sandbox.destroy",
 		start: func(c *call) map[string]any { return map[string]any{"sandbox_id": c.args.String("sandbox_id")} }},
+	"squash_layerstacks": {name: "layerstack.squash",
+		start: func(c *call) map[string]any { return map[string]any{"sandbox_id": c.args.String("sandbox_id")} }},
 	"export_changes": {name: "layerstack.export",
 		start: func(c *call) map[string]any {
 			return map[string]any{"sandbox_id": c.args.String("sandbox_id"), "format": c.args.String("format")}
