@@ -396,6 +396,9 @@ func (s *Supervisor) fileWrite(c *call) (any, error) {
 	}
 	s.auditSessionless(c.ctx, c.sb, prev, res, p, c.req.RequestID)
 	s.bump(c.ctx, c.sb)
+	if !res.NoOp {
+		s.notifyAutosquash(c.sb, "layer_committed")
+	}
 	return map[string]any{"type": writeType(created), "path": p, "bytes_written": len(content), "revision": res.Revision, "layer_id": layerID(res)}, nil
 }
 
@@ -602,6 +605,9 @@ func (s *Supervisor) fileEdit(c *call) (any, error) {
 	}
 	s.auditSessionless(c.ctx, c.sb, prev, res, p, c.req.RequestID)
 	s.bump(c.ctx, c.sb)
+	if !res.NoOp {
+		s.notifyAutosquash(c.sb, "layer_committed")
+	}
 	r := result(written, replacements)
 	r["revision"], r["layer_id"] = res.Revision, layerID(res)
 	return r, nil

@@ -45,6 +45,7 @@ func (s *Supervisor) publishSession(ctx context.Context, sb *sandbox, ss *sessio
 	if err != nil || opt.DryRun || res.NoOp {
 		return plan, res, err
 	}
+	s.notifyAutosquash(sb, "layer_committed")
 	owner := sessionOwner(ss.id(), ss.rec.Agent)
 	if drain != nil {
 		owner.CommandSessionID = drain.rec.CommandSessionID

@@ -74,7 +74,9 @@ type sandbox struct {
 	commands      map[string]*command // running and retained terminal commands
 	terminalOrder []string            // retained terminal commands, oldest first
 	evicted       map[string]bool     // IDs evicted from retention
-	squashing     atomic.Bool         // a squash_layerstacks runs
+	squashing     atomic.Bool         // a squash (manual or automatic) runs
+	autoQueued    atomic.Bool         // an autosquash evaluation is queued
+	autoCoalesced atomic.Int64        // notifications folded into the queued one
 }
 
 func newSandbox(rec sandboxRecord, dir string) *sandbox {
@@ -554,6 +556,7 @@ func (s *Supervisor) recover(ctx context.Context) error {
 			sum.InterruptedCommands += s.loadCommands(ctx, sb)
 			sum.RemovedSessionDirs += s.removeOrphanSessionDirs(ctx, sb)
 			s.restoreSessions(ctx, sb, &sum)
+			s.notifyAutosquash(sb, "startup")
 		}
 	}
 	s.images.Prune() // every reference is known now

@@ -15,14 +15,19 @@ package supervisor
 //     view unchanged; its layers are collected when it ends.
 //   - blocked_reasons name the lease owners that pin replaced layers:
 //     "pinned_by:<owner>" (owner e.g. "workspace-session:ws-…").
-//   - Autosquash is not implemented; squash_at_n_layers is validated only.
+//   - Autosquash waits 250 ms after the first notification (later ones
+//     coalesce into it), then squashes when head has at least
+//     squash_at_n_layers layers. A manual squash in flight makes it skip
+//     (decision "in_flight"); the next commit evaluates again.
 //   - The squash read-holds the sandbox gate (destroy waits) and a per-sandbox
 //     flag refuses a second squash with operation_conflict.
 
 import (
+	"context"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 )
@@ -75,22 +80,31 @@ func (s *Supervisor) squashLayerstacks(c *call) (any, error) {
 	}
 	defer sb.squashing.Store(false)
 
-	before, err := sb.stack.Head()
+	out, err := s.squash(c.ctx, sb, c.progress)
 	if err != nil {
 		return nil, catalog.Errorf(catalog.OperationFailed, "squash %s: %v", id, err).With("sandbox_id", id)
 	}
-	c.progress("squash: planning over " + strconv.Itoa(len(before.Layers)) + " layers")
-	sp, ctx := s.spanCtx(c.ctx, sb, "squash", "layerstack.squash.flatten", map[string]any{"layers": len(before.Layers)})
-	res, err := sb.stack.Squash(ctx)
+	return out, nil
+}
+
+// squash runs §8.6 on a ready sandbox whose squash flag the caller holds.
+func (s *Supervisor) squash(ctx context.Context, sb *sandbox, progress func(string)) (squashResult, error) {
+	before, err := sb.stack.Head()
+	if err != nil {
+		return squashResult{}, err
+	}
+	progress("squash: planning over " + strconv.Itoa(len(before.Layers)) + " layers")
+	sp, fctx := s.spanCtx(ctx, sb, "squash", "layerstack.squash.flatten", map[string]any{"layers": len(before.Layers)})
+	res, err := sb.stack.Squash(fctx)
 	sp.done(err, map[string]any{"blocks": len(res.Blocks)})
 	if err != nil {
-		return nil, catalog.Errorf(catalog.OperationFailed, "squash %s: %v", id, err).With("sandbox_id", id)
+		return squashResult{}, err
 	}
 	out := squashResult{ManifestVersion: res.Manifest.Version, SquashedBlocks: []squashedBlock{}, SweptSessions: []sweptSession{}}
 	if len(res.Blocks) == 0 {
 		return out, nil
 	}
-	c.progress("squash: committed manifest version " + strconv.Itoa(res.Manifest.Version) + ", " + strconv.Itoa(len(res.Blocks)) + " blocks")
+	progress("squash: committed manifest version " + strconv.Itoa(res.Manifest.Version) + ", " + strconv.Itoa(len(res.Blocks)) + " blocks")
 
 	sweep, _ := s.spanCtx(ctx, sb, "squash", "layerstack.squash.remount_sweep", nil)
 	sb.mu.Lock()
@@ -130,4 +144,79 @@ func (s *Supervisor) squashLayerstacks(c *call) (any, error) {
 	}
 	s.bump(ctx, sb)
 	return out, nil
+}
+
+// notifyAutosquash queues an autosquash evaluation of sb (§8.6): at start
+// and after every committed layer.
+func (s *Supervisor) notifyAutosquash(sb *sandbox, reason string) {
+	n := s.cfg.Runtime.Layerstack.Autosquash.SquashAtNLayers
+	if n == nil || sb.stack == nil || s.draining.Load() {
+		return
+	}
+	if !sb.autoQueued.CompareAndSwap(false, true) {
+		sb.autoCoalesced.Add(1)
+		return
+	}
+	queued := time.Now()
+	s.inflight.Add(1) // shutdown waits for a running autosquash
+	go func() {
+		defer s.inflight.Done()
+		time.Sleep(250 * time.Millisecond)
+		sb.autoQueued.Store(false)
+		s.autosquash(sb, *n, reason, queued, sb.autoCoalesced.Swap(0))
+	}()
+}
+
+func (s *Supervisor) autosquash(sb *sandbox, threshold int, reason string, queued time.Time, coalesced int64) {
+	ctx := context.Background()
+	head, err := sb.stack.Head()
+	if err != nil {
+		s.log.Warn("autosquash: read head", "sandbox", sb.rec.ID, "err", err)
+		return
+	}
+	decision := "below_threshold"
+	if len(head.Layers) >= threshold {
+		decision = "squash"
+	}
+	sp, ctx := s.spanCtx(ctx, sb, "autosquash", "layerstack.autosquash.evaluate",
+		map[string]any{"observed_layers": len(head.Layers), "threshold": threshold})
+	defer func() { sp.done(nil, map[string]any{"decision": decision}) }()
+	if decision != "squash" {
+		return
+	}
+	if !sb.gate.TryRLock() {
+		decision = "sandbox_busy"
+		return
+	}
+	defer sb.gate.RUnlock()
+	sb.mu.Lock()
+	ready := sb.rec.State == stateReady
+	sb.mu.Unlock()
+	if !ready {
+		decision = "sandbox_busy"
+		return
+	}
+	if !sb.squashing.CompareAndSwap(false, true) {
+		decision = "in_flight"
+		return
+	}
+	defer sb.squashing.Store(false)
+	attrs := map[string]any{"policy": "squash_at_n_layers", "threshold": threshold, "observed_layers": len(head.Layers),
+		"decision": decision, "trigger_reason": reason, "queue_delay_ms": time.Since(queued).Milliseconds(),
+		"coalesced_notifications": coalesced}
+	sp.event("layerstack.autosquash.triggered", attrs)
+	start := time.Now()
+	out, err := s.squash(ctx, sb, func(string) {})
+	if err != nil {
+		attrs["error"] = boundedError(err.Error())
+		sp.event("layerstack.autosquash.failed", attrs)
+		return
+	}
+	after, _ := sb.stack.Head()
+	attrs["before_layers"], attrs["after_layers"] = len(head.Layers), len(after.Layers)
+	attrs["blocks_committed"] = len(out.SquashedBlocks)
+	attrs["squash_duration_ms"] = time.Since(start).Milliseconds()
+	attrs["total_convergence_ms"] = time.Since(queued).Milliseconds()
+	attrs["status"] = "completed"
+	sp.event("layerstack.autosquash.completed", attrs)
 }

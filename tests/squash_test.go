@@ -1,10 +1,12 @@
 package tests
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -192,5 +194,61 @@ func TestSquashCrash(t *testing.T) {
 	e.mgr("squash_layerstacks", "--sandbox-id", id)
 	if l := e.manifestLayers(id); len(l) != 2 {
 		t.Fatalf("after a full squash: %v", l)
+	}
+}
+
+// TestAutosquash: with squash_at_n_layers 4, the publish that makes the
+// stack four layers deep is followed by an automatic squash back to S+B,
+// reported by triggered and completed events; a config below 3 is refused.
+func TestAutosquash(t *testing.T) {
+	e := newEnv(t)
+	writeConfig(t, e, "runtime:\n  layerstack:\n    autosquash:\n      squash_at_n_layers: 4\n")
+	e.start()
+	id := e.createSandbox(e.project(map[string]string{"a.txt": "0\n"}))
+	e.rt(id, "file_write", "--path", "a.txt", "--content", "1\n")
+	e.rt(id, "file_write", "--path", "b.txt", "--content", "b\n")
+	time.Sleep(600 * time.Millisecond) // past the 250 ms coalescing delay: 3 layers stay
+	if l := e.manifestLayers(id); len(l) != 3 {
+		t.Fatalf("below the threshold: %v", l)
+	}
+	e.rt(id, "file_write", "--path", "a.txt", "--content", "3\n")
+	var layers []string
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if layers = e.manifestLayers(id); len(layers) == 2 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(layers) != 2 || !strings.HasPrefix(layers[0], "S") {
+		t.Fatalf("no autosquash: %v", layers)
+	}
+	if got := e.rt(id, "file_read", "--path", "a.txt")["content"]; got != "3\n" && got != "3" {
+		t.Fatalf("a.txt after autosquash: %q", got)
+	}
+	var completed map[string]any
+	for time.Now().Before(deadline) && completed == nil {
+		for _, ev := range eventRecords(t, e.obsCLI("events", "--sandbox-id", id, "--name", "layerstack.autosquash.completed")) {
+			completed = ev
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	attrs, _ := completed["attrs"].(map[string]any)
+	if attrs == nil || attrs["trigger_reason"] != "layer_committed" || num(t, attrs["before_layers"]) != 4 || num(t, attrs["after_layers"]) != 2 {
+		t.Fatalf("completed event: %v", completed)
+	}
+	if n := len(eventRecords(t, e.obsCLI("events", "--sandbox-id", id, "--name", "layerstack.autosquash.triggered"))); n != 1 {
+		t.Fatalf("%d triggered events", n)
+	}
+	e.stop()
+
+	writeConfig(t, e, "runtime:\n  layerstack:\n    autosquash:\n      squash_at_n_layers: 2\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin("sandbox-supervisor"), "serve")
+	cmd.Env = e.environ()
+	out, err := cmd.CombinedOutput()
+	if err == nil || ctx.Err() != nil || !strings.Contains(string(out), "squash_at_n_layers") {
+		t.Fatalf("squash_at_n_layers 2 accepted (err %v): %s", err, out)
 	}
 }
