@@ -101,6 +101,35 @@ type exportTarResult struct {
 	LiveWorkspaceSessions []string `json:"live_workspace_sessions,omitempty"`
 }
 
+// readStack resolves a ready sandbox for an operation that works on its
+// layer stack (export, squash) and read-holds its gate, so destroy waits;
+// done releases it.
+func (s *Supervisor) readStack(id string) (sb *sandbox, done func(), e *catalog.Error) {
+	sb, e = s.lookupForManagement(id)
+	if e != nil {
+		return nil, nil, e
+	}
+	if !sb.gate.TryRLock() {
+		return nil, nil, sb.busyError()
+	}
+	sb.mu.Lock()
+	state, failure := sb.rec.State, sb.rec.Error
+	sb.mu.Unlock()
+	switch {
+	case state == stateFailed:
+		e = catalog.Errorf(catalog.OperationFailed, "sandbox %s failed: %s", id, failure).With("sandbox_id", id)
+	case state != stateReady:
+		e = sb.busyError()
+	case sb.stack == nil:
+		e = catalog.Errorf(catalog.OperationFailed, "sandbox %s has no layer stack", id).With("sandbox_id", id)
+	}
+	if e != nil {
+		sb.gate.RUnlock()
+		return nil, nil, e
+	}
+	return sb, sb.gate.RUnlock, nil
+}
+
 func (s *Supervisor) exportChanges(c *call) (any, error) {
 	id := c.args.String("sandbox_id")
 	format := c.args.String("format")
@@ -111,28 +140,14 @@ func (s *Supervisor) exportChanges(c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	sb, e := s.lookupForManagement(id)
+	sb, done, e := s.readStack(id)
 	if e != nil {
 		return nil, e
 	}
-	if !sb.gate.TryRLock() {
-		return nil, sb.busyError()
-	}
-	defer sb.gate.RUnlock()
+	defer done()
 	sb.mu.Lock()
-	state, failure := sb.rec.State, sb.rec.Error
 	live := append([]string{}, sb.rec.LiveWorkspaceSessions...)
 	sb.mu.Unlock()
-	switch state {
-	case stateReady:
-	case stateFailed:
-		return nil, catalog.Errorf(catalog.OperationFailed, "sandbox %s failed: %s", id, failure).With("sandbox_id", id)
-	default:
-		return nil, sb.busyError()
-	}
-	if sb.stack == nil {
-		return nil, catalog.Errorf(catalog.OperationFailed, "sandbox %s has no layer stack", id).With("sandbox_id", id)
-	}
 
 	unlock := s.exports.lock(id)
 	defer unlock()

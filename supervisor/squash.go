@@ -53,27 +53,11 @@ type squashResult struct {
 
 func (s *Supervisor) squashLayerstacks(c *call) (any, error) {
 	id := c.args.String("sandbox_id")
-	sb, e := s.lookupForManagement(id)
+	sb, done, e := s.readStack(id)
 	if e != nil {
 		return nil, e
 	}
-	if !sb.gate.TryRLock() {
-		return nil, sb.busyError()
-	}
-	defer sb.gate.RUnlock()
-	sb.mu.Lock()
-	state, failure := sb.rec.State, sb.rec.Error
-	sb.mu.Unlock()
-	switch state {
-	case stateReady:
-	case stateFailed:
-		return nil, catalog.Errorf(catalog.OperationFailed, "sandbox %s failed: %s", id, failure).With("sandbox_id", id)
-	default:
-		return nil, sb.busyError()
-	}
-	if sb.stack == nil {
-		return nil, catalog.Errorf(catalog.OperationFailed, "sandbox %s has no layer stack", id).With("sandbox_id", id)
-	}
+	defer done()
 	if !sb.squashing.CompareAndSwap(false, true) {
 		return nil, catalog.Errorf(catalog.OperationConflict, "layerstack squash already in flight").
 			With("sandbox_id", id).With("conflict", "squash_in_flight")

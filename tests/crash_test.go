@@ -426,7 +426,7 @@ func (e *env) checkCrashInvariants(t *testing.T, m *crashModel, cycle int) {
 		}
 	}
 	for id := range listed {
-		e.checkStack(t, filepath.Join(e.data(), "sandboxes", id, "layerstack"), m.verified, fail)
+		e.checkStack(t, filepath.Join(e.data(), "sandboxes", id, "layerstack"), m.verified, e.pinnedLayers(id), fail)
 	}
 
 	// Head: every acknowledged write, and each in-flight publish wholly or not at all.
@@ -649,7 +649,21 @@ func (e *env) checkCrashInvariants(t *testing.T, m *crashModel, cycle int) {
 // empty and no layer directory or sidecar is unreferenced (§8.7, §8.8).
 // Layers are immutable: one recomputed digest per layer ID (in verified)
 // suffices; later restarts check that the sidecar still says the same.
-func (e *env) checkStack(t *testing.T, dir string, verified map[string]string, fail func(string, ...any)) {
+// pinnedLayers lists the layers the live sessions of a sandbox lease: after
+// an autosquash they may be older than head's.
+func (e *env) pinnedLayers(id string) map[string]bool {
+	e.t.Helper()
+	pinned := map[string]bool{}
+	for _, s := range e.mustCall("list_workspace_sessions", id, nil)["workspace_sessions"].([]any) {
+		ws := s.(map[string]any)["workspace_session_id"].(string)
+		for _, mt := range e.mustCall("layerstack", "", map[string]any{"sandbox_id": id, "workspace_id": ws})["mounts"].([]any) {
+			pinned[mt.(map[string]any)["layer_id"].(string)] = true
+		}
+	}
+	return pinned
+}
+
+func (e *env) checkStack(t *testing.T, dir string, verified map[string]string, pinned map[string]bool, fail func(string, ...any)) {
 	t.Helper()
 	st, err := layers.Open(dir)
 	if err != nil {
@@ -692,14 +706,14 @@ func (e *env) checkStack(t *testing.T, dir string, verified map[string]string, f
 	}
 	ents, _ := os.ReadDir(filepath.Join(dir, "layers"))
 	for _, d := range ents {
-		if !ids[d.Name()] {
+		if !ids[d.Name()] && !pinned[d.Name()] {
 			fail("unreferenced layer directory %s in %s", d.Name(), dir)
 		}
 	}
 	metas, _ := os.ReadDir(filepath.Join(dir, ".layer-metadata"))
 	for _, d := range metas {
 		id, _, _ := strings.Cut(d.Name(), ".")
-		if d.Name() != "fail-next-publish" && !ids[id] {
+		if d.Name() != "fail-next-publish" && !ids[id] && !pinned[id] {
 			fail("unreferenced sidecar %s in %s", d.Name(), dir)
 		}
 	}

@@ -144,7 +144,7 @@ func TestStorm(t *testing.T) {
 	}
 	// Every acknowledged file is in head, and the LayerStack verifies.
 	dir := filepath.Join(e.data(), "sandboxes", sb, "layerstack")
-	e.checkStack(t, dir, map[string]string{}, func(f string, a ...any) { t.Helper(); t.Fatalf(f, a...) })
+	e.checkStack(t, dir, map[string]string{}, nil, func(f string, a ...any) { t.Helper(); t.Fatalf(f, a...) })
 	st, err := layers.Open(dir)
 	if err != nil {
 		t.Fatal(err)
