@@ -32,8 +32,10 @@
 //     stack is empty); the base root keeps the workspace root's mode.
 //   - A whiteout is a 0:0 character device; where mknod is refused, an empty
 //     file with user.overlay.whiteout=y; where user xattrs are refused too, an
-//     OCI .wh.<name> file. An opaque directory gets user.overlay.opaque=y when
-//     xattrs work and always the .wh..wh..opq marker.
+//     OCI .wh.<name> file. An opaque directory gets user.overlay.opaque=y, or
+//     the .wh..wh..opq marker only where user xattrs are refused: not both,
+//     as §8.4 asks, because the kernel lists the marker in a directory that
+//     only one layer has (seen on Linux 6.18). Readers honour both.
 //   - The base snapshot is made durable with one syncfs before its rename;
 //     published layers fsync every file and directory as §8.8 requires.
 //   - Garbage collection and Sweep never run without a parsable manifest; the

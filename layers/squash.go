@@ -427,11 +427,7 @@ func (f *squasher) emit(c Change, fi fs.FileInfo) error {
 		f.dirs = append(f.dirs, c.Path)
 		f.modes[c.Path] = unixMode(c.Mode)
 		if c.Kind == ChangeOpaqueDir {
-			if xerr := unix.Lsetxattr(p, xattrUserOpq, []byte("y"), 0); xerr != nil &&
-				!errors.Is(xerr, unix.ENOTSUP) && !errors.Is(xerr, unix.EPERM) {
-				return &fs.PathError{Op: "setxattr", Path: p, Err: xerr}
-			}
-			if err := makeWhiteout(p, opaqueMarker); err != nil {
+			if err := makeOpaque(p); err != nil {
 				return err
 			}
 		}

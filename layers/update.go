@@ -453,13 +453,7 @@ func (b *layerBuilder) apply(c Change) error {
 		err = b.mkdir(c.Path, c.Mode)
 	case ChangeOpaqueDir:
 		if err = b.mkdir(c.Path, c.Mode); err == nil {
-			p := b.host(c.Path)
-			if xerr := unix.Lsetxattr(p, xattrUserOpq, []byte("y"), 0); xerr != nil &&
-				!errors.Is(xerr, unix.ENOTSUP) && !errors.Is(xerr, unix.EPERM) {
-				err = &fs.PathError{Op: "setxattr", Path: p, Err: xerr}
-			} else {
-				err = makeWhiteout(p, opaqueMarker)
-			}
+			err = makeOpaque(b.host(c.Path))
 		}
 	}
 	if err != nil {

@@ -160,11 +160,15 @@ func TestUpdateLayerContent(t *testing.T) {
 		t.Errorf("sticky dir mode %v", e.Mode)
 	}
 	layer := filepath.Join(s.Dir(), "layers", res.LayerID)
-	if fi, _ := os.Lstat(filepath.Join(layer, "src", "lib", opaqueMarker)); fi == nil {
-		t.Error("opaque marker missing in the layer")
-	}
-	if v, ok := getxattr(filepath.Join(layer, "src", "lib"), xattrUserOpq); canUserXattr(tempDir(t)) && (!ok || v != "y") {
-		t.Errorf("opaque xattr %q %v", v, ok)
+	// One encoding: the xattr where user xattrs work, else the OCI marker.
+	_, markerErr := os.Lstat(filepath.Join(layer, "src", "lib", opaqueMarker))
+	v2, ok := getxattr(filepath.Join(layer, "src", "lib"), xattrUserOpq)
+	if canUserXattr(tempDir(t)) {
+		if !ok || v2 != "y" || markerErr == nil {
+			t.Errorf("opaque xattr %q %v, marker present: %v", v2, ok, markerErr == nil)
+		}
+	} else if markerErr != nil {
+		t.Errorf("opaque marker missing in the layer: %v", markerErr)
 	}
 	want := LayerDigest([]Change{
 		{Kind: ChangeWrite, Path: "new/deep/file.txt", Data: []byte("from source")},

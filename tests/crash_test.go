@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"golang.org/x/sys/unix"
 )
 
 // errLost marks a request whose connection died before a response: the
@@ -737,6 +738,14 @@ func layerDigestMatches(st *layers.Stack, below []layers.LayerRef, root, want st
 	return strict, nil
 }
 
+// opaqueXattr reports user.overlay.opaque=y, the layers' opaque encoding
+// where user xattrs work (§8.4).
+func opaqueXattr(p string) bool {
+	buf := make([]byte, 8)
+	n, err := unix.Lgetxattr(p, "user.overlay.opaque", buf)
+	return err == nil && string(buf[:n]) == "y"
+}
+
 func layerDigest(st *layers.Stack, below []layers.LayerRef, root string, allDirs bool) (string, error) {
 	lower := st.View(layers.Manifest{SchemaVersion: 1, Layers: below})
 	var changes []layers.Change
@@ -751,6 +760,8 @@ func layerDigest(st *layers.Stack, below []layers.LayerRef, root string, allDirs
 			changes = append(changes, layers.Change{Kind: layers.ChangeOpaqueDir, Path: filepath.Dir(rel)})
 		case strings.HasPrefix(name, ".wh."):
 			changes = append(changes, layers.Change{Kind: layers.ChangeDelete, Path: filepath.Join(filepath.Dir(rel), strings.TrimPrefix(name, ".wh."))})
+		case d.IsDir() && opaqueXattr(p):
+			changes = append(changes, layers.Change{Kind: layers.ChangeOpaqueDir, Path: rel})
 		case d.IsDir():
 			if e, err := lower.Lstat(rel); allDirs || err != nil || e.Kind != layers.KindDir {
 				changes = append(changes, layers.Change{Kind: layers.ChangeDirectory, Path: rel})
