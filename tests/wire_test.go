@@ -92,7 +92,7 @@ func TestWireErrors(t *testing.T) {
 		{`{"op":"list_sandboxes","scope":{"kind":"system"},"x":1}` + "\n", "invalid_request", "unknown request field: x"},
 		{`{"op":"list_sandboxes"}` + "\n", "invalid_request", "scope is required and must be an object"},
 		{`{"op":"teleport","scope":{"kind":"system"}}` + "\n", "unknown_op", ""},
-		{`{"op":"squash_layerstacks","scope":{"kind":"system"}}` + "\n", "unknown_op", ""},
+		{`{"op":"squash_layerstacks","scope":{"kind":"system"}}` + "\n", "invalid_request", "sandbox_id is required for squash_layerstacks"},
 		{`{"op":"file_read","scope":{"kind":"system"},"args":{"path":"a"}}` + "\n", "invalid_request", "operation file_read requires sandbox scope"},
 		{`{"op":"list_sandboxes","scope":{"kind":"sandbox","sandbox_id":"` + id + `"}}` + "\n", "invalid_request", "operation list_sandboxes requires system scope"},
 		{`{"op":"file_read","scope":{"kind":"sandbox","sandbox_id":"sbx-nope"},"args":{"path":"a"}}` + "\n", "not_found", "sandbox not found: sbx-nope"},
