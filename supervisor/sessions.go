@@ -62,6 +62,8 @@ type session struct {
 	attrIdxMod  time.Time
 	attrIdxSize int64
 	attrIdxIno  uint64
+	actMu       sync.Mutex // serializes captures of file activity (activity.go)
+	fuse        *fuseAttr  // FUSE driver: write ranges since the last checkpoint (fuseattr.go)
 
 	mu     sync.Mutex
 	rec    sessionRecord
@@ -253,6 +255,8 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 		IsolatedNetwork: ss.rec.NetworkProfile == "isolated",
 		IDMapping:       s.cfg.Sandbox.IDMapping,
 		Shim:            s.shimPath,
+		Overlay:         ss.rec.OverlayDriver,
+		CoalesceMs:      s.cfg.Observability.FileActivity.CoalesceMs,
 	}
 	if sb.rec.Rootfs != "host" {
 		if s.shimPath == "" {
@@ -301,6 +305,10 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 // watchHolder routes the holder's command events and notices its death.
 func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h nsholder.Holder) {
 	for ev := range h.Events() {
+		if ev.FS != nil {
+			s.fuseNotice(sb, ss, ev.FS)
+			continue
+		}
 		s.commandEvent(sb, ss, ev)
 	}
 	<-h.Done()
