@@ -16,6 +16,7 @@ import (
 // are never listed. The caller holds ofs.mu (shared is enough).
 func (o *ofs) merged(layers []int, p string, root bool) ([]fuse.DirEntry, syscall.Errno) {
 	seen := map[string]bool{}
+	upperIdx := map[string]int{}
 	var out []fuse.DirEntry
 	buf := make([]byte, 64<<10)
 	for _, l := range layers {
@@ -54,6 +55,13 @@ func (o *ofs) merged(layers []int, p string, root bool) ([]fuse.DirEntry, syscal
 					continue
 				}
 				if seen[name] {
+					// An upper entry over a lower one of the same kind shows
+					// the lower's number (copy-up before a remount).
+					if i, ok := upperIdx[name]; ok && (typ == unix.DT_DIR) == (out[i].Mode == unix.S_IFDIR) && typ != unix.DT_CHR {
+						st := unix.Stat_t{Ino: ino, Dev: o.devs[l]}
+						out[i].Ino = stableIno(&st, o.upperDev)
+						delete(upperIdx, name)
+					}
 					continue
 				}
 				seen[name] = true
@@ -85,6 +93,9 @@ func (o *ofs) merged(layers []int, p string, root bool) ([]fuse.DirEntry, syscal
 					ino = st.Ino
 				}
 				st := unix.Stat_t{Ino: ino, Dev: o.devs[l]}
+				if l == 0 && len(layers) > 1 && !o.hasOrigin(ino) {
+					upperIdx[name] = len(out)
+				}
 				out = append(out, fuse.DirEntry{Name: name, Mode: mode, Ino: o.inoFor(l, &st)})
 			}
 		}

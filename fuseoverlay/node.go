@@ -119,6 +119,9 @@ type probe struct {
 	st        unix.Stat_t
 	layer     int
 	dirLayers []int
+	// origin is, for an upper entry that a lower also has at the same path
+	// (a copy-up from before a remount), the lower's inode number.
+	origin uint64
 }
 
 // probe resolves name in the directory dp whose merged layers are layers,
@@ -150,6 +153,9 @@ func (o *ofs) probe(layers []int, dp, name string) (probe, syscall.Errno) {
 		if !res.found {
 			res.found, res.st, res.layer = true, st, l
 			if !isDir {
+				if l == 0 && len(layers) > 1 && !o.hasOrigin(st.Ino) {
+					res.origin = o.lowerOrigin(layers[1:], dp, name)
+				}
 				break
 			}
 			res.dirLayers = []int{l}
@@ -160,6 +166,9 @@ func (o *ofs) probe(layers []int, dp, name string) (probe, syscall.Errno) {
 		}
 		if !isDir {
 			break // a non-directory below a directory is hidden, and so is all below it
+		}
+		if len(res.dirLayers) == 1 && res.layer == 0 {
+			res.origin = stableIno(&st, o.upperDev)
 		}
 		res.dirLayers = append(res.dirLayers, l)
 		if isOpaque(fd, p) {
@@ -183,6 +192,42 @@ func (o *ofs) lowerHas(parentLayers []int, dp, name string) bool {
 	}
 	pr, errno := o.probe(lowers, dp, name)
 	return errno != 0 || pr.found
+}
+
+// lowerOrigin finds the inode number of the non-directory that the lower
+// layers hold at dp/name, ignoring whatever the upper has there; 0 if none.
+func (o *ofs) lowerOrigin(lowers []int, dp, name string) uint64 {
+	p := join(dp, name)
+	for _, l := range lowers {
+		var st unix.Stat_t
+		err := unix.Fstatat(o.fds[l], p, &st, unix.AT_SYMLINK_NOFOLLOW)
+		if err != nil {
+			var wst unix.Stat_t
+			if unix.Fstatat(o.fds[l], join(dp, whPrefix+name), &wst, unix.AT_SYMLINK_NOFOLLOW) == nil {
+				return 0
+			}
+			continue
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR || isWhiteout(o.fds[l], p, &st) {
+			return 0
+		}
+		return stableIno(&st, o.upperDev)
+	}
+	return 0
+}
+
+func (o *ofs) hasOrigin(upperIno uint64) bool {
+	o.originMu.Lock()
+	_, ok := o.origin[upperIno]
+	o.originMu.Unlock()
+	return ok
+}
+
+// noteOrigin remembers the number an upper entry shows (its lower's).
+func (o *ofs) noteOrigin(upperIno, origin uint64) {
+	o.originMu.Lock()
+	o.origin[upperIno] = origin
+	o.originMu.Unlock()
 }
 
 func (o *ofs) inoFor(layer int, st *unix.Stat_t) uint64 {
@@ -222,6 +267,9 @@ func fillAttr(st *unix.Stat_t, a *fuse.Attr) {
 // per-path generation so each name stays its own node (go-fuse would
 // otherwise merge them by inode number, and copy-up is per path).
 func (n *node) newChild(ctx context.Context, p string, pr probe, out *fuse.EntryOut) *fs.Inode {
+	if pr.layer == 0 && pr.origin != 0 {
+		n.o.noteOrigin(pr.st.Ino, pr.origin)
+	}
 	ino := n.o.inoFor(pr.layer, &pr.st)
 	mode := pr.st.Mode & unix.S_IFMT
 	var gen uint64
