@@ -936,7 +936,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if dst.found && dst.layer == 0 && (dst.st.Nlink <= 1 || dst.st.Mode&unix.S_IFMT == unix.S_IFDIR) && dstUpper.Ino != 0 {
 		o.forgetOrigin(dstUpper.Ino)
 	}
-	if srcDir && dstLowerHas {
+	// Like the kernel: a directory moved into a merged directory is made
+	// opaque, so nothing a lower holds under the new name can show through.
+	if srcDir && (dstLowerHas || len(np.dirLayers) > 1) {
 		if err := setOpaque(up, p); err != nil {
 			return errnoOf(err)
 		}
