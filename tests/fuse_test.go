@@ -14,15 +14,6 @@ import (
 	"time"
 )
 
-// fuseAvailable reports the FUSE overlay's probe from health.
-func (e *env) fuseAvailable() (bool, string) {
-	e.t.Helper()
-	h := e.obsOK("health", "", nil)
-	f := h["overlay_drivers"].(map[string]any)["fuse"].(map[string]any)
-	reason, _ := f["reason"].(string)
-	return f["available"] == true, reason
-}
-
 // TestOverlayDriverSelection: the probe knobs make a driver unavailable;
 // health says which and why, overlay auto picks kernel, else fuse, else
 // fails, and an explicit driver whose probe failed fails with its reason.
