@@ -139,8 +139,10 @@ func lineSpans(b []byte) [][2]int64 {
 	return out
 }
 
-// fuseNotice applies one notice of a FUSE session's holder.
-func (s *Supervisor) fuseNotice(sb *sandbox, ss *session, n *nsholder.FSNotice) {
+// fuseNotices applies notices of a FUSE session's holder, in order: every
+// record is stored and its ranges kept, then the checkpoints they call for
+// are taken, consecutive ones of one command in one pass.
+func (s *Supervisor) fuseNotices(sb *sandbox, ss *session, ns []*nsholder.FSNotice) {
 	ctx := context.Background()
 	fa := ss.fuseState()
 	var acts []activityRecord
@@ -148,44 +150,55 @@ func (s *Supervisor) fuseNotice(sb *sandbox, ss *session, n *nsholder.FSNotice) 
 		path, cmd string
 	}
 	var cks []ck
-	for _, r := range n.Records {
-		if isStagingPath(r.Path) && (r.NewPath == "" || isStagingPath(r.NewPath)) {
-			continue
+	for _, n := range ns {
+		for _, r := range n.Records {
+			if isStagingPath(r.Path) && (r.NewPath == "" || isStagingPath(r.NewPath)) {
+				continue
+			}
+			at := time.Unix(0, r.TimeUnixNs)
+			a := activityRecord{TS: at.UTC().Format("2006-01-02T15:04:05.000Z"), WorkspaceSessionID: ss.id(),
+				Op: r.Op, Path: r.Path, NewPath: r.NewPath, Source: "fuse", at: at}
+			if r.Command != "" {
+				cmd := r.Command
+				a.CommandSessionID = &cmd
+			}
+			switch r.Op {
+			case "write":
+				off, length := r.Offset, r.Length
+				a.Offset, a.Length = &off, &length
+				fa.add(r.Path, writeRange{cmd: r.Command, off: r.Offset, end: r.Offset + r.Length})
+			case "truncate":
+				off := r.Offset
+				a.Offset = &off
+			case "rename":
+				fa.move(r.Path, r.NewPath)
+				cks = append(cks, ck{r.Path, r.Command}, ck{r.NewPath, r.Command})
+			case "unlink":
+				fa.drop(r.Path)
+				cks = append(cks, ck{r.Path, r.Command})
+			}
+			if isStagingPath(r.Path) && r.Op == "rename" {
+				// A staged file renamed into place: report the target only.
+				a.Op, a.Path, a.NewPath = "create", r.NewPath, ""
+			}
+			acts = append(acts, a)
 		}
-		at := time.Unix(0, r.TimeUnixNs)
-		a := activityRecord{TS: at.UTC().Format("2006-01-02T15:04:05.000Z"), WorkspaceSessionID: ss.id(),
-			Op: r.Op, Path: r.Path, NewPath: r.NewPath, Source: "fuse", at: at}
-		if r.Command != "" {
-			cmd := r.Command
-			a.CommandSessionID = &cmd
-		}
-		switch r.Op {
-		case "write":
-			off, length := r.Offset, r.Length
-			a.Offset, a.Length = &off, &length
-			fa.add(r.Path, writeRange{cmd: r.Command, off: r.Offset, end: r.Offset + r.Length})
-		case "truncate":
-			off := r.Offset
-			a.Offset = &off
-		case "rename":
-			fa.move(r.Path, r.NewPath)
-			cks = append(cks, ck{r.Path, r.Command}, ck{r.NewPath, r.Command})
-		case "unlink":
-			fa.drop(r.Path)
+		for _, r := range n.Released {
 			cks = append(cks, ck{r.Path, r.Command})
 		}
-		if isStagingPath(r.Path) && r.Op == "rename" {
-			// A staged file renamed into place: report the target only.
-			a.Op, a.Path, a.NewPath = "create", r.NewPath, ""
-		}
-		acts = append(acts, a)
 	}
 	s.recordActivity(ctx, sb, acts)
-	for _, r := range n.Released {
-		cks = append(cks, ck{r.Path, r.Command})
-	}
-	for _, c := range cks {
-		s.fuseCheckpoint(ctx, sb, ss, c.cmd, []string{c.path})
+	for i := 0; i < len(cks); {
+		j, seen := i, map[string]bool{}
+		var paths []string
+		// One pass per run of one command; a path twice in a run (written,
+		// renamed away) ends the run so the order of its checkpoints holds.
+		for ; j < len(cks) && cks[j].cmd == cks[i].cmd && !seen[cks[j].path]; j++ {
+			seen[cks[j].path] = true
+			paths = append(paths, cks[j].path)
+		}
+		s.fuseCheckpoint(ctx, sb, ss, cks[i].cmd, paths)
+		i = j
 	}
 }
 

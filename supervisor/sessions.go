@@ -304,12 +304,37 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 
 // watchHolder routes the holder's command events and notices its death.
 func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h nsholder.Holder) {
-	for ev := range h.Events() {
-		if ev.FS != nil {
-			s.fuseNotice(sb, ss, ev.FS)
+	events := h.Events()
+	for ev := range events {
+		if ev.FS == nil {
+			s.commandEvent(sb, ss, ev)
 			continue
 		}
-		s.commandEvent(sb, ss, ev)
+		// FUSE notices come in bursts (a release per written file): the
+		// ones already queued are applied together, so their checkpoints
+		// share one pass over the session's checkpoint index.
+		batch := []*nsholder.FSNotice{ev.FS}
+		var next *nsholder.Event
+	gather:
+		for len(batch) < 1024 {
+			select {
+			case e, ok := <-events:
+				if !ok {
+					break gather
+				}
+				if e.FS == nil {
+					next = &e
+					break gather
+				}
+				batch = append(batch, e.FS)
+			default:
+				break gather
+			}
+		}
+		s.fuseNotices(sb, ss, batch)
+		if next != nil {
+			s.commandEvent(sb, ss, *next)
+		}
 	}
 	<-h.Done()
 	ss.mu.Lock()
