@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -141,6 +142,9 @@ func writeFileAtomic(p string, data []byte) error {
 // a 1,000-entry index 1,000 times made large publishes quadratic. The
 // caller holds ss.attrMu.
 func (ss *session) cachedIndex(dir string) *ckIndex {
+	if ss.attrIdx != nil && ss.attrDirty {
+		return ss.attrIdx // newer than index.json (a deferred write, FUSE driver)
+	}
 	st, err := os.Stat(filepath.Join(dir, attrIndexName))
 	var ino uint64
 	if err == nil {
@@ -157,6 +161,31 @@ func (ss *session) cachedIndex(dir string) *ckIndex {
 	}
 	return idx
 }
+
+// saveIndex writes index.json and caches idx as what it holds. The caller
+// holds ss.attrMu.
+func (ss *session) saveIndex(dir string, idx *ckIndex) error {
+	b, err := json.Marshal(idx)
+	if err == nil {
+		err = writeFileAtomic(filepath.Join(dir, attrIndexName), b)
+	}
+	ss.attrIdx, ss.attrDirty, ss.attrSaved = idx, err != nil, time.Now()
+	if err != nil {
+		return err
+	}
+	if st, serr := os.Stat(filepath.Join(dir, attrIndexName)); serr == nil {
+		ss.attrIdxMod, ss.attrIdxSize = st.ModTime(), st.Size()
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+			ss.attrIdxIno = sys.Ino
+		}
+	}
+	return nil
+}
+
+// indexSaveEvery bounds how long a deferred index write may wait; what a
+// crash loses in between is attribution of the files checkpointed since
+// (they start again from the base).
+const indexSaveEvery = 2 * time.Second
 
 func loadIndex(dir string) *ckIndex {
 	idx := &ckIndex{V: 1, Files: map[string]*ckEntry{}}
@@ -276,14 +305,19 @@ func isUpperWhiteout(full string, st *unix.Stat_t) bool {
 // workspace-relative paths are examined (a file operation's own target).
 // Best effort: failures only lose attribution.
 func (s *Supervisor) checkpointSession(ctx context.Context, sb *sandbox, ss *session, commandID string, approximate bool, paths ...string) {
-	s.checkpointWith(ctx, sb, ss, ckLine{Cmd: commandID, Approx: approximate}, nil, paths...)
+	s.checkpointWith(ctx, sb, ss, ckLine{Cmd: commandID, Approx: approximate}, nil, false, paths...)
 }
 
 // checkpointWith is checkpointSession with the default writer of new lines
 // given as a line (FUSE: Guess set) and, per path, the write ranges
 // reported since the previous checkpoint: a new line (or a guessed one)
 // that a range covers belongs to the range's writer.
-func (s *Supervisor) checkpointWith(ctx context.Context, sb *sandbox, ss *session, line ckLine, ranges map[string][]writeRange, paths ...string) {
+//
+// deferIndex keeps the updated index in memory and writes index.json at
+// most every indexSaveEvery (a FUSE session checkpoints at every release
+// of a written handle: rewriting a large index each time made a command
+// writing thousands of files quadratic).
+func (s *Supervisor) checkpointWith(ctx context.Context, sb *sandbox, ss *session, line ckLine, ranges map[string][]writeRange, deferIndex bool, paths ...string) {
 	mu := &ss.attrMu // checkpoints of one session are serialized
 	mu.Lock()
 	defer mu.Unlock()
@@ -302,7 +336,7 @@ func (s *Supervisor) checkpointWith(ctx context.Context, sb *sandbox, ss *sessio
 	}
 	defer root.Close()
 	base, _ := sessionBase(ss)
-	cp := &checkpointer{s: s, idx: loadIndex(dir), dir: dir, upper: upper, root: root, base: sb.stack.View(base),
+	cp := &checkpointer{s: s, idx: ss.cachedIndex(dir), dir: dir, upper: upper, root: root, base: sb.stack.View(base),
 		ts: nowRFC3339(), line: line, ranges: ranges}
 	cp.line.TS = cp.ts
 	if len(paths) > 0 {
@@ -351,11 +385,10 @@ func (s *Supervisor) checkpointWith(ctx context.Context, sb *sandbox, ss *sessio
 		}
 	}
 	if cp.changed {
-		b, err := json.Marshal(cp.idx)
-		if err == nil {
-			err = writeFileAtomic(filepath.Join(dir, attrIndexName), b)
-		}
-		if err != nil {
+		ss.attrIdx, ss.attrDirty = cp.idx, true
+	}
+	if ss.attrDirty && (!deferIndex || time.Since(ss.attrSaved) >= indexSaveEvery) {
+		if err := ss.saveIndex(dir, cp.idx); err != nil {
 			s.log.Warn("attribution.checkpoint_failed", "workspace_session_id", ss.id(), "err", err)
 		}
 	}

@@ -216,6 +216,12 @@ func isStagingPath(p string) bool {
 // fuseCheckpoint checkpoints paths (nil: every path with pending ranges)
 // crediting uncovered new lines to cmd as a guess.
 func (s *Supervisor) fuseCheckpoint(ctx context.Context, sb *sandbox, ss *session, cmd string, paths []string) {
+	s.fuseCheckpointSave(ctx, sb, ss, cmd, paths, true)
+}
+
+// fuseCheckpointSave is fuseCheckpoint; deferIndex false writes the index
+// now (command end).
+func (s *Supervisor) fuseCheckpointSave(ctx context.Context, sb *sandbox, ss *session, cmd string, paths []string, deferIndex bool) {
 	fa := ss.fuseState()
 	ranges := fa.take(paths)
 	if paths == nil {
@@ -223,16 +229,27 @@ func (s *Supervisor) fuseCheckpoint(ctx context.Context, sb *sandbox, ss *sessio
 			paths = append(paths, p)
 		}
 		sort.Strings(paths)
-		if len(paths) == 0 {
-			return
-		}
 	}
-	s.checkpointWith(ctx, sb, ss, ckLine{Cmd: cmd, Guess: true}, ranges, paths...)
+	if len(paths) == 0 {
+		// Nothing to examine (no paths means a whole-upper walk to
+		// checkpointWith); only a deferred index may be due.
+		if !deferIndex {
+			ss.attrMu.Lock()
+			if ss.attrDirty && ss.attrIdx != nil {
+				if err := ss.saveIndex(attrDir(ss), ss.attrIdx); err != nil {
+					s.log.Warn("attribution.checkpoint_failed", "workspace_session_id", ss.id(), "err", err)
+				}
+			}
+			ss.attrMu.Unlock()
+		}
+		return
+	}
+	s.checkpointWith(ctx, sb, ss, ckLine{Cmd: cmd, Guess: true}, ranges, deferIndex, paths...)
 }
 
 // fuseCommandEnd is the command-end checkpoint of a FUSE session: the
 // holder flushed the command's records before Done, so every path written
 // since its last checkpoint has ranges here.
 func (s *Supervisor) fuseCommandEnd(sb *sandbox, ss *session, cmd string) {
-	s.fuseCheckpoint(context.Background(), sb, ss, cmd, nil)
+	s.fuseCheckpointSave(context.Background(), sb, ss, cmd, nil, false)
 }

@@ -62,6 +62,8 @@ type session struct {
 	attrIdxMod  time.Time
 	attrIdxSize int64
 	attrIdxIno  uint64
+	attrDirty   bool       // attrIdx is newer than index.json
+	attrSaved   time.Time  // when index.json was last written
 	actMu       sync.Mutex // serializes captures of file activity (activity.go)
 	fuse        *fuseAttr  // FUSE driver: write ranges since the last checkpoint (fuseattr.go)
 
