@@ -206,10 +206,15 @@ func TestFileActivityDisabled(t *testing.T) {
 // fuseSandbox starts a supervisor and a sandbox on the FUSE driver.
 func fuseSandbox(t *testing.T, files map[string]string) (*env, string) {
 	t.Helper()
+	return fuseSandboxArgs(t, files)
+}
+
+func fuseSandboxArgs(t *testing.T, files map[string]string, args ...string) (*env, string) {
+	t.Helper()
 	e := newEnv(t)
 	e.overlay = "fuse"
 	e.start()
-	return e, e.createSandbox(e.project(files))
+	return e, e.createSandbox(e.project(files), args...)
 }
 
 // TestProvenanceConcurrentWriters: two commands of one FUSE session append
@@ -354,5 +359,20 @@ os.rename("README.tmp~", "README")
 		if out["status"] != "ok" || out["output"] != st.want {
 			t.Fatalf("%s: %v", st.name, out)
 		}
+	}
+}
+
+// TestDockerImageFuseWorkspace: an image sandbox on the FUSE driver keeps
+// the kernel overlay for its root and serves /workspace through FUSE; the
+// session's workspace changes publish as usual.
+func TestDockerImageFuseWorkspace(t *testing.T) {
+	requireDocker(t)
+	e, id := fuseSandboxArgs(t, map[string]string{"README.md": "project\n"}, "--image", busyboxImage)
+	out := e.shell(id, `grep -E " / | /workspace " /proc/mounts | cut -d" " -f2,3 | sort && cat /workspace/README.md && echo x > /workspace/made.txt`)
+	if want := "/ overlay\n/workspace fuse.esbx"; !strings.Contains(out, want) || !strings.Contains(out, "project") {
+		t.Fatalf("mounts and content:\n%s", out)
+	}
+	if got := e.rt(id, "file_read", "--path", "made.txt")["content"]; got != "x" {
+		t.Fatalf("published made.txt: %v", got)
 	}
 }
