@@ -339,3 +339,21 @@ func walk(t *testing.T, root string) string {
 	sort.Strings(lines)
 	return strings.Join(lines, "\n")
 }
+
+// TestReadOnlyHandleSeesCopyUp: a handle opened read-only on a lower file
+// reads what later writers (after copy-up) wrote, even once the page cache
+// was dropped (O_DIRECT-free: posix_fadvise DONTNEED on the mount).
+func TestReadOnlyHandleSeesCopyUp(t *testing.T) {
+	f := mountLayers(t, []tree{{"f": "old-content"}}, nil)
+	ro, err := os.Open(f.p("f"))
+	must(t, err)
+	defer ro.Close()
+	f.write("f", "new-content")
+	// Drop the mount's cached pages of the file so the next read reaches
+	// the server through the read-only handle.
+	must(t, unix.Fadvise(int(ro.Fd()), 0, 0, unix.FADV_DONTNEED))
+	buf := make([]byte, 11)
+	if _, err := ro.ReadAt(buf, 0); err != nil || string(buf) != "new-content" {
+		t.Errorf("read-only handle after copy-up: %q %v", buf, err)
+	}
+}
