@@ -469,15 +469,21 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	var cmd string
 	if write {
 		cmd = o.command(ctx)
+	}
+	o.mu.RLock()
+	if write && n.layer != 0 {
+		// Copy-up needs the exclusive lock; entries already in the upper
+		// (the common case for writes) open under the shared one.
+		o.mu.RUnlock()
 		o.mu.Lock()
-		defer o.mu.Unlock()
-		if errno := n.copyUp(); errno != 0 {
+		errno := n.copyUp()
+		o.mu.Unlock()
+		if errno != 0 {
 			return nil, 0, errno
 		}
-	} else {
 		o.mu.RLock()
-		defer o.mu.RUnlock()
 	}
+	defer o.mu.RUnlock()
 	p, ok := n.path()
 	if !ok {
 		return nil, 0, syscall.ESTALE

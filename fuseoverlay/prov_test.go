@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -158,4 +159,47 @@ func TestNoSink(t *testing.T) {
 	f := mountLayers(t, nil, nil)
 	f.write("x", "y")
 	f.srv.Flush()
+}
+
+// TestProvenanceFlushPoints: records reach the sink at fsync and on the
+// coalescing timer, without Flush; contiguous writes through one handle
+// coalesce into one range.
+func TestProvenanceFlushPoints(t *testing.T) {
+	f := mountLayers(t, nil, nil, withSink(), func(o *Options, _ *fixture) { o.CoalesceInterval = 20 * time.Millisecond })
+	fh, err := os.Create(f.p("x"))
+	must(t, err)
+	defer fh.Close()
+	for i := 0; i < 4; i++ {
+		_, err := fh.Write([]byte("0123456789"))
+		must(t, err)
+	}
+	must(t, fh.Sync())
+	f.mu.Lock()
+	got := append([]Record(nil), f.records...)
+	f.mu.Unlock()
+	var writes []Record
+	for _, r := range got {
+		if r.Op == "write" {
+			writes = append(writes, r)
+		}
+	}
+	if len(writes) != 1 || writes[0].Offset != 0 || writes[0].Length != 40 {
+		t.Errorf("after fsync, want one write 0+40:\n%s", fmtRecords(got))
+	}
+	// The timer: a write without fsync arrives on its own.
+	_, err = fh.WriteAt([]byte("abc"), 100)
+	must(t, err)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f.mu.Lock()
+		n := len(f.records)
+		f.mu.Unlock()
+		if n > len(got) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("timer flush never came")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
