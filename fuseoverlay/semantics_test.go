@@ -357,3 +357,22 @@ func TestReadOnlyHandleSeesCopyUp(t *testing.T) {
 		t.Errorf("read-only handle after copy-up: %q %v", buf, err)
 	}
 }
+
+// TestLowerHardLinks: two names of one lower inode read the same and share
+// st_ino; writing one copies up that name only (as the kernel overlay does
+// without index=on).
+func TestLowerHardLinks(t *testing.T) {
+	requireNS(t)
+	f := mountLayers(t, []tree{{"h1": "same"}}, nil)
+	must(t, os.Link(filepath.Join(f.lowers[0], "h1"), filepath.Join(f.lowers[0], "h2")))
+	if ino(t, f.p("h1")) != ino(t, f.p("h2")) {
+		t.Errorf("lower hard links show different numbers")
+	}
+	f.write("h1", "changed")
+	if got := f.read("h2"); got != "same" {
+		t.Errorf("h2 = %q after writing h1", got)
+	}
+	if got := f.read("h1"); got != "changed" {
+		t.Errorf("h1 = %q", got)
+	}
+}
