@@ -103,9 +103,24 @@ func TestProvenanceOwners(t *testing.T) {
 // TestProvenanceMmap: a shared-mmap write reaches the server with pid 0;
 // it must be attributed to the handle's opener.
 func TestProvenanceMmap(t *testing.T) {
-	f := mountLayers(t, []tree{{"m.bin": strings.Repeat("a", 8192)}}, nil, withSink())
+	var calls []string
+	f := mountLayers(t, []tree{{"m.bin": strings.Repeat("a", 8192)}}, nil, withSink(), func(o *Options, f *fixture) {
+		o.Owner = func(pid uint32) string {
+			c := fmt.Sprintf("opener-%d", pid)
+			f.mu.Lock()
+			calls = append(calls, c)
+			f.mu.Unlock()
+			return c
+		}
+	})
 	fh, err := os.OpenFile(f.p("m.bin"), os.O_RDWR, 0)
 	must(t, err)
+	f.mu.Lock()
+	if len(calls) != 1 {
+		t.Fatalf("Owner calls at open: %v", calls)
+	}
+	opener := calls[0]
+	f.mu.Unlock()
 	m, err := unix.Mmap(int(fh.Fd()), 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	must(t, err)
 	copy(m[4096:], "mmap-write")
@@ -126,9 +141,14 @@ func TestProvenanceMmap(t *testing.T) {
 		t.Fatalf("no write record:\n%s", fmtRecords(rs))
 	}
 	for _, w := range writes {
-		if w.Command == "pid0" || w.Command == "" {
-			t.Errorf("mmap write attributed to %q", w.Command)
+		if w.Command != opener {
+			t.Errorf("mmap write attributed to %q, want the opener %q", w.Command, opener)
 		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(calls) != 1 {
+		t.Errorf("Owner was called per write: %v", calls)
 	}
 }
 
