@@ -122,10 +122,9 @@ func (o *ofs) mergedNames(layers []int, p string, root bool) ([]fuse.DirEntry, s
 }
 
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	// The listing is built at the first READDIR, not here: with the
+	// kernel's directory cache warm, an opendir is never followed by one.
 	h := &dirHandle{n: n}
-	if errno := h.load(); errno != 0 {
-		return nil, 0, errno
-	}
 	// The kernel may cache listings: lowers never change and the upper
 	// changes only through this mount, which invalidates the cache itself.
 	return h, fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, 0
@@ -137,6 +136,7 @@ type dirHandle struct {
 	n       *node
 	entries []fuse.DirEntry
 	pos     int
+	loaded  bool
 }
 
 var (
@@ -169,10 +169,16 @@ func (h *dirHandle) load() syscall.Errno {
 		{Name: "..", Mode: unix.S_IFDIR, Ino: parentIno},
 	}, ents...)
 	h.pos = 0
+	h.loaded = true
 	return 0
 }
 
 func (h *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	if !h.loaded {
+		if errno := h.load(); errno != 0 {
+			return nil, errno
+		}
+	}
 	if h.pos >= len(h.entries) {
 		return nil, 0
 	}
@@ -184,7 +190,14 @@ func (h *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 
 func (h *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	if off == 0 {
-		return h.load()
+		h.loaded = false // rewinddir: a fresh snapshot
+		h.pos = 0
+		return 0
+	}
+	if !h.loaded {
+		if errno := h.load(); errno != 0 {
+			return errno
+		}
 	}
 	h.pos = int(off)
 	return 0

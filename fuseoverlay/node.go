@@ -50,6 +50,9 @@ type node struct {
 	// dirLayers lists, for a directory, the layers whose directories merge
 	// into it, topmost first (it stops at an opaque directory).
 	dirLayers []int
+	// copiedUp is set when a lower entry moved to the upper, so handles
+	// opened on the lower file switch to the upper copy (see handle.fd).
+	copiedUp atomic.Bool
 }
 
 var (
@@ -280,6 +283,9 @@ func (n *node) newChild(ctx context.Context, p string, pr probe, out *fuse.Entry
 	}
 	fillAttr(&pr.st, &out.Attr)
 	out.Attr.Ino = ino
+	if len(pr.dirLayers) > 1 {
+		out.Attr.Nlink = 1 // merged: the count of subdirectories is unknown, as in the kernel overlay
+	}
 	child := &node{o: n.o, layer: pr.layer, dirLayers: pr.dirLayers}
 	return n.NewInode(ctx, child, fs.StableAttr{Mode: mode, Ino: ino, Gen: gen})
 }
@@ -328,7 +334,17 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 		}
 	}
 	fillAttr(&st, &out.Attr)
+	if n.isDir() && n.mergedDir() {
+		out.Attr.Nlink = 1
+	}
 	return 0
+}
+
+// mergedDir reports whether several layers merge into the directory.
+func (n *node) mergedDir() bool {
+	n.o.mu.RLock()
+	defer n.o.mu.RUnlock()
+	return len(n.dirLayers) > 1
 }
 
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
@@ -432,7 +448,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	}
 	o.rec.op(Record{Command: cmd, Op: "create", Path: p})
 	h := o.newHandle(fd, p, cmd, flags)
-	return ch, h, fuse.FOPEN_KEEP_CACHE, 0
+	return ch, h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
 }
 
 // openFlags keeps the open flags that make sense on the backing file.
@@ -453,15 +469,21 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	var cmd string
 	if write {
 		cmd = o.command(ctx)
+	}
+	o.mu.RLock()
+	if write && n.layer != 0 {
+		// Copy-up needs the exclusive lock; entries already in the upper
+		// (the common case for writes) open under the shared one.
+		o.mu.RUnlock()
 		o.mu.Lock()
-		defer o.mu.Unlock()
-		if errno := n.copyUp(); errno != 0 {
+		errno := n.copyUp()
+		o.mu.Unlock()
+		if errno != 0 {
 			return nil, 0, errno
 		}
-	} else {
 		o.mu.RLock()
-		defer o.mu.RUnlock()
 	}
+	defer o.mu.RUnlock()
 	p, ok := n.path()
 	if !ok {
 		return nil, 0, syscall.ESTALE
@@ -474,8 +496,14 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		o.rec.op(Record{Command: cmd, Op: "truncate", Path: p})
 	}
 	// Lowers never change and the upper changes only through this mount,
-	// so the page cache stays valid across opens.
-	return o.newHandle(fd, p, cmd, flags), fuse.FOPEN_KEEP_CACHE, 0
+	// so the page cache stays valid across opens. No FLUSH at close: locks
+	// are the kernel's own and writes are synchronous, so it has nothing
+	// to do and would cost a round trip per close.
+	h := o.newHandle(fd, p, cmd, flags)
+	if n.layer != 0 {
+		h.lowerOf = n
+	}
+	return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
 }
 
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
@@ -898,13 +926,20 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	}
 	// Copy-up happens first so a failure leaves the tree unchanged.
 	if !srcDir {
-		srcNode := n.GetChild(name)
-		if sn, ok := opsOf(srcNode); ok && sn.layer != 0 {
+		if sn, ok := opsOf(n.GetChild(name)); ok {
 			if errno := sn.copyUp(); errno != 0 {
 				return errno
 			}
-		} else if !ok && src.layer != 0 {
-			return syscall.ENOENT
+		} else if src.layer != 0 {
+			// Not known to the kernel right now: copy up by path.
+			if errno := n.copyUpDir(); errno != 0 {
+				return errno
+			}
+			upIno, errno := o.copyUpEntry(src.layer, op)
+			if errno != 0 {
+				return errno
+			}
+			o.noteOrigin(upIno, o.inoFor(src.layer, &src.st))
 		}
 	}
 	if errno := np.copyUpDir(); errno != 0 {
