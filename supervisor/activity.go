@@ -303,7 +303,7 @@ func walkUpper(ctx context.Context, upper string) map[string]upperState {
 			return nil
 		}
 		rel = filepath.ToSlash(rel)
-		if isStagingName(d.Name()) {
+		if isStagingName(d.Name()) || rel == fuseStagingDir {
 			if d.IsDir() {
 				return fs.SkipDir
 			}
@@ -317,10 +317,13 @@ func walkUpper(ctx context.Context, upper string) map[string]upperState {
 	return out
 }
 
-// isStagingName: internal names never reported (overlay metadata and
-// temporary copy-up or write staging below the upper dir).
+// fuseStagingDir is the FUSE overlay's copy-up staging directory in the
+// upper root (only when it has no work directory); never reported.
+const fuseStagingDir = ".esbx-tmp"
+
+// isStagingName: overlay metadata names (.wh..wh.*), never reported.
 func isStagingName(name string) bool {
-	return strings.HasPrefix(name, ".wh..wh.") || strings.HasPrefix(name, ".esbx-") || strings.HasPrefix(name, ".fuseoverlay")
+	return strings.HasPrefix(name, ".wh..wh.")
 }
 
 // captureActivity records the upper-dir difference since the previous

@@ -23,6 +23,7 @@ package supervisor
 import (
 	"context"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -202,15 +203,9 @@ func (s *Supervisor) fuseNotices(sb *sandbox, ss *session, ns []*nsholder.FSNoti
 	}
 }
 
-// isStagingPath: a name below the workspace that is the FS's own staging
-// (never reported as activity).
+// isStagingPath: the FUSE overlay's own staging (never reported).
 func isStagingPath(p string) bool {
-	for i := len(p) - 1; i >= 0; i-- {
-		if p[i] == '/' {
-			return isStagingName(p[i+1:])
-		}
-	}
-	return isStagingName(p)
+	return p == fuseStagingDir || strings.HasPrefix(p, fuseStagingDir+"/")
 }
 
 // fuseCheckpoint checkpoints paths (nil: every path with pending ranges)
