@@ -6,7 +6,7 @@ package tests
 
 import (
 	"fmt"
-	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -117,12 +117,12 @@ func TestFileActivity(t *testing.T) {
 	forDrivers(t, func(t *testing.T) {
 		e := newEnv(t)
 		e.start()
-		id := e.createSandbox(e.project(map[string]string{"keep.txt": "k\n", "del.txt": "d\n", "mode.sh": "#!/bin/sh\n", "dir/x": "x\n"}))
+		id := e.createSandbox(e.project(map[string]string{"keep.txt": "k\n", "del.txt": "d\n", "mode.sh": "#!/bin/sh\n", "dir/x": "x\n", "old.txt": "o\n"}))
 		source := map[string]string{"kernel": "capture", "fuse": "fuse"}[e.overlay]
 		ws := e.session(id)
 		before := time.Now().Add(-time.Second).UnixMilli()
 		out := e.exec(id, "--workspace-session-id", ws,
-			"umask 022 && echo new > new.txt && echo more >> keep.txt && rm del.txt && mkdir -p made/sub && ln -s keep.txt link && chmod +x mode.sh && echo done")
+			"umask 022 && echo new > new.txt && echo more >> keep.txt && rm del.txt && mkdir -p made/sub && ln -s keep.txt link && chmod +x mode.sh && mv old.txt moved.txt && echo done")
 		if out["status"] != "ok" || out["output"] != "done" {
 			t.Fatalf("exec: %v", out)
 		}
@@ -145,6 +145,14 @@ func TestFileActivity(t *testing.T) {
 			if _, ok := r["ts"].(string); !ok {
 				t.Errorf("%s %s: no ts: %v", want.op, want.path, r)
 			}
+		}
+		// A rename: one record under fuse; unlink + create from capture.
+		if e.overlay == "fuse" {
+			if r := hasActivity(recs, "rename", "old.txt"); r == nil || r["new_path"] != "moved.txt" || r["command_session_id"] != cmd {
+				t.Errorf("rename record: %v in\n%s", r, activityString(recs))
+			}
+		} else if hasActivity(recs, "unlink", "old.txt") == nil || hasActivity(recs, "create", "moved.txt") == nil {
+			t.Errorf("rename as unlink + create missing in\n%s", activityString(recs))
 		}
 		note := hasActivity(recs, "create", "note.txt")
 		if note == nil || note["request_id"] != "req-fa1" || note["command_session_id"] != nil || note["source"] != source {
@@ -332,15 +340,24 @@ os.replace(".f.txt.swp", "f.txt")
 // TestToolsInFuseSession: git, a Go build and an editor-style save work
 // inside a FUSE session.
 func TestToolsInFuseSession(t *testing.T) {
-	goroot := "/usr/local/go"
-	if _, err := os.Stat(filepath.Join(goroot, "bin", "go")); err != nil {
-		skipOrFail(t, "no Go toolchain at %s: %v", goroot, err)
+	out, err := exec.Command("go", "env", "GOROOT").Output()
+	goroot := strings.TrimSpace(string(out))
+	if err != nil || goroot == "" {
+		skipOrFail(t, "no Go toolchain on PATH: %v", err)
 	}
-	e, id := fuseSandbox(t, map[string]string{
+	if resolved, err := filepath.EvalSymlinks(goroot); err == nil {
+		goroot = resolved
+	}
+	// The toolchain reaches the session as a host path (a default one such
+	// as /usr covers /usr/local/go; anything else is added).
+	e := newEnv(t)
+	e.overlay = "fuse"
+	e.startWithConfig("sandbox:\n  host_paths: [/usr, /bin, /sbin, /lib, /lib32, /lib64, /libx32, /etc, /opt, /nix, " + goroot + "]\n")
+	id := e.createSandbox(e.project(map[string]string{
 		"go.mod":  "module example.com/tiny\n\ngo 1.21\n",
 		"main.go": "package main\n\nimport \"fmt\"\n\nfunc main() { fmt.Println(\"tiny ok\") }\n",
 		"README":  "one\ntwo\n",
-	})
+	}))
 	ws := e.session(id)
 	steps := []struct{ name, script, want string }{
 		{"git", "git init -q . && git add -A && git -c user.email=t@e -c user.name=t commit -qm init && echo change >> README && git status --porcelain",
