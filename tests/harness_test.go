@@ -345,8 +345,9 @@ func forDrivers(t *testing.T, body func(t *testing.T)) {
 	}
 }
 
-// driverOf is the driver of the innermost forDrivers subtest t is in, ""
-// outside one.
+// driverOf is the driver of the innermost forDrivers subtest t is in;
+// outside one, $ESBX_OVERLAY (kernel or fuse: run every other test on one
+// driver) or "" (the supervisor's default).
 func driverOf(t *testing.T) string {
 	parts := strings.Split(t.Name(), "/")
 	for i := len(parts) - 1; i > 0; i-- {
@@ -356,7 +357,7 @@ func driverOf(t *testing.T) string {
 			}
 		}
 	}
-	return ""
+	return os.Getenv("ESBX_OVERLAY")
 }
 
 func (e *env) createSandbox(root string, args ...string) string {
