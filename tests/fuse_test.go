@@ -197,17 +197,27 @@ func TestFileActivity(t *testing.T) {
 	})
 }
 
-// TestFileActivityDisabled: observability.file_activity.enabled false
-// stores nothing and the view answers empty.
+// TestFileActivityDisabled: observability.enabled false or
+// observability.file_activity.enabled false stores nothing and the view
+// answers empty.
 func TestFileActivityDisabled(t *testing.T) {
-	e := newEnv(t)
-	e.startWithConfig("observability:\n  file_activity:\n    enabled: false\n")
-	id := e.createSandbox(e.project(map[string]string{"a.txt": "a\n"}))
-	if out := e.exec(id, "echo b > b.txt && echo ok"); out["status"] != "ok" {
-		t.Fatalf("exec: %v", out)
-	}
-	if recs, m := e.activity(id, nil); len(recs) != 0 || m["truncated"] != false {
-		t.Fatalf("disabled file activity answered %v", m)
+	for _, tc := range []struct{ name, cfg string }{
+		{"file_activity off", "observability:\n  file_activity:\n    enabled: false\n"},
+		{"observability off", "observability:\n  enabled: false\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.startWithConfig(tc.cfg)
+			id := e.createSandbox(e.project(map[string]string{"a.txt": "a\n"}))
+			ws := e.session(id)
+			if out := e.exec(id, "--workspace-session-id", ws, "echo b > b.txt && echo ok"); out["status"] != "ok" {
+				t.Fatalf("exec: %v", out)
+			}
+			e.rt(id, "file_write", "--workspace-session-id", ws, "--path", "c.txt", "--content", "c\n")
+			if recs, m := e.activity(id, nil); len(recs) != 0 || m["truncated"] != false {
+				t.Fatalf("disabled file activity answered %v", m)
+			}
+		})
 	}
 }
 
