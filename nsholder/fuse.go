@@ -87,8 +87,12 @@ func statFields(pid int) (ppid, sid int, start uint64, ok bool) {
 }
 
 // owner resolves the pid of a FUSE request (in the session's PID
-// namespace, where the holder is 1) to its command. pid 0 (kernel
-// context: mmap write-back) and unknown processes are "".
+// namespace, where the holder is 1) to its command. The kernel sends the
+// calling thread's ID, which /proc resolves like a pid (the stat of a
+// thread carries its process's parent and session). pid 0 (kernel context:
+// mmap write-back) and unknown processes are "". The holder's own threads
+// are in session 1 (it is PID 1 and a session leader; every command root
+// starts a session of its own), so they are recognized by that.
 func (o *owners) owner(pid uint32) string {
 	switch pid {
 	case 0:
@@ -97,9 +101,12 @@ func (o *owners) owner(pid uint32) string {
 		return holderOwner
 	}
 	p := int(pid)
-	_, _, start, ok := statFields(p)
+	_, sid, start, ok := statFields(p)
 	if !ok {
 		return ""
+	}
+	if sid == 1 {
+		return holderOwner
 	}
 	o.mu.Lock()
 	if c, hit := o.cache[p]; hit && c.start == start {
