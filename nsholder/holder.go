@@ -288,18 +288,27 @@ func (s *server) spawn(reqID uint64, req *SpawnRequest) {
 		s.replyErr(reqID, fmt.Errorf("set pty size: %w", err))
 		return
 	}
-	argv := append(append([]string{}, s.root.shimArgv...), "--", s.root.shell)
-	if path.Base(s.root.shell) == "bash" {
-		argv = append(argv, "--noprofile", "--norc")
-	}
-	argv = append(argv, "-c", req.Cmd)
 	dir := req.Dir
 	if dir == "" {
 		dir = "/workspace"
 	}
+	argv := append([]string{}, s.root.shimArgv...)
+	forkDir := dir
+	if s.root.fuse != nil {
+		// The forked child must not touch the FUSE mount this process
+		// serves before it execs (see the shim's -C): it starts in "/" and
+		// the shim changes to dir.
+		argv = append(argv, "-C", dir)
+		forkDir = "/"
+	}
+	argv = append(argv, "--", s.root.shell)
+	if path.Base(s.root.shell) == "bash" {
+		argv = append(argv, "--noprofile", "--norc")
+	}
+	argv = append(argv, "-c", req.Cmd)
 	sfd := slave.Fd() // also makes the slave blocking, as a command's stdin must be
 	attr := &syscall.ProcAttr{
-		Dir:   dir,
+		Dir:   forkDir,
 		Env:   req.Env,
 		Files: []uintptr{sfd, sfd, sfd, s.root.exe.Fd()},
 		Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0},
