@@ -21,6 +21,7 @@ var families = []Family{
 	{Group: Observability, Name: "cgroup", Help: "Resource samples of a sandbox or one session, with its processes."},
 	{Group: Observability, Name: "layerstack", Help: "Layers, sizes and leases."},
 	{Group: Observability, Name: "health", Help: "The supervisor's own health and host capabilities."},
+	{Group: Observability, Name: "file_activity", Help: "What changed inside workspace sessions, by which command."},
 	{Group: Observability, Name: "resource_isolation", Capability: true, Help: "Per-sandbox and per-session cgroups when the supervisor's cgroup is delegated."},
 	{Group: Observability, Name: "resource_efficiency", Capability: true, Help: "Bounded disk-only stores; reads never write or sample."},
 }
@@ -335,6 +336,20 @@ var ops = []Op{
 		ID: "health", Group: Observability, Family: "health", Scope: ScopeSystem,
 		Summary: "The supervisor's health and the host capabilities it probed at start.",
 		Result:  "{status, version, uptime_s, uid, kernel, overlay_drivers, fuse, user_namespaces, cgroup, docker, store, counts, event_store}",
+	},
+	{
+		ID: "file_activity", Group: Observability, Family: "file_activity", Scope: ScopeSandbox,
+		Summary: "File changes made inside workspace sessions, oldest first.",
+		Help: "One record per create, write, truncate, rename, unlink, mkdir, rmdir, symlink or chmod: " +
+			"as it happens under the fuse driver (source fuse, writes coalesced per handle), " +
+			"or from the upper-dir difference at each checkpoint under the kernel driver (source capture). " +
+			"Session file operations carry their request_id.",
+		Result: "{view:\"file_activity\", sandbox_id, records:[{ts, workspace_session_id, command_session_id, op, path, new_path?, offset?, length?, source, request_id?}], truncated}",
+		Args: []Arg{obsSandboxRequired,
+			{Name: "workspace_session_id", Kind: String, ID: true, Help: "Only records of this workspace session."},
+			{Name: "path", Kind: Path, Help: "Only records of this path or below it (workspace-relative or /workspace/…)."},
+			{Name: "since_ms", Kind: Integer, Help: "Only records at or after this Unix time in ms."},
+			{Name: "limit", Kind: Integer, Default: uint64(200), Min: u64(1), Max: u64(1000), Help: "The newest records kept."}},
 	},
 }
 

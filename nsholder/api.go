@@ -33,8 +33,27 @@ type Config struct {
 	Shim string `json:"shim,omitempty"`
 	// Image, when set, makes "/" an overlay of an image's cached rootfs
 	// instead of host binds (§5.4 image rootfs); HostPaths are then unused.
+	// The image root is always a kernel overlay; Overlay applies to
+	// /workspace only.
 	Image *ImageRoot `json:"image,omitempty"`
+	// Overlay is the /workspace driver: OverlayKernel ("" too) or
+	// OverlayFuse (the holder serves the FUSE overlay in-process and
+	// reports file activity as Event.FS notices).
+	Overlay string `json:"overlay,omitempty"`
+	// CoalesceMs bounds how long the FUSE overlay buffers write records
+	// (observability.file_activity.coalesce_ms); 0 = the driver's default.
+	CoalesceMs int `json:"coalesce_ms,omitempty"`
+	// NoActivity turns provenance records off (observability or
+	// file_activity disabled); Released notices are still sent, since line
+	// attribution needs them.
+	NoActivity bool `json:"no_activity,omitempty"`
 }
+
+// Workspace overlay drivers (Config.Overlay).
+const (
+	OverlayKernel = "kernel"
+	OverlayFuse   = "fuse"
+)
 
 // ImageRoot is the root of an image sandbox's session: a kernel overlay of
 // Rootfs (read-only lower, shared by every session of the image) and a
@@ -63,6 +82,9 @@ type SpawnRequest struct {
 	Env        []string `json:"env"` // the complete environment
 	Dir        string   `json:"dir"` // working directory inside the session, normally /workspace
 	Rows, Cols uint16
+	// Owner names the command (its command_session_id) in FUSE provenance:
+	// every handle a process of this command opens is attributed to it.
+	Owner string `json:"owner,omitempty"`
 }
 
 // Process is a spawned command. PTY is the master side of its terminal:
@@ -82,6 +104,38 @@ type Event struct {
 	// Done is set once the root process has exited and no other process of
 	// its process group is alive (§6.5): the command is complete.
 	Done bool
+	// FS is set (and ID is 0) for a notice of the FUSE overlay: provenance
+	// records and released written handles. Notices keep their order
+	// relative to command events: the records of a command are flushed
+	// before its Exited and Done events.
+	FS *FSNotice
+}
+
+// FSNotice is what the FUSE overlay reported since the previous notice.
+type FSNotice struct {
+	Records  []FileRecord   `json:"records,omitempty"`
+	Released []ReleasedFile `json:"released,omitempty"`
+}
+
+// FileRecord is one provenance record of the FUSE overlay (§11.4 source
+// "fuse"). Command is the SpawnRequest.Owner of the command whose process
+// opened the handle, "" when unknown. The holder's own file operations
+// (file_write and file_edit) are not reported: the supervisor records them
+// itself, with their request_id.
+type FileRecord struct {
+	TimeUnixNs int64  `json:"t"`
+	Command    string `json:"c,omitempty"`
+	Op         string `json:"op"`
+	Path       string `json:"p"`
+	NewPath    string `json:"np,omitempty"`
+	Offset     int64  `json:"off,omitempty"`
+	Length     int64  `json:"len,omitempty"`
+}
+
+// ReleasedFile says a handle that wrote Path was released; Command owned it.
+type ReleasedFile struct {
+	Path    string `json:"p"`
+	Command string `json:"c,omitempty"`
 }
 
 // FileInfo describes one entry below /workspace.

@@ -165,6 +165,15 @@ func OverlayMountTime(h Holder) time.Duration {
 	return 0
 }
 
+// OverlayDriver is the driver the holder mounted /workspace with
+// (OverlayKernel or OverlayFuse).
+func OverlayDriver(h Holder) string {
+	if c, ok := h.(*client); ok && c.ready.Overlay != "" {
+		return c.ready.Overlay
+	}
+	return OverlayKernel
+}
+
 func (c *client) Pid() int              { return c.cmd.Process.Pid }
 func (c *client) Done() <-chan struct{} { return c.done }
 func (c *client) Events() <-chan Event  { return c.events.out }
@@ -206,7 +215,7 @@ func (c *client) readLoop() {
 		}
 		if hdr.Op == opEvent {
 			if e := hdr.Event; e != nil {
-				c.events.push(Event{ID: e.Cmd, Exited: e.Exited, Status: syscall.WaitStatus(e.Status), Done: e.Done})
+				c.events.push(Event{ID: e.Cmd, Exited: e.Exited, Status: syscall.WaitStatus(e.Status), Done: e.Done, FS: e.FS})
 			}
 			continue
 		}

@@ -20,6 +20,17 @@
 //     channel (the kernel then kills the whole PID namespace, and the mount
 //     namespace with the overlay goes with its last process).
 //   - Root assembly (root.go, §5.4 image "host"); see the order there.
+//   - The FUSE driver (fuse.go, Config.Overlay "fuse"): the holder mounts
+//     package fuseoverlay on /workspace before pivot_root and serves it for
+//     the session's life. A FUSE request's pid is mapped to its command by
+//     session ID (every command root is a session leader), else by walking
+//     the parent chain to one, with a per-pid cache checked against the
+//     process start time; pid 0 (mmap write-back) and strangers are "".
+//     Records and released-handle notices go out as Event.FS in the event
+//     FIFO; the overlay is flushed before every Exited and Done, so a
+//     command's records always precede its end. The holder's own file
+//     operations (pid 1) are not reported. At exit the holder flushes and
+//     detaches /workspace.
 //   - Commands: a PTY per command (creack/pty on the session's devpts),
 //     Setsid+Setctty, cwd and environment from the request, exec'd through
 //     the exec shim (package nsholder/shim) as /proc/self/fd/3: the small
@@ -66,5 +77,7 @@
 // The start-up probe (probe.go) is a short-lived child in a fresh user and
 // mount namespace that proves (or disproves, with the kernel's reason) that
 // kernel OverlayFS mounts with userxattr on the data directory's
-// filesystem, with lowerdir+ or the option-string fallback.
+// filesystem, with lowerdir+ or the option-string fallback, and that the
+// FUSE overlay mounts there, serves a lower file and creates into the
+// upper (bounded by a timeout, since the child serves its own mount).
 package nsholder

@@ -41,6 +41,7 @@ type command struct {
 	id     uint64
 	pid    int // root process; also its process group and session ID
 	exited bool
+	owner  string // SpawnRequest.Owner
 }
 
 type server struct {
@@ -57,6 +58,8 @@ type server struct {
 	nextID  uint64
 	running map[uint64]*command // not yet Done
 	byPid   map[int]*command    // root not yet reaped
+
+	owners *owners // command of a FUSE request's pid (fuse driver)
 }
 
 // runServe is the holder's main.
@@ -87,7 +90,7 @@ func runServe() int {
 	swallowSignals()
 	sigchld := make(chan os.Signal, 8)
 	signal.Notify(sigchld, unix.SIGCHLD)
-	s := &server{conn: conn, running: map[uint64]*command{}, byPid: map[int]*command{}, setupErr: mapErr}
+	s := &server{conn: conn, running: map[uint64]*command{}, byPid: map[int]*command{}, setupErr: mapErr, owners: newOwners()}
 	s.out.wake = make(chan struct{}, 1)
 	return s.run(sigchld)
 }
@@ -155,14 +158,18 @@ func (s *server) run(sigchld chan os.Signal) int {
 		s.replyNow(hdr.ID, s.setupErr)
 		return 1
 	}
-	root, err := setupRoot(hdr.Config)
+	root, err := setupRoot(hdr.Config, s.owners, s.fsNotice)
 	if err != nil {
 		s.replyNow(hdr.ID, err)
 		return 1
 	}
 	s.root = root
+	driver := OverlayKernel
+	if root.fuse != nil {
+		driver = OverlayFuse
+	}
 	rep := &ctlHeader{ID: hdr.ID, Op: opReply, Ready: &readyState{LowerdirPlus: root.lowerdirPlus, Shell: root.shell,
-		OverlayUs: root.overlayDur.Microseconds()}}
+		OverlayUs: root.overlayDur.Microseconds(), Overlay: driver}}
 	if err := s.conn.writeFrame(context.Background(), rep, nil, -1); err != nil {
 		return 1
 	}
@@ -173,6 +180,7 @@ func (s *server) run(sigchld chan os.Signal) int {
 		if err != nil {
 			// EOF: the supervisor closed the channel (or died). Exiting as
 			// PID 1 makes the kernel kill every process of the namespace.
+			s.root.fuse.stop()
 			return 0
 		}
 		go s.handle(hdr, payload, fd)
@@ -280,18 +288,27 @@ func (s *server) spawn(reqID uint64, req *SpawnRequest) {
 		s.replyErr(reqID, fmt.Errorf("set pty size: %w", err))
 		return
 	}
-	argv := append(append([]string{}, s.root.shimArgv...), "--", s.root.shell)
-	if path.Base(s.root.shell) == "bash" {
-		argv = append(argv, "--noprofile", "--norc")
-	}
-	argv = append(argv, "-c", req.Cmd)
 	dir := req.Dir
 	if dir == "" {
 		dir = "/workspace"
 	}
+	argv := append([]string{}, s.root.shimArgv...)
+	forkDir := dir
+	if s.root.fuse != nil {
+		// The forked child must not touch the FUSE mount this process
+		// serves before it execs (see the shim's -C): it starts in "/" and
+		// the shim changes to dir.
+		argv = append(argv, "-C", dir)
+		forkDir = "/"
+	}
+	argv = append(argv, "--", s.root.shell)
+	if path.Base(s.root.shell) == "bash" {
+		argv = append(argv, "--noprofile", "--norc")
+	}
+	argv = append(argv, "-c", req.Cmd)
 	sfd := slave.Fd() // also makes the slave blocking, as a command's stdin must be
 	attr := &syscall.ProcAttr{
-		Dir:   dir,
+		Dir:   forkDir,
 		Env:   req.Env,
 		Files: []uintptr{sfd, sfd, sfd, s.root.exe.Fd()},
 		Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0},
@@ -306,15 +323,27 @@ func (s *server) spawn(reqID uint64, req *SpawnRequest) {
 		return
 	}
 	s.nextID++
-	c := &command{id: s.nextID, pid: pid}
+	c := &command{id: s.nextID, pid: pid, owner: req.Owner}
 	s.running[c.id] = c
 	s.byPid[pid] = c
+	if req.Owner != "" {
+		// Registered before the child can open anything that matters: it
+		// is still in the exec shim. The window until here is only the
+		// shim's own exec, which opens nothing below /workspace.
+		s.owners.add(pid, req.Owner)
+	}
 	// Queued under s.mu, so no event of this command can precede it.
 	s.reply(&ctlHeader{ID: reqID, Cmd: c.id, Pid: pid}, nil, master)
 }
 
 func (s *server) event(e wireEvent) {
 	s.out.push(outFrame{hdr: &ctlHeader{Op: opEvent, Event: &e}})
+}
+
+// fsNotice queues a notice of the FUSE overlay in the same FIFO as the
+// command events.
+func (s *server) fsNotice(n *FSNotice) {
+	s.event(wireEvent{FS: n})
 }
 
 // reaper reaps on SIGCHLD, and polls while a command's root has exited but
@@ -353,6 +382,7 @@ func (s *server) reap() (pending bool) {
 		if c := s.byPid[pid]; c != nil {
 			delete(s.byPid, pid)
 			c.exited = true
+			s.root.fuse.flush() // the command's records precede its exit
 			s.event(wireEvent{Cmd: c.id, Exited: true, Status: uint32(ws)})
 		}
 	}
@@ -362,6 +392,8 @@ func (s *server) reap() (pending bool) {
 		}
 		if unix.Kill(-c.pid, 0) == unix.ESRCH {
 			delete(s.running, id)
+			s.root.fuse.flush() // everything the command wrote precedes Done
+			s.owners.remove(c.pid)
 			s.event(wireEvent{Cmd: c.id, Done: true})
 		} else {
 			pending = true
@@ -501,6 +533,7 @@ func (s *server) shutdown(grace time.Duration) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	s.root.fuse.stop()
 	os.Exit(0)
 }
 

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ephemeral-ai-lab/sandbox/fuseoverlay"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder/shim"
 	"golang.org/x/sys/unix"
 )
@@ -24,6 +25,11 @@ type ProbeResult struct {
 	KernelOverlay  bool   `json:"kernel_overlay"`
 	OverlayReason  string `json:"kernel_overlay_reason,omitempty"`
 	LowerdirPlus   bool   `json:"lowerdir_plus"`
+	// FuseOverlay: the FUSE overlay (package fuseoverlay) mounted in the
+	// user namespace over a lower and an upper on the data directory's
+	// filesystem, served a lower file and took a create.
+	FuseOverlay bool   `json:"fuse_overlay"`
+	FuseReason  string `json:"fuse_overlay_reason,omitempty"`
 }
 
 // NamespaceAttr is the SysProcAttr that starts a child as root of a new user
@@ -44,7 +50,7 @@ func NamespaceAttr(extra uintptr) *syscall.SysProcAttr {
 func Probe(ctx context.Context, self, scratchParent string) ProbeResult {
 	dir, err := os.MkdirTemp(scratchParent, ".probe-")
 	if err != nil {
-		return ProbeResult{UserNSReason: "cannot create probe directory: " + err.Error(), OverlayReason: "probe not run"}
+		return ProbeResult{UserNSReason: "cannot create probe directory: " + err.Error(), OverlayReason: "probe not run", FuseReason: "probe not run"}
 	}
 	defer removeAll(dir)
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
@@ -59,12 +65,13 @@ func Probe(ctx context.Context, self, scratchParent string) ProbeResult {
 			reason += " (unprivileged user namespaces are disabled: check sysctl kernel.unprivileged_userns_clone, user.max_user_namespaces and AppArmor's restrict_unprivileged_userns)"
 		}
 		if out.Len() == 0 {
-			return ProbeResult{UserNSReason: reason, OverlayReason: "no user namespace"}
+			return ProbeResult{UserNSReason: reason, OverlayReason: "no user namespace", FuseReason: "no user namespace"}
 		}
 	}
 	var r ProbeResult
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
-		return ProbeResult{UserNamespaces: true, OverlayReason: "probe child gave no result: " + strings.TrimSpace(errb.String())}
+		why := "probe child gave no result: " + strings.TrimSpace(errb.String())
+		return ProbeResult{UserNamespaces: true, OverlayReason: why, FuseReason: why}
 	}
 	r.UserNamespaces = true
 	return r
@@ -87,6 +94,7 @@ func removeAll(dir string) {
 func runProbeChild(dir string) int {
 	r := ProbeResult{UserNamespaces: true}
 	r.KernelOverlay, r.LowerdirPlus, r.OverlayReason = probeOverlay(dir)
+	r.FuseOverlay, r.FuseReason = probeFuse(dir)
 	_ = json.NewEncoder(os.Stdout).Encode(r)
 	return 0
 }
@@ -134,6 +142,84 @@ func probeOverlay(dir string) (ok, lowerPlus bool, reason string) {
 		return false, lowerPlus, "recreated directory is not marked user.overlay.opaque"
 	}
 	return true, lowerPlus, ""
+}
+
+// probeFuse mounts the FUSE overlay (served by this process) over a lower
+// holding one file and an empty upper, reads the lower file through it and
+// creates a file, which must land in the upper directory. Bounded by a
+// timeout: a FUSE request this process cannot answer would hang it.
+func probeFuse(dir string) (ok bool, reason string) {
+	type result struct {
+		ok     bool
+		reason string
+	}
+	ch := make(chan result, 1)
+	go func() {
+		ok, reason := probeFuseMount(filepath.Join(dir, "fuse"))
+		ch <- result{ok, reason}
+	}()
+	select {
+	case r := <-ch:
+		return r.ok, r.reason
+	case <-time.After(10 * time.Second):
+		return false, "the FUSE overlay probe did not finish within 10s"
+	}
+}
+
+func probeFuseMount(dir string) (bool, string) {
+	d := func(n string) string { return filepath.Join(dir, n) }
+	for _, n := range []string{"", "l", "u", "w", "m"} {
+		if err := os.Mkdir(d(n), 0o755); err != nil {
+			return false, err.Error()
+		}
+	}
+	if err := os.WriteFile(filepath.Join(d("l"), "a"), []byte("lower"), 0o644); err != nil {
+		return false, err.Error()
+	}
+	var files []*os.File
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	open := func(p string) *os.File {
+		f, err := os.Open(p)
+		if err != nil {
+			return nil
+		}
+		files = append(files, f)
+		return f
+	}
+	lower, upper, work := open(d("l")), open(d("u")), open(d("w"))
+	if lower == nil || upper == nil || work == nil {
+		return false, "cannot open the probe directories"
+	}
+	if f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0); err != nil {
+		return false, "cannot open /dev/fuse: " + err.Error() + " (it must exist with mode 0666)"
+	} else {
+		f.Close()
+	}
+	srv, err := fuseoverlay.Mount(context.Background(), d("m"), fuseoverlay.Options{
+		Lowers: []*os.File{lower}, Upper: upper, Work: work, Name: "esbx-probe",
+	})
+	if err != nil {
+		return false, "mount the FUSE overlay in a user namespace: " + err.Error()
+	}
+	defer func() {
+		_ = srv.Unmount()
+		_ = unix.Unmount(d("m"), unix.MNT_DETACH)
+	}()
+	b, err := os.ReadFile(filepath.Join(d("m"), "a"))
+	if err != nil || string(b) != "lower" {
+		return false, fmt.Sprintf("read a lower file through the FUSE overlay: %q, %v", b, err)
+	}
+	if err := os.WriteFile(filepath.Join(d("m"), "b"), []byte("upper"), 0o644); err != nil {
+		return false, "create a file through the FUSE overlay: " + err.Error()
+	}
+	if b, err := os.ReadFile(filepath.Join(d("u"), "b")); err != nil || string(b) != "upper" {
+		return false, "a file created through the FUSE overlay is not in the upper directory"
+	}
+	return true, ""
 }
 
 // MountOverlay mounts kernel OverlayFS at target with userxattr and one

@@ -78,10 +78,11 @@ type ctlHeader struct {
 }
 
 type wireEvent struct {
-	Cmd    uint64 `json:"cmd"`
-	Exited bool   `json:"exited,omitempty"`
-	Status uint32 `json:"status,omitempty"`
-	Done   bool   `json:"done,omitempty"`
+	Cmd    uint64    `json:"cmd"`
+	Exited bool      `json:"exited,omitempty"`
+	Status uint32    `json:"status,omitempty"`
+	Done   bool      `json:"done,omitempty"`
+	FS     *FSNotice `json:"fs,omitempty"`
 }
 
 // readyState is what the holder reports with its ready handshake.
@@ -90,6 +91,8 @@ type readyState struct {
 	Shell        string `json:"shell,omitempty"`
 	// OverlayUs is how long mounting /workspace took, in microseconds.
 	OverlayUs int64 `json:"overlay_us,omitempty"`
+	// Overlay is the driver that serves /workspace.
+	Overlay string `json:"overlay,omitempty"`
 }
 
 // wireError carries an error across the channel so that errors.Is with the

@@ -25,7 +25,9 @@ package nsholder
 //  7. /tmp, /var/tmp, /root and /run are binds of <scratch>/{tmp,var-tmp,
 //     root,run}; /etc/resolv.conf's target is copied into <scratch>/run
 //     when it is a symlink into /run.
-//  8. /workspace is the kernel overlay (MountOverlay).
+//  8. /workspace is the kernel overlay (MountOverlay), or with Config.Overlay
+//     "fuse" the FUSE overlay served by the holder itself (fuse.go), whose
+//     layer, upper and work descriptors are opened here, before the pivot.
 //  9. pivot_root(".", ".") then umount2(".", MNT_DETACH) drops the old
 //     root; the root tmpfs is then made read-only.
 //
@@ -71,6 +73,7 @@ type sessionRoot struct {
 	shell        string   // /bin/bash or /bin/sh, "" when neither exists
 	lowerdirPlus bool
 	overlayDur   time.Duration // how long mounting /workspace took (reported for the holder.mount_overlay span)
+	fuse         *fuseMount    // the FUSE overlay when Config.Overlay is "fuse"
 }
 
 // bindTarget maps a session path to the host directory it shows.
@@ -108,7 +111,7 @@ func validateConfig(cfg *Config) error {
 
 // setupRoot builds the session's root and pivots into it. Errors are
 // *stageError.
-func setupRoot(cfg *Config) (*sessionRoot, error) {
+func setupRoot(cfg *Config, own *owners, notify func(*FSNotice)) (*sessionRoot, error) {
 	if err := validateConfig(cfg); err != nil {
 		return nil, &stageError{stageHandshake, err}
 	}
@@ -126,6 +129,10 @@ func setupRoot(cfg *Config) (*sessionRoot, error) {
 	res := &sessionRoot{exe: exe, shimArgv: shimArgv}
 	fail := func(err error) (*sessionRoot, error) {
 		exe.Close()
+		if res.fuse != nil {
+			_ = res.fuse.srv.Unmount() // best effort: the namespace dies with us anyway
+			res.fuse.close()
+		}
 		return nil, err
 	}
 
@@ -174,8 +181,17 @@ func setupRoot(cfg *Config) (*sessionRoot, error) {
 			return fail(atStage(stageMountOverlay, "lower layer %s is not a directory", l))
 		}
 	}
-	if res.lowerdirPlus, err = MountOverlay(ws, cfg.Lowers, cfg.Upper, cfg.Work); err != nil {
-		return fail(atStage(stageMountOverlay, "kernel overlay: %w", err))
+	switch cfg.Overlay {
+	case "", OverlayKernel:
+		if res.lowerdirPlus, err = MountOverlay(ws, cfg.Lowers, cfg.Upper, cfg.Work); err != nil {
+			return fail(atStage(stageMountOverlay, "kernel overlay: %w", err))
+		}
+	case OverlayFuse:
+		if res.fuse, err = mountFuse(ws, cfg, own, notify); err != nil {
+			return fail(atStage(stageMountOverlay, "fuse overlay: %w", err))
+		}
+	default:
+		return fail(atStage(stageMountOverlay, "unknown overlay driver %q", cfg.Overlay))
 	}
 
 	res.overlayDur = time.Since(overlayStart)

@@ -10,8 +10,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -68,6 +70,10 @@ type ckLine struct {
 	Cmd    string
 	TS     string
 	Approx bool
+	// Guess: no write record covered the line when it was checkpointed, so
+	// it went to the releasing or ending command (FUSE driver); a write
+	// record that arrives later and covers it re-attributes it.
+	Guess bool
 }
 
 // ckRun is a run of equal ckLines as stored.
@@ -77,6 +83,7 @@ type ckRun struct {
 	Cmd    string `json:"command_session_id,omitempty"`
 	TS     string `json:"ts,omitempty"`
 	Approx bool   `json:"approximate,omitempty"`
+	Guess  bool   `json:"guess,omitempty"`
 }
 
 type ckFile struct {
@@ -91,12 +98,12 @@ func encodeRuns(lines []ckLine) []ckRun {
 	for _, l := range lines {
 		if n := len(runs); n > 0 {
 			r := &runs[n-1]
-			if r.Base == l.Base && r.Cmd == l.Cmd && r.TS == l.TS && r.Approx == l.Approx {
+			if r.Base == l.Base && r.Cmd == l.Cmd && r.TS == l.TS && r.Approx == l.Approx && r.Guess == l.Guess {
 				r.N++
 				continue
 			}
 		}
-		runs = append(runs, ckRun{N: 1, Base: l.Base, Cmd: l.Cmd, TS: l.TS, Approx: l.Approx})
+		runs = append(runs, ckRun{N: 1, Base: l.Base, Cmd: l.Cmd, TS: l.TS, Approx: l.Approx, Guess: l.Guess})
 	}
 	return runs
 }
@@ -105,7 +112,7 @@ func decodeRuns(runs []ckRun) []ckLine {
 	var out []ckLine
 	for _, r := range runs {
 		for range r.N {
-			out = append(out, ckLine{Base: r.Base, Cmd: r.Cmd, TS: r.TS, Approx: r.Approx})
+			out = append(out, ckLine{Base: r.Base, Cmd: r.Cmd, TS: r.TS, Approx: r.Approx, Guess: r.Guess})
 		}
 	}
 	return out
@@ -135,6 +142,9 @@ func writeFileAtomic(p string, data []byte) error {
 // a 1,000-entry index 1,000 times made large publishes quadratic. The
 // caller holds ss.attrMu.
 func (ss *session) cachedIndex(dir string) *ckIndex {
+	if ss.attrIdx != nil && ss.attrDirty {
+		return ss.attrIdx // newer than index.json (a deferred write, FUSE driver)
+	}
 	st, err := os.Stat(filepath.Join(dir, attrIndexName))
 	var ino uint64
 	if err == nil {
@@ -151,6 +161,31 @@ func (ss *session) cachedIndex(dir string) *ckIndex {
 	}
 	return idx
 }
+
+// saveIndex writes index.json and caches idx as what it holds. The caller
+// holds ss.attrMu.
+func (ss *session) saveIndex(dir string, idx *ckIndex) error {
+	b, err := json.Marshal(idx)
+	if err == nil {
+		err = writeFileAtomic(filepath.Join(dir, attrIndexName), b)
+	}
+	ss.attrIdx, ss.attrDirty, ss.attrSaved = idx, err != nil, time.Now()
+	if err != nil {
+		return err
+	}
+	if st, serr := os.Stat(filepath.Join(dir, attrIndexName)); serr == nil {
+		ss.attrIdxMod, ss.attrIdxSize = st.ModTime(), st.Size()
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+			ss.attrIdxIno = sys.Ino
+		}
+	}
+	return nil
+}
+
+// indexSaveEvery bounds how long a deferred index write may wait; what a
+// crash loses in between is attribution of the files checkpointed since
+// (they start again from the base).
+const indexSaveEvery = 2 * time.Second
 
 func loadIndex(dir string) *ckIndex {
 	idx := &ckIndex{V: 1, Files: map[string]*ckEntry{}}
@@ -270,6 +305,19 @@ func isUpperWhiteout(full string, st *unix.Stat_t) bool {
 // workspace-relative paths are examined (a file operation's own target).
 // Best effort: failures only lose attribution.
 func (s *Supervisor) checkpointSession(ctx context.Context, sb *sandbox, ss *session, commandID string, approximate bool, paths ...string) {
+	s.checkpointWith(ctx, sb, ss, ckLine{Cmd: commandID, Approx: approximate}, nil, false, paths...)
+}
+
+// checkpointWith is checkpointSession with the default writer of new lines
+// given as a line (FUSE: Guess set) and, per path, the write ranges
+// reported since the previous checkpoint: a new line (or a guessed one)
+// that a range covers belongs to the range's writer.
+//
+// deferIndex keeps the updated index in memory and writes index.json at
+// most every indexSaveEvery (a FUSE session checkpoints at every release
+// of a written handle: rewriting a large index each time made a command
+// writing thousands of files quadratic).
+func (s *Supervisor) checkpointWith(ctx context.Context, sb *sandbox, ss *session, line ckLine, ranges map[string][]writeRange, deferIndex bool, paths ...string) {
 	mu := &ss.attrMu // checkpoints of one session are serialized
 	mu.Lock()
 	defer mu.Unlock()
@@ -288,8 +336,8 @@ func (s *Supervisor) checkpointSession(ctx context.Context, sb *sandbox, ss *ses
 	}
 	defer root.Close()
 	base, _ := sessionBase(ss)
-	cp := &checkpointer{s: s, idx: loadIndex(dir), dir: dir, upper: upper, root: root, base: sb.stack.View(base),
-		ts: nowRFC3339(), line: ckLine{Cmd: commandID, Approx: approximate}}
+	cp := &checkpointer{s: s, idx: ss.cachedIndex(dir), dir: dir, upper: upper, root: root, base: sb.stack.View(base),
+		ts: nowRFC3339(), line: line, ranges: ranges}
 	cp.line.TS = cp.ts
 	if len(paths) > 0 {
 		for _, p := range paths {
@@ -337,11 +385,10 @@ func (s *Supervisor) checkpointSession(ctx context.Context, sb *sandbox, ss *ses
 		}
 	}
 	if cp.changed {
-		b, err := json.Marshal(cp.idx)
-		if err == nil {
-			err = writeFileAtomic(filepath.Join(dir, attrIndexName), b)
-		}
-		if err != nil {
+		ss.attrIdx, ss.attrDirty = cp.idx, true
+	}
+	if ss.attrDirty && (!deferIndex || time.Since(ss.attrSaved) >= indexSaveEvery) {
+		if err := ss.saveIndex(dir, cp.idx); err != nil {
 			s.log.Warn("attribution.checkpoint_failed", "workspace_session_id", ss.id(), "err", err)
 		}
 	}
@@ -357,6 +404,7 @@ type checkpointer struct {
 	ts      string
 	line    ckLine // the writer of new lines
 	changed bool
+	ranges  map[string][]writeRange // FUSE write records per path since the previous checkpoint
 }
 
 func (cp *checkpointer) set(p string, e *ckEntry) {
@@ -385,7 +433,8 @@ func (cp *checkpointer) visit(p string) {
 		return
 	}
 	id := identityOf(&st)
-	if prev != nil && prev.ckIdentity == id {
+	rs := cp.ranges[p]
+	if prev != nil && prev.ckIdentity == id && len(rs) == 0 {
 		return // unchanged since the previous checkpoint
 	}
 	if st.Size > attrTextMax {
@@ -397,7 +446,7 @@ func (cp *checkpointer) visit(p string) {
 		return
 	}
 	digest := contentDigest(content)
-	if prev != nil && prev.Digest == digest {
+	if prev != nil && prev.Digest == digest && (len(rs) == 0 || prev.State != ckStored) {
 		e := *prev
 		e.ckIdentity = id
 		cp.set(p, &e)
@@ -425,12 +474,25 @@ func (cp *checkpointer) visit(p string) {
 	}
 	origins := lineOrigins(prevContent, content)
 	lines := make([]ckLine, len(origins))
+	spans := lineSpans(content)
 	for i, o := range origins {
-		if o >= 0 && o < len(prevLines) {
+		kept := o >= 0 && o < len(prevLines)
+		if kept {
 			lines[i] = prevLines[o]
 		} else {
 			lines[i] = cp.line
 		}
+		if (!kept || lines[i].Guess) && len(rs) > 0 && i < len(spans) {
+			if cmd, ok := rangeWriter(rs, spans[i]); ok {
+				lines[i] = ckLine{Cmd: cmd, TS: cp.ts}
+			}
+		}
+	}
+	if prev != nil && prev.Digest == digest && prev.State == ckStored && slices.Equal(lines, prevLines) {
+		e := *prev
+		e.ckIdentity = id
+		cp.set(p, &e)
+		return
 	}
 	files, bytes := cp.idx.usage(p)
 	if files+1 > attrMaxFiles || bytes+int64(len(content)) > attrMaxBytes {

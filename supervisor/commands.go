@@ -224,6 +224,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	proc, err := h.Spawn(ctx, nsholder.SpawnRequest{
 		Cmd: cmdline, Env: s.commandEnv(sb, ss.id(), id), Dir: "/workspace",
 		Rows: uint16(s.cfg.Runtime.Command.PtyRows), Cols: uint16(s.cfg.Runtime.Command.PtyCols),
+		Owner: id,
 	})
 	sp.done(err, nil)
 	if err != nil {
@@ -315,9 +316,16 @@ func (s *Supervisor) commandDone(sb *sandbox, ss *session, cmd *command) {
 	others := len(ss.ledger)
 	drained := others == 0 && ss.implicit()
 	ss.mu.Unlock()
-	// Kernel driver attribution (§11.3): what changed is credited to the
-	// command that ended, approximately when others ran meanwhile.
-	s.checkpointSession(context.Background(), sb, ss, cmd.rec.CommandSessionID, others > 0)
+	if ss.rec.OverlayDriver == "fuse" {
+		// FUSE driver (§11.3): the writers are known per handle; the files
+		// written since their last checkpoint are checkpointed now.
+		s.fuseCommandEnd(sb, ss, cmd.rec.CommandSessionID)
+	} else {
+		// Kernel driver attribution (§11.3): what changed is credited to the
+		// command that ended, approximately when others ran meanwhile.
+		s.checkpointSession(context.Background(), sb, ss, cmd.rec.CommandSessionID, others > 0)
+		s.captureActivity(context.Background(), sb, ss, cmd.rec.CommandSessionID, "", "capture")
+	}
 	if !drained {
 		s.finishCommand(sb, cmd, "", nil)
 		return

@@ -59,6 +59,7 @@ var handlers = map[string]handler{
 	"daemon":                     (*Supervisor).daemon,
 	"topology":                   (*Supervisor).topology,
 	"layerstack":                 (*Supervisor).layerstack,
+	"file_activity":              (*Supervisor).fileActivity,
 }
 
 // streamingOps may send progress lines (§2.5).

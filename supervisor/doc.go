@@ -8,8 +8,6 @@
 //   - In-flight requests always finish at shutdown (a snapshot or publish is
 //     never cut short); only requests that arrive while draining get
 //     server_shutting_down.
-//   - A workspace_session_id on a file operation names a session; this
-//     version has none, so it is not_found.
 //   - Domain errors that are not *catalog.Error become operation_failed
 //     (an I/O failure of a valid request), in toError only.
 //   - Resource views: window_ms is at least 1; a snapshot's resources are
@@ -37,4 +35,26 @@
 //     command before the session is destroyed. A crash between a publish's
 //     manifest replace and the session's close leaves the explicit session
 //     active; publishing it again succeeds (its changes equal head's).
+//   - Overlay drivers (health.go): the start-up probe tries kernel OverlayFS
+//     and the FUSE overlay in a scratch user namespace; overlay auto picks
+//     kernel, else fuse. SANDBOX_PROBE_FAIL_KERNEL_OVERLAY=1 and
+//     SANDBOX_PROBE_FAIL_FUSE_OVERLAY=1 (environment of serve and doctor)
+//     make a probe report failure, for tests of the fallback.
+//   - File activity (activity.go, fuseattr.go) is a table of the state
+//     database, trimmed per sandbox to observability.file_activity.
+//     max_records after every append. The kernel driver's capture state
+//     (what the upper held at the previous checkpoint) is
+//     sessions/<id>/activity.json; a file copied up from the base whose
+//     bytes are unchanged but whose mode differs is a chmod, one that
+//     shrank a truncate, else a write. Session file operations are
+//     recorded by the supervisor (the holder's own FUSE writes are not
+//     reported), with source after the driver and their request_id.
+//   - Live attribution under fuse (fuseattr.go): write ranges reported by
+//     the holder are kept per path until that path's next checkpoint (at
+//     each release of a written handle, each rename destination and each
+//     command end); a new line goes to the command whose range covers its
+//     bytes, else to the releasing command as a guess that a later range
+//     re-attributes. Ranges move with a rename, so an editor's
+//     temp-file save credits the writer of the temporary file for exactly
+//     the lines that differ from the destination's previous content.
 package supervisor

@@ -175,7 +175,9 @@ func Doctor(ctx context.Context, opt DoctorOptions) DoctorReport {
 	}
 	if d.opt.Probe == nil {
 		self := d.opt.Self
-		d.opt.Probe = func(ctx context.Context, dir string) nsholder.ProbeResult { return nsholder.Probe(ctx, self, dir) }
+		d.opt.Probe = func(ctx context.Context, dir string) nsholder.ProbeResult {
+			return applyProbeKnobs(nsholder.Probe(ctx, self, dir), func(k string) string { return d.env[k] })
+		}
 	}
 	d.user = strconv.Itoa(os.Geteuid())
 	if u, err := user.LookupId(d.user); err == nil && u.Username != "" {
@@ -187,8 +189,8 @@ func Doctor(ctx context.Context, opt DoctorOptions) DoctorReport {
 		r.Checks = append(r.Checks, DoctorCheck{ID: "config", Required: true, Detail: opt.ConfigErr.Error(),
 			Fix: "correct the key named above in the configuration file (unknown keys and invalid values are refused)"})
 	}
-	userns, overlay := d.checkNamespacesAndOverlay(ctx)
-	r.Checks = append(r.Checks, userns, overlay, d.checkFuse(), d.checkSubID(),
+	userns, overlay, fuseOverlay := d.checkNamespacesAndOverlay(ctx)
+	r.Checks = append(r.Checks, userns, overlay, d.checkFuse(), fuseOverlay, d.checkSubID(),
 		d.checkCgroup(), d.checkDocker(ctx), d.checkSystemdUser(ctx))
 	r.OK = true
 	for _, c := range r.Checks {
@@ -259,11 +261,50 @@ func (d *doctor) probeDir() string {
 	}
 }
 
-func (d *doctor) checkNamespacesAndOverlay(ctx context.Context) (userns, overlay DoctorCheck) {
+// checkNamespacesAndOverlay runs the probe once and judges user namespaces,
+// the kernel overlay and the FUSE overlay. The default configuration
+// (overlay: auto) needs one of the two drivers: kernel_overlay is required
+// unless it failed and fuse_overlay works, fuse_overlay only when the
+// kernel overlay failed; sandbox.default_overlay naming a driver makes
+// just that one required.
+func (d *doctor) checkNamespacesAndOverlay(ctx context.Context) (userns, overlay, fuseOverlay DoctorCheck) {
 	userns = DoctorCheck{ID: "userns", Required: true}
-	overlay = DoctorCheck{ID: "kernel_overlay", Required: true} // the FUSE driver is not part of this version
+	overlay = DoctorCheck{ID: "kernel_overlay", Required: true}
+	fuseOverlay = DoctorCheck{ID: "fuse_overlay", Required: true}
 	dir := d.probeDir()
 	res := d.opt.Probe(ctx, dir)
+	defer func() {
+		want := "auto"
+		if d.opt.Config != nil && d.opt.Config.Sandbox.DefaultOverlay != "" {
+			want = d.opt.Config.Sandbox.DefaultOverlay
+		}
+		switch want {
+		case "kernel":
+			fuseOverlay.Required = false
+		case "fuse":
+			overlay.Required = false
+		default:
+			// auto: the kernel overlay is the one wanted; when it fails,
+			// the FUSE overlay is the fallback that must work instead.
+			overlay.Required = overlay.OK || !fuseOverlay.OK
+			fuseOverlay.Required = !overlay.OK
+		}
+	}()
+	switch {
+	case !res.UserNamespaces:
+		fuseOverlay.Detail = "not probed: needs a user namespace"
+		fuseOverlay.Fix = "fix the userns check first"
+	case res.FuseOverlay:
+		fuseOverlay.OK = true
+		fuseOverlay.Detail = "the FUSE overlay mounts in a user namespace on " + fsName(dir) + " at " + probedAt(d, dir) + ", reads a lower file and creates into the upper"
+	default:
+		fuseOverlay.Detail = res.FuseReason + " (probed on " + fsName(dir) + " at " + probedAt(d, dir) + ")"
+		if _, err := os.Stat(d.opt.FuseDevice); err != nil {
+			fuseOverlay.Fix = "sudo modprobe fuse; " + d.opt.FuseDevice + " must exist with mode 0666"
+		} else {
+			fuseOverlay.Fix = "sudo chmod 0666 " + d.opt.FuseDevice + " (unprivileged FUSE mounts in a user namespace need Linux ≥ 4.18 and a readable, writable /dev/fuse)"
+		}
+	}
 	where := dir
 	if d.opt.DataDir != "" && dir != d.opt.DataDir {
 		where = dir + " (the data directory " + d.opt.DataDir + " does not exist yet)"
@@ -331,7 +372,15 @@ func (d *doctor) checkNamespacesAndOverlay(ctx context.Context) (userns, overlay
 		}
 		overlay.Fix = strings.Join(fixes, "\n")
 	}
-	return userns, overlay
+	return userns, overlay, fuseOverlay
+}
+
+// where names the probed directory for a detail line.
+func probedAt(d *doctor, dir string) string {
+	if d.opt.DataDir != "" && dir != d.opt.DataDir {
+		return dir + " (the data directory " + d.opt.DataDir + " does not exist yet)"
+	}
+	return dir
 }
 
 func fsName(dir string) string {
@@ -386,7 +435,7 @@ func (d *doctor) checkFuse() DoctorCheck {
 	f, err := os.OpenFile(dev, os.O_RDWR, 0)
 	if err == nil {
 		f.Close()
-		c.OK, c.Detail = true, dev+" opens read-write (for the FUSE overlay driver, not part of this version)"
+		c.OK, c.Detail = true, dev+" opens read-write (the FUSE overlay driver needs it; whether that driver mounts is the fuse_overlay check)"
 		return c
 	}
 	msg := err.Error()
@@ -394,7 +443,7 @@ func (d *doctor) checkFuse() DoctorCheck {
 	if errors.As(err, &pe) {
 		msg = pe.Err.Error()
 	}
-	c.Detail = "cannot open " + dev + ": " + msg + " (only the FUSE overlay driver needs it, and it is not part of this version)"
+	c.Detail = "cannot open " + dev + ": " + msg + " (only the FUSE overlay driver needs it)"
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		c.Fix = "sudo modprobe fuse (and make it permanent: echo fuse | sudo tee /etc/modules-load.d/fuse.conf); " + dev + " must then exist with mode 0666"

@@ -212,8 +212,37 @@ func TestDoctorJSONShape(t *testing.T) {
 		}
 		ids = append(ids, c["id"].(string))
 	}
-	want := "userns kernel_overlay fuse_device subid cgroup_delegation docker systemd_user"
+	want := "userns kernel_overlay fuse_device fuse_overlay subid cgroup_delegation docker systemd_user"
 	if strings.Join(ids, " ") != want {
 		t.Errorf("ids = %v, want %s", ids, want)
+	}
+}
+
+// TestDoctorFuseFallback: with overlay auto, a failed kernel overlay is not
+// fatal when the FUSE overlay works; the FUSE check is then the required one.
+func TestDoctorFuseFallback(t *testing.T) {
+	tests := []struct {
+		name           string
+		probe          nsholder.ProbeResult
+		ok             bool
+		kernelRequired bool
+		fuseRequired   bool
+	}{
+		{"both", nsholder.ProbeResult{UserNamespaces: true, KernelOverlay: true, FuseOverlay: true}, true, true, false},
+		{"fuse only", nsholder.ProbeResult{UserNamespaces: true, OverlayReason: "no", FuseOverlay: true}, true, false, true},
+		{"kernel only", nsholder.ProbeResult{UserNamespaces: true, KernelOverlay: true, FuseReason: "no"}, true, true, false},
+		{"neither", nsholder.ProbeResult{UserNamespaces: true, OverlayReason: "no", FuseReason: "no fuse"}, false, true, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := Doctor(context.Background(), doctorOptions(t, tc.probe))
+			k, f := r.Check("kernel_overlay"), r.Check("fuse_overlay")
+			if r.OK != tc.ok || k.Required != tc.kernelRequired || f.Required != tc.fuseRequired || f.OK != tc.probe.FuseOverlay {
+				t.Fatalf("ok=%v kernel=%+v fuse=%+v", r.OK, k, f)
+			}
+			if !f.OK && (f.Fix == "" || !strings.Contains(f.Detail, tc.probe.FuseReason)) {
+				t.Errorf("fuse_overlay failure without reason or fix: %+v", f)
+			}
+		})
 	}
 }

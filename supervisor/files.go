@@ -371,6 +371,7 @@ func (s *Supervisor) fileWrite(c *call) (any, error) {
 			return nil, err
 		}
 		s.checkpointSession(c.ctx, c.sb, ss, "", false, p)
+		s.fileOpActivity(c.ctx, c.sb, ss, c.req.RequestID, p, created, len(content))
 		s.bump(c.ctx, c.sb)
 		return map[string]any{"type": writeType(created), "path": p, "bytes_written": len(content)}, nil
 	}
@@ -575,10 +576,12 @@ func (s *Supervisor) fileEdit(c *call) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		if _, err := s.sessionWrite(c.ctx, ss, p, out); err != nil {
+		created, err := s.sessionWrite(c.ctx, ss, p, out)
+		if err != nil {
 			return nil, err
 		}
 		s.checkpointSession(c.ctx, c.sb, ss, "", false, p)
+		s.fileOpActivity(c.ctx, c.sb, ss, c.req.RequestID, p, created, len(out))
 		s.bump(c.ctx, c.sb)
 		return result(len(out), n), nil
 	}

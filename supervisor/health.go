@@ -35,8 +35,29 @@ type probes struct {
 	lowerdirPlus  bool
 }
 
+// Test knobs (documented in the README): they make the start-up probe
+// report a driver as unavailable, so tests can show overlay: auto falling
+// back to fuse (or failing) on a host where both drivers work.
+const (
+	envProbeFailKernel = "SANDBOX_PROBE_FAIL_KERNEL_OVERLAY"
+	envProbeFailFuse   = "SANDBOX_PROBE_FAIL_FUSE_OVERLAY"
+)
+
+// applyProbeKnobs turns a passed probe into a failed one when its knob is 1.
+func applyProbeKnobs(r nsholder.ProbeResult, getenv func(string) string) nsholder.ProbeResult {
+	if getenv(envProbeFailKernel) == "1" {
+		r.KernelOverlay, r.LowerdirPlus = false, false
+		r.OverlayReason = "disabled by " + envProbeFailKernel + "=1 (test knob)"
+	}
+	if getenv(envProbeFailFuse) == "1" {
+		r.FuseOverlay = false
+		r.FuseReason = "disabled by " + envProbeFailFuse + "=1 (test knob)"
+	}
+	return r
+}
+
 func runProbes(ctx context.Context, self, data string, log *slog.Logger) probes {
-	r := nsholder.Probe(ctx, self, data)
+	r := applyProbeKnobs(nsholder.Probe(ctx, self, data), os.Getenv)
 	p := probes{
 		userNS:        avail(r.UserNamespaces, r.UserNSReason),
 		kernelOverlay: avail(r.KernelOverlay, r.OverlayReason),
@@ -48,9 +69,10 @@ func runProbes(ctx context.Context, self, data string, log *slog.Logger) probes 
 		f.Close()
 		p.fuseDevice = avail(true, "")
 	}
-	p.fuseOverlay = avail(false, "the FUSE overlay driver is not part of this version")
+	p.fuseOverlay = avail(r.FuseOverlay, r.FuseReason)
 	log.Info("probes", "user_namespaces", r.UserNamespaces, "kernel_overlay", r.KernelOverlay,
-		"kernel_overlay_reason", r.OverlayReason, "lowerdir_plus", r.LowerdirPlus, "fuse_device", p.fuseDevice.Available)
+		"kernel_overlay_reason", r.OverlayReason, "lowerdir_plus", r.LowerdirPlus, "fuse_device", p.fuseDevice.Available,
+		"fuse_overlay", r.FuseOverlay, "fuse_overlay_reason", r.FuseReason)
 	return p
 }
 

@@ -62,6 +62,10 @@ type session struct {
 	attrIdxMod  time.Time
 	attrIdxSize int64
 	attrIdxIno  uint64
+	attrDirty   bool       // attrIdx is newer than index.json
+	attrSaved   time.Time  // when index.json was last written
+	actMu       sync.Mutex // serializes captures of file activity (activity.go)
+	fuse        *fuseAttr  // FUSE driver: write ranges since the last checkpoint (fuseattr.go)
 
 	mu     sync.Mutex
 	rec    sessionRecord
@@ -253,6 +257,8 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 		IsolatedNetwork: ss.rec.NetworkProfile == "isolated",
 		IDMapping:       s.cfg.Sandbox.IDMapping,
 		Shim:            s.shimPath,
+		Overlay:         ss.rec.OverlayDriver,
+		CoalesceMs:      s.cfg.Observability.FileActivity.CoalesceMs,
 	}
 	if sb.rec.Rootfs != "host" {
 		if s.shimPath == "" {
@@ -300,8 +306,37 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 
 // watchHolder routes the holder's command events and notices its death.
 func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h nsholder.Holder) {
-	for ev := range h.Events() {
-		s.commandEvent(sb, ss, ev)
+	events := h.Events()
+	for ev := range events {
+		if ev.FS == nil {
+			s.commandEvent(sb, ss, ev)
+			continue
+		}
+		// FUSE notices come in bursts (a release per written file): the
+		// ones already queued are applied together, so their checkpoints
+		// share one pass over the session's checkpoint index.
+		batch := []*nsholder.FSNotice{ev.FS}
+		var next *nsholder.Event
+	gather:
+		for len(batch) < 1024 {
+			select {
+			case e, ok := <-events:
+				if !ok {
+					break gather
+				}
+				if e.FS == nil {
+					next = &e
+					break gather
+				}
+				batch = append(batch, e.FS)
+			default:
+				break gather
+			}
+		}
+		s.fuseNotices(sb, ss, batch)
+		if next != nil {
+			s.commandEvent(sb, ss, *next)
+		}
 	}
 	<-h.Done()
 	ss.mu.Lock()

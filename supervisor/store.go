@@ -46,6 +46,10 @@ func openStore(ctx context.Context, dataDir string) (*store, error) {
 		db.Close()
 		return nil, err
 	}
+	if err := st.initActivity(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
 	return st, nil
 }
 
@@ -75,6 +79,9 @@ func (s *store) delete(ctx context.Context, kind, id string) error {
 func (s *store) deleteSandboxRows(ctx context.Context, sandboxID string) error {
 	if _, err := s.db.ExecContext(ctx, `DELETE FROM records WHERE sandbox_id = ? OR (kind = ? AND id = ?)`, sandboxID, kindSandbox, sandboxID); err != nil {
 		return fmt.Errorf("delete records of %s: %w", sandboxID, err)
+	}
+	if err := s.deleteSandboxActivity(ctx, sandboxID); err != nil {
+		return err
 	}
 	return s.deleteSandboxAudit(ctx, sandboxID)
 }

@@ -129,62 +129,66 @@ func TestBlameSessionless(t *testing.T) {
 // a line appended by a command → command_session_id = that command, base
 // lines → original, layer_id null on session lines, revision = base.
 func TestBlameSessionView(t *testing.T) {
-	e, id := sandboxWithProject(t) // shared.txt "base\n", src/app.py
-	ws := e.session(id, "--agent", "alice")
-	e.rt(id, "file_write", "--workspace-session-id", ws, "--path", "shared.txt", "--content", "base\nfrom write\n")
-	out := e.exec(id, "--workspace-session-id", ws, "echo from cmd >> shared.txt")
-	if out["status"] != "ok" {
-		t.Fatalf("exec: %v", out)
-	}
-	cmd := out["command_session_id"].(string)
-	b := e.rt(id, "file_blame", "--path", "shared.txt", "--workspace-session-id", ws)
-	owner := "workspace_session:" + ws
-	if got, want := blameRanges(t, b), fmt.Sprintf("original×1 %s×1 %s:%s×1", owner, owner, cmd); got != want {
-		t.Fatalf("session blame:\n got %s\nwant %s", got, want)
-	}
-	if b["view"] != "session" || b["workspace_session_id"] != ws || num(t, b["revision"].(map[string]any)["manifest_version"]) != 1 {
-		t.Fatalf("session blame: %v", b)
-	}
-	for _, i := range []int{1, 2} {
-		r := rangeAt(b, i)
-		if r["agent"] != "alice" || r["layer_id"] != nil || r["ts"] == nil {
-			t.Fatalf("session range %d: %v", i, r)
+	forDrivers(t, func(t *testing.T) {
+		e, id := sandboxWithProject(t) // shared.txt "base\n", src/app.py
+		ws := e.session(id, "--agent", "alice")
+		e.rt(id, "file_write", "--workspace-session-id", ws, "--path", "shared.txt", "--content", "base\nfrom write\n")
+		out := e.exec(id, "--workspace-session-id", ws, "echo from cmd >> shared.txt")
+		if out["status"] != "ok" {
+			t.Fatalf("exec: %v", out)
 		}
-	}
-	if got := blameRanges(t, e.rt(id, "file_blame", "--path", "src/app.py", "--workspace-session-id", ws)); got != "original×1" {
-		t.Fatalf("untouched file in the session: %s", got)
-	}
-	if got := blameRanges(t, e.rt(id, "file_blame", "--path", "shared.txt")); got != "original×1" {
-		t.Fatalf("head changed by a session: %s", got)
-	}
-	e.rtFail(id, 1, "not_found", "file_blame", "--path", "nope", "--workspace-session-id", ws)
-	e.rtFail(id, 1, "invalid_request", "file_blame", "--path", "src", "--workspace-session-id", ws)
+		cmd := out["command_session_id"].(string)
+		b := e.rt(id, "file_blame", "--path", "shared.txt", "--workspace-session-id", ws)
+		owner := "workspace_session:" + ws
+		if got, want := blameRanges(t, b), fmt.Sprintf("original×1 %s×1 %s:%s×1", owner, owner, cmd); got != want {
+			t.Fatalf("session blame:\n got %s\nwant %s", got, want)
+		}
+		if b["view"] != "session" || b["workspace_session_id"] != ws || num(t, b["revision"].(map[string]any)["manifest_version"]) != 1 {
+			t.Fatalf("session blame: %v", b)
+		}
+		for _, i := range []int{1, 2} {
+			r := rangeAt(b, i)
+			if r["agent"] != "alice" || r["layer_id"] != nil || r["ts"] == nil {
+				t.Fatalf("session range %d: %v", i, r)
+			}
+		}
+		if got := blameRanges(t, e.rt(id, "file_blame", "--path", "src/app.py", "--workspace-session-id", ws)); got != "original×1" {
+			t.Fatalf("untouched file in the session: %s", got)
+		}
+		if got := blameRanges(t, e.rt(id, "file_blame", "--path", "shared.txt")); got != "original×1" {
+			t.Fatalf("head changed by a session: %s", got)
+		}
+		e.rtFail(id, 1, "not_found", "file_blame", "--path", "nope", "--workspace-session-id", ws)
+		e.rtFail(id, 1, "invalid_request", "file_blame", "--path", "src", "--workspace-session-id", ws)
+	})
 }
 
 // TestBlameSessionImplicitPublish expects an implicit session's publish to
 // record its lines as workspace_session:<ws> with the command's
 // command_session_id and the published layer_id, base lines kept original.
 func TestBlameSessionImplicitPublish(t *testing.T) {
-	e, id := sandboxWithProject(t)
-	out := e.exec(id, "printf 'x\\ny\\n' > new.txt && echo more >> shared.txt")
-	pub, _ := out["publish"].(map[string]any)
-	if out["status"] != "ok" || pub == nil || pub["no_op"] != false {
-		t.Fatalf("exec: %v", out)
-	}
-	owner := fmt.Sprintf("workspace_session:%s:%s", out["workspace_session_id"], out["command_session_id"])
-	b := e.rt(id, "file_blame", "--path", "new.txt")
-	if got := blameRanges(t, b); got != owner+"×2" {
-		t.Fatalf("new file: %s", got)
-	}
-	if r := rangeAt(b, 0); r["layer_id"] != pub["layer_id"] || r["ts"] == nil {
-		t.Fatalf("published range: %v (publish %v)", r, pub)
-	}
-	if got := blameRanges(t, e.rt(id, "file_blame", "--path", "shared.txt")); got != "original×1 "+owner+"×1" {
-		t.Fatalf("appended file: %s", got)
-	}
-	// A later sessionless edit keeps the session's lines.
-	e.rt(id, "--request-id", "req-after", "file_edit", "--path", "new.txt", "--edits", `[{"old_string":"y","new_string":"Y"}]`)
-	if got := blameRanges(t, e.rt(id, "file_blame", "--path", "new.txt")); got != owner+"×1 operation:req-after×1" {
-		t.Fatalf("after sessionless edit: %s", got)
-	}
+	forDrivers(t, func(t *testing.T) {
+		e, id := sandboxWithProject(t)
+		out := e.exec(id, "printf 'x\\ny\\n' > new.txt && echo more >> shared.txt")
+		pub, _ := out["publish"].(map[string]any)
+		if out["status"] != "ok" || pub == nil || pub["no_op"] != false {
+			t.Fatalf("exec: %v", out)
+		}
+		owner := fmt.Sprintf("workspace_session:%s:%s", out["workspace_session_id"], out["command_session_id"])
+		b := e.rt(id, "file_blame", "--path", "new.txt")
+		if got := blameRanges(t, b); got != owner+"×2" {
+			t.Fatalf("new file: %s", got)
+		}
+		if r := rangeAt(b, 0); r["layer_id"] != pub["layer_id"] || r["ts"] == nil {
+			t.Fatalf("published range: %v (publish %v)", r, pub)
+		}
+		if got := blameRanges(t, e.rt(id, "file_blame", "--path", "shared.txt")); got != "original×1 "+owner+"×1" {
+			t.Fatalf("appended file: %s", got)
+		}
+		// A later sessionless edit keeps the session's lines.
+		e.rt(id, "--request-id", "req-after", "file_edit", "--path", "new.txt", "--edits", `[{"old_string":"y","new_string":"Y"}]`)
+		if got := blameRanges(t, e.rt(id, "file_blame", "--path", "new.txt")); got != owner+"×1 operation:req-after×1" {
+			t.Fatalf("after sessionless edit: %s", got)
+		}
+	})
 }

@@ -79,7 +79,7 @@ func TestDoctor(t *testing.T) {
 			t.Errorf("%s failed without a fix", c.ID)
 		}
 	}
-	for _, id := range []string{"userns", "kernel_overlay", "fuse_device", "subid", "cgroup_delegation", "docker", "systemd_user"} {
+	for _, id := range []string{"userns", "kernel_overlay", "fuse_device", "fuse_overlay", "subid", "cgroup_delegation", "docker", "systemd_user"} {
 		if !seen[id] {
 			t.Errorf("no %s check in %s", id, js)
 		}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -62,6 +63,9 @@ type env struct {
 	log  *bytes.Buffer
 	// supEnv is extra environment for the supervisor only (failpoints).
 	supEnv []string
+	// overlay is the driver createSandbox asks for ("" = the default):
+	// the name of the forDrivers subtest the env was made in.
+	overlay string
 }
 
 func newEnv(t *testing.T) *env {
@@ -70,7 +74,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, root: root, home: filepath.Join(root, "home")}
+	e := &env{t: t, root: root, home: filepath.Join(root, "home"), overlay: driverOf(t)}
 	t.Cleanup(func() {
 		e.stop()
 		_ = filepath.Walk(root, func(p string, info os.FileInfo, err error) error {
@@ -328,9 +332,55 @@ func (e *env) project(files map[string]string) string {
 	return dir
 }
 
+// overlayDrivers are the workspace overlay drivers every session, command
+// and publication test runs against.
+var overlayDrivers = []string{"kernel", "fuse"}
+
+// forDrivers runs body once per overlay driver, as subtests named after
+// the driver; an env made inside (newEnv) creates its sandboxes with that
+// driver.
+func forDrivers(t *testing.T, body func(t *testing.T)) {
+	for _, d := range overlayDrivers {
+		t.Run(d, body)
+	}
+}
+
+// driverOf is the driver of the innermost forDrivers subtest t is in;
+// outside one, $ESBX_OVERLAY (kernel or fuse: run every other test on one
+// driver) or "" (the supervisor's default).
+func driverOf(t *testing.T) string {
+	parts := strings.Split(t.Name(), "/")
+	for i := len(parts) - 1; i > 0; i-- {
+		for _, d := range overlayDrivers {
+			if parts[i] == d {
+				return d
+			}
+		}
+	}
+	return os.Getenv("ESBX_OVERLAY")
+}
+
 func (e *env) createSandbox(root string, args ...string) string {
 	e.t.Helper()
-	rec := e.mgr(append([]string{"create_sandbox", "--workspace-bind-root", root}, args...)...)
+	args = append([]string{"create_sandbox", "--workspace-bind-root", root}, args...)
+	if e.overlay != "" && !slices.Contains(args, "--overlay") {
+		args = append(args, "--overlay", e.overlay)
+		// A driver the host lacks is a missing capability, not a failure
+		// (unless ESBX_REQUIRE_ALL=1): health says why.
+		if r := e.run("sandbox-manager-cli", args...); r.code != 0 && strings.Contains(r.stderr, "overlay driver "+e.overlay+" is unavailable") {
+			skipOrFail(e.t, "overlay driver %s: %s", e.overlay, strings.TrimSpace(r.stderr))
+		} else if r.code != 0 {
+			e.t.Fatalf("create_sandbox %v: exit %d\nstdout=%s\nstderr=%s", args, r.code, r.stdout, r.stderr)
+		} else {
+			rec := r.obj(e.t)
+			id, _ := rec["id"].(string)
+			if !strings.HasPrefix(id, "sbx-") || rec["overlay_driver"] != e.overlay {
+				e.t.Fatalf("bad sandbox record for overlay %s: %v", e.overlay, rec)
+			}
+			return id
+		}
+	}
+	rec := e.mgr(args...)
 	id, _ := rec["id"].(string)
 	if !strings.HasPrefix(id, "sbx-") {
 		e.t.Fatalf("bad sandbox record: %v", rec)

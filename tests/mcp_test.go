@@ -128,7 +128,7 @@ func TestMCPSets(t *testing.T) {
 		"runtime": {"create_workspace_session", "destroy_workspace_session", "diff_workspace_session", "exec_command", "file_blame",
 			"file_edit", "file_list", "file_read", "file_write", "list_commands", "list_workspace_sessions", "publish_workspace_session",
 			"read_command_lines", "write_command_stdin"},
-		"observability": {"cgroup", "daemon", "events", "health", "layerstack", "resources", "snapshot", "topology", "trace"},
+		"observability": {"cgroup", "daemon", "events", "file_activity", "health", "layerstack", "resources", "snapshot", "topology", "trace"},
 	}
 	for set, tools := range want {
 		c := e.mcp(set)

@@ -1,7 +1,7 @@
 // Package shim is command hardening (contract §6.2, §12): every command a
 // session holder starts goes through the exec shim
 //
-//	sandbox-exec-shim -- ARGV...
+//	sandbox-exec-shim [-C DIR] -- ARGV...
 //
 // (or, as a fallback, `sandbox-supervisor nsholder shim -- ARGV...`), which
 // runs as uid 0 of the session's user namespace (with every capability of
@@ -334,8 +334,22 @@ func Run(args []string) int {
 		fmt.Fprintln(os.Stderr, "sandbox: cannot start command: "+msg)
 		return shimFailureExit
 	}
+	// -C DIR: change to DIR first. The FUSE holder starts commands in "/"
+	// and has the shim enter /workspace: a child between fork and exec
+	// shares the holder's memory (vfork), so a FUSE request from it could
+	// wait for a server that is stopped with it (a GC stop-the-world cannot
+	// preempt the forking thread), and never be answered.
+	dir := ""
+	if len(args) >= 2 && args[0] == "-C" {
+		dir, args = args[1], args[2:]
+	}
 	if len(args) < 2 || args[0] != "--" || args[1] == "" {
-		return fail("usage: sandbox-exec-shim -- ARGV...")
+		return fail("usage: sandbox-exec-shim [-C DIR] -- ARGV...")
+	}
+	if dir != "" {
+		if err := os.Chdir(dir); err != nil {
+			return fail("%v", err)
+		}
 	}
 	argv := args[1:]
 	path := argv[0]
