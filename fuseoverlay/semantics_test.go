@@ -373,3 +373,37 @@ func TestLowerHardLinks(t *testing.T) {
 		t.Errorf("h1 = %q", got)
 	}
 }
+
+// TestConcurrentCopyUp: many writers opening one lower file at once copy it
+// up once; every write lands and lookups elsewhere keep working meanwhile.
+func TestConcurrentCopyUp(t *testing.T) {
+	f := mountLayers(t, []tree{{"big": strings.Repeat("z", 4<<20), "other": "o"}}, nil)
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			fh, err := os.OpenFile(f.p("big"), os.O_RDWR, 0)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer fh.Close()
+			if _, err := fh.WriteAt([]byte{byte('0' + i)}, int64(i)); err != nil {
+				t.Error(err)
+			}
+		}(i)
+		if got := f.read("other"); got != "o" {
+			t.Errorf("other = %q", got)
+		}
+	}
+	wg.Wait()
+	b := f.read("big")
+	if len(b) != 4<<20 || b[:8] != "01234567" || b[8] != 'z' {
+		t.Errorf("after concurrent copy-up: len %d prefix %q", len(b), b[:9])
+	}
+	f.unmount()
+	if _, err := os.Lstat(filepath.Join(f.upper, stagingName)); err == nil {
+		t.Errorf("staging dir left in upper")
+	}
+}
