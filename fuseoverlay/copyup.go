@@ -100,55 +100,65 @@ func (n *node) copyUpDir() syscall.Errno {
 	return 0
 }
 
-// staging returns the staging directory fd and a cleanup that removes the
-// hidden directory again when it was created for this copy-up.
-func (o *ofs) staging() (int, func(), syscall.Errno) {
+// stagingAcquire returns the staging directory fd. The hidden directory in
+// the upper is created by the first concurrent copy-up and removed by the
+// last (stagingRelease), so it exists only while copy-ups run.
+func (o *ofs) stagingAcquire() (int, syscall.Errno) {
 	if o.work >= 0 {
-		return o.work, func() {}, 0
+		return o.work, 0
 	}
-	up := o.fds[0]
-	if err := unix.Mkdirat(up, stagingName, 0o700); err != nil && err != unix.EEXIST {
-		return -1, nil, errnoOf(err)
+	o.stageMu.Lock()
+	defer o.stageMu.Unlock()
+	if o.stageRefs == 0 {
+		up := o.fds[0]
+		if err := unix.Mkdirat(up, stagingName, 0o700); err != nil && err != unix.EEXIST {
+			return -1, errnoOf(err)
+		}
+		fd, err := unix.Openat(up, stagingName, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, errnoOf(err)
+		}
+		o.stageFd = fd
 	}
-	fd, err := unix.Openat(up, stagingName, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, nil, errnoOf(err)
-	}
-	return fd, func() {
-		unix.Close(fd)
-		_ = unix.Unlinkat(up, stagingName, unix.AT_REMOVEDIR)
-	}, 0
+	o.stageRefs++
+	return o.stageFd, 0
 }
 
-// copyUpEntry copies the non-directory at p from layer into the upper and
-// returns the upper inode number.
-func (o *ofs) copyUpEntry(layer int, p string) (uint64, syscall.Errno) {
+func (o *ofs) stagingRelease() {
+	if o.work >= 0 {
+		return
+	}
+	o.stageMu.Lock()
+	defer o.stageMu.Unlock()
+	o.stageRefs--
+	if o.stageRefs == 0 {
+		unix.Close(o.stageFd)
+		o.stageFd = -1
+		_ = unix.Unlinkat(o.fds[0], stagingName, unix.AT_REMOVEDIR)
+	}
+}
+
+// stageEntry copies the non-directory at p in layer into a new entry of
+// the staging directory wd and returns its name. It reads only the lower,
+// which never changes, so it needs no lock.
+func (o *ofs) stageEntry(wd, layer int, p string) (string, syscall.Errno) {
 	src := o.fds[layer]
 	var st unix.Stat_t
 	if err := unix.Fstatat(src, p, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return 0, errnoOf(err)
+		return "", errnoOf(err)
 	}
-	wd, cleanup, errno := o.staging()
-	if errno != 0 {
-		return 0, errno
-	}
-	defer cleanup()
 	tmp := o.tmpName()
-	fail := func(err error) (uint64, syscall.Errno) {
-		_ = unix.Unlinkat(wd, tmp, 0)
-		return 0, errnoOf(err)
-	}
 	times := []unix.Timespec{st.Atim, st.Mtim}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
 		sfd, err := unix.Openat(src, p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return 0, errnoOf(err)
+			return "", errnoOf(err)
 		}
 		defer unix.Close(sfd)
 		dfd, err := unix.Openat(wd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if err != nil {
-			return 0, errnoOf(err)
+			return "", errnoOf(err)
 		}
 		err = copyData(sfd, dfd, st.Size)
 		if err == nil {
@@ -161,34 +171,111 @@ func (o *ofs) copyUpEntry(layer int, p string) (uint64, syscall.Errno) {
 		}
 		unix.Close(dfd)
 		if err != nil {
-			return fail(err)
+			_ = unix.Unlinkat(wd, tmp, 0)
+			return "", errnoOf(err)
 		}
 	case unix.S_IFLNK:
 		buf := make([]byte, 4096)
 		sz, err := unix.Readlinkat(src, p, buf)
 		if err != nil {
-			return 0, errnoOf(err)
+			return "", errnoOf(err)
 		}
 		if err := unix.Symlinkat(string(buf[:sz]), wd, tmp); err != nil {
-			return 0, errnoOf(err)
+			return "", errnoOf(err)
 		}
 		_ = unix.Fchownat(wd, tmp, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
 		_ = unix.UtimesNanoAt(wd, tmp, times, unix.AT_SYMLINK_NOFOLLOW)
 	default:
 		if err := unix.Mknodat(wd, tmp, st.Mode, int(st.Rdev)); err != nil {
-			return 0, errnoOf(err)
+			return "", errnoOf(err)
 		}
 		_ = unix.Fchownat(wd, tmp, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
 		_ = unix.UtimesNanoAt(wd, tmp, times, unix.AT_SYMLINK_NOFOLLOW)
 	}
+	return tmp, 0
+}
+
+// install renames the staged entry into the upper at p and returns the
+// upper inode number (caller holds ofs.mu exclusively).
+func (o *ofs) install(wd int, tmp, p string) (uint64, syscall.Errno) {
 	if err := unix.Renameat(wd, tmp, o.fds[0], p); err != nil {
-		return fail(err)
+		_ = unix.Unlinkat(wd, tmp, 0)
+		return 0, errnoOf(err)
 	}
 	var nst unix.Stat_t
 	if err := unix.Fstatat(o.fds[0], p, &nst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return 0, errnoOf(err)
 	}
 	return nst.Ino, 0
+}
+
+// copyUpEntry copies the non-directory at p from layer into the upper and
+// returns the upper inode number (caller holds ofs.mu exclusively).
+func (o *ofs) copyUpEntry(layer int, p string) (uint64, syscall.Errno) {
+	wd, errno := o.stagingAcquire()
+	if errno != 0 {
+		return 0, errno
+	}
+	defer o.stagingRelease()
+	tmp, errno := o.stageEntry(wd, layer, p)
+	if errno != 0 {
+		return 0, errno
+	}
+	return o.install(wd, tmp, p)
+}
+
+// copyUpOpen is the copy-up of a file opened for writing, called with no
+// lock held: the data is copied without ofs.mu (lowers never change), so a
+// large copy-up does not stall the rest of the filesystem; only the final
+// rename into the upper takes the exclusive lock. n.cuMu keeps concurrent
+// opens of one file from copying it twice.
+func (n *node) copyUpOpen() syscall.Errno {
+	o := n.o
+	n.cuMu.Lock()
+	defer n.cuMu.Unlock()
+	o.mu.RLock()
+	layer := n.layer
+	p, ok := n.path()
+	o.mu.RUnlock()
+	if layer == 0 {
+		return 0
+	}
+	if !ok {
+		return syscall.ESTALE
+	}
+	wd, errno := o.stagingAcquire()
+	if errno != 0 {
+		return errno
+	}
+	defer o.stagingRelease()
+	tmp, errno := o.stageEntry(wd, layer, p)
+	if errno != 0 {
+		return errno
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if n.layer == 0 { // copied up meanwhile (rename, link, setattr)
+		_ = unix.Unlinkat(wd, tmp, 0)
+		return 0
+	}
+	parent := n.parentNode()
+	p, ok = n.path()
+	if parent == nil || !ok {
+		_ = unix.Unlinkat(wd, tmp, 0)
+		return syscall.ESTALE
+	}
+	if errno := parent.copyUpDir(); errno != 0 {
+		_ = unix.Unlinkat(wd, tmp, 0)
+		return errno
+	}
+	upIno, errno := o.install(wd, tmp, p)
+	if errno != 0 {
+		return errno
+	}
+	o.noteOrigin(upIno, n.StableAttr().Ino)
+	n.layer = 0
+	n.copiedUp.Store(true)
+	return 0
 }
 
 // copyData copies size bytes from src to dst, skipping holes.

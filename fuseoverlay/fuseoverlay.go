@@ -69,7 +69,12 @@ type Options struct {
 
 	// Owner maps the pid of a process opening or creating a file (in the
 	// FUSE server's PID namespace) to the command that owns it; "" when
-	// unknown. Called once per open/create, never per write.
+	// unknown. Called once per open/create, never per write. The pid is
+	// the one the kernel puts in the FUSE request: the id of the calling
+	// task, which for a multi-threaded caller is a thread id (look up its
+	// Tgid in /proc/<pid>/status if the process is needed). The server must
+	// not mmap files of its own mount: a page fault there would wait on
+	// the server from inside it.
 	Owner func(pid uint32) string
 	// Sink receives provenance records in batches, in the order the
 	// operations happened. nil disables recording.

@@ -23,7 +23,48 @@ const inNSEnv = "FUSEOVERLAY_TEST_IN_NS"
 
 var skipReason string
 
+// mmapHelperEnv makes the test binary write through a shared mapping of
+// the file it names and exit. Mapped writes must come from another process:
+// a page fault on a FUSE file holds the faulting process's mmap lock, which
+// the in-process server may need to grow its heap — a self-deadlock that
+// real clients (other processes) never hit.
+const mmapHelperEnv = "FUSEOVERLAY_TEST_MMAP"
+
+func mmapHelper(path string) {
+	fh, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	m, err := unix.Mmap(int(fh.Fd()), 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	copy(m[4096:], "mmap-write")
+	if err := unix.Msync(m, unix.MS_SYNC); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	unix.Munmap(m)
+	fh.Close()
+	os.Exit(0)
+}
+
+// runMmapHelper runs mmapHelper on path in a child process.
+func runMmapHelper(t *testing.T, path string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), mmapHelperEnv+"="+path)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("mmap helper: %v %s", err, out)
+	}
+}
+
 func TestMain(m *testing.M) {
+	if p := os.Getenv(mmapHelperEnv); p != "" {
+		mmapHelper(p)
+	}
 	if os.Getenv(inNSEnv) == "" {
 		if f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0); err != nil {
 			skipReason = fmt.Sprintf("cannot open /dev/fuse: %v", err)

@@ -25,11 +25,15 @@ type ofs struct {
 	files    []*os.File
 	devs     []uint64
 	upperDev uint64
-	work     int  // staging dir fd, or -1: stage in upper/.esbx-tmp
-	hideTmp  bool // the root hides stagingName
-	euid     int
-	egid     int
-	seq      atomic.Uint64
+	work     int // staging dir fd, or -1: stage in upper/.esbx-tmp
+	// stageMu guards the hidden staging dir's reference count.
+	stageMu   sync.Mutex
+	stageRefs int
+	stageFd   int
+	hideTmp   bool // the root hides stagingName
+	euid      int
+	egid      int
+	seq       atomic.Uint64
 
 	// origin maps the inode number of a copied-up upper entry to the number
 	// it had in its lower layer, so st_ino survives copy-up.
@@ -53,6 +57,8 @@ type node struct {
 	// copiedUp is set when a lower entry moved to the upper, so handles
 	// opened on the lower file switch to the upper copy (see handle.fd).
 	copiedUp atomic.Bool
+	// cuMu serializes copyUpOpen of this node.
+	cuMu sync.Mutex
 }
 
 var (
@@ -472,13 +478,10 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	}
 	o.mu.RLock()
 	if write && n.layer != 0 {
-		// Copy-up needs the exclusive lock; entries already in the upper
-		// (the common case for writes) open under the shared one.
+		// Entries already in the upper (the common case for writes) open
+		// under the shared lock; copy-up copies without it.
 		o.mu.RUnlock()
-		o.mu.Lock()
-		errno := n.copyUp()
-		o.mu.Unlock()
-		if errno != 0 {
+		if errno := n.copyUpOpen(); errno != 0 {
 			return nil, 0, errno
 		}
 		o.mu.RLock()

@@ -269,19 +269,16 @@ func TestXattrsAndStatfs(t *testing.T) {
 
 // TestMmapWrite: a shared mapping writes through to the file.
 func TestMmapWrite(t *testing.T) {
-	f := mountLayers(t, []tree{{"m": strings.Repeat("-", 4096)}}, nil)
-	fh, err := os.OpenFile(f.p("m"), os.O_RDWR, 0)
-	must(t, err)
-	m, err := unix.Mmap(int(fh.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	must(t, err)
-	copy(m, "mapped")
-	must(t, unix.Munmap(m))
-	must(t, fh.Close())
+	f := mountLayers(t, []tree{{"m": strings.Repeat("-", 8192)}}, nil)
+	runMmapHelper(t, f.p("m"))
+	if got := f.read("m")[4096:4106]; got != "mmap-write" {
+		t.Errorf("merged after mmap write: %q", got)
+	}
 	f.unmount()
 	b, err := os.ReadFile(filepath.Join(f.upper, "m"))
 	must(t, err)
-	if !strings.HasPrefix(string(b), "mapped----") {
-		t.Errorf("upper after mmap write: %q", b[:16])
+	if string(b[4090:4110]) != "------mmap-write----" {
+		t.Errorf("upper after mmap write: %q", b[4090:4110])
 	}
 }
 
@@ -374,5 +371,39 @@ func TestLowerHardLinks(t *testing.T) {
 	}
 	if got := f.read("h1"); got != "changed" {
 		t.Errorf("h1 = %q", got)
+	}
+}
+
+// TestConcurrentCopyUp: many writers opening one lower file at once copy it
+// up once; every write lands and lookups elsewhere keep working meanwhile.
+func TestConcurrentCopyUp(t *testing.T) {
+	f := mountLayers(t, []tree{{"big": strings.Repeat("z", 4<<20), "other": "o"}}, nil)
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			fh, err := os.OpenFile(f.p("big"), os.O_RDWR, 0)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer fh.Close()
+			if _, err := fh.WriteAt([]byte{byte('0' + i)}, int64(i)); err != nil {
+				t.Error(err)
+			}
+		}(i)
+		if got := f.read("other"); got != "o" {
+			t.Errorf("other = %q", got)
+		}
+	}
+	wg.Wait()
+	b := f.read("big")
+	if len(b) != 4<<20 || b[:8] != "01234567" || b[8] != 'z' {
+		t.Errorf("after concurrent copy-up: len %d prefix %q", len(b), b[:9])
+	}
+	f.unmount()
+	if _, err := os.Lstat(filepath.Join(f.upper, stagingName)); err == nil {
+		t.Errorf("staging dir left in upper")
 	}
 }
