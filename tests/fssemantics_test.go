@@ -24,9 +24,9 @@ import (
 type overlayDifference struct {
 	drivers []string // nil: every overlay driver
 	step    string
-	result string         // the overlay's result instead of the native one
-	facts  map[string]any // facts the overlay reports differently
-	why    string
+	result  string         // the overlay's result instead of the native one
+	facts   map[string]any // facts the overlay reports differently
+	why     string
 }
 
 var overlayDifferences = []overlayDifference{
