@@ -77,9 +77,6 @@ type serverImpl interface {
 	wait()
 }
 
-// ErrNotImplemented is returned until the driver is complete.
-var ErrNotImplemented = errors.New("fuseoverlay: not implemented")
-
 // Mount mounts the overlay at mountpoint and serves it until Unmount or until
 // the kernel drops the connection. It opens /dev/fuse itself and mounts
 // directly (mount(2)), which works for the root of a user namespace.
@@ -96,6 +93,6 @@ func (s *Server) Unmount() error { return s.impl.unmount() }
 // Wait blocks until the server stops serving.
 func (s *Server) Wait() { s.impl.wait() }
 
-var mount = func(ctx context.Context, mountpoint string, opts Options) (*Server, error) {
-	return nil, ErrNotImplemented
-}
+// ErrNotImplemented was returned before the driver was complete; it is kept
+// for callers that test for it.
+var ErrNotImplemented = errors.New("fuseoverlay: not implemented")

@@ -1,0 +1,271 @@
+package fuseoverlay
+
+import (
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Copy-up. All functions here run with ofs.mu held exclusively.
+//
+// A file is copied into a staging directory (Options.Work, or a hidden
+// ".esbx-tmp" directory in the upper root that exists only for the duration
+// of one copy-up) and then renamed into place, so the upper never holds a
+// partial copy under the real name. The copy keeps holes (SEEK_DATA and
+// SEEK_HOLE), mode, owner (when permitted), xattrs (except overlay.*) and
+// times; the node keeps its inode number through ofs.origin.
+
+// copyUp makes the node's entry exist in the upper.
+func (n *node) copyUp() syscall.Errno {
+	if n.layer == 0 {
+		return 0
+	}
+	if n.isDir() {
+		return n.copyUpDir()
+	}
+	parent := n.parentNode()
+	if parent == nil {
+		return syscall.EROFS // a lower file that was deleted while open
+	}
+	if errno := parent.copyUpDir(); errno != 0 {
+		return errno
+	}
+	p, ok := n.path()
+	if !ok {
+		return syscall.ESTALE
+	}
+	upIno, errno := n.o.copyUpEntry(n.layer, p)
+	if errno != 0 {
+		return errno
+	}
+	n.o.originMu.Lock()
+	n.o.origin[upIno] = n.StableAttr().Ino
+	n.o.originMu.Unlock()
+	n.layer = 0
+	return 0
+}
+
+// copyUpDir makes the directory exist in the upper (not opaque: its lower
+// directories keep merging into it).
+func (n *node) copyUpDir() syscall.Errno {
+	if len(n.dirLayers) > 0 && n.dirLayers[0] == 0 {
+		return 0
+	}
+	if n.IsRoot() {
+		return 0
+	}
+	parent := n.parentNode()
+	if parent == nil {
+		return syscall.ENOENT
+	}
+	if errno := parent.copyUpDir(); errno != 0 {
+		return errno
+	}
+	p, ok := n.path()
+	if !ok {
+		return syscall.ESTALE
+	}
+	o := n.o
+	src := o.fds[n.layer]
+	var st unix.Stat_t
+	if err := unix.Fstatat(src, p, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return errnoOf(err)
+	}
+	up := o.fds[0]
+	if err := unix.Mkdirat(up, p, 0o700); err != nil {
+		return errnoOf(err)
+	}
+	_ = unix.Fchownat(up, p, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
+	if sfd, err := unix.Openat(src, p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
+		if dfd, err := unix.Openat(up, p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
+			copyXattrs(sfd, dfd)
+			unix.Close(dfd)
+		}
+		unix.Close(sfd)
+	}
+	if err := unix.Fchmodat(up, p, st.Mode&07777, 0); err != nil {
+		return errnoOf(err)
+	}
+	_ = unix.UtimesNanoAt(up, p, []unix.Timespec{st.Atim, st.Mtim}, unix.AT_SYMLINK_NOFOLLOW)
+	var nst unix.Stat_t
+	if err := unix.Fstatat(up, p, &nst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return errnoOf(err)
+	}
+	o.originMu.Lock()
+	o.origin[nst.Ino] = n.StableAttr().Ino
+	o.originMu.Unlock()
+	n.dirLayers = append([]int{0}, n.dirLayers...)
+	n.layer = 0
+	return 0
+}
+
+// staging returns the staging directory fd and a cleanup that removes the
+// hidden directory again when it was created for this copy-up.
+func (o *ofs) staging() (int, func(), syscall.Errno) {
+	if o.work >= 0 {
+		return o.work, func() {}, 0
+	}
+	up := o.fds[0]
+	if err := unix.Mkdirat(up, stagingName, 0o700); err != nil && err != unix.EEXIST {
+		return -1, nil, errnoOf(err)
+	}
+	fd, err := unix.Openat(up, stagingName, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, nil, errnoOf(err)
+	}
+	return fd, func() {
+		unix.Close(fd)
+		_ = unix.Unlinkat(up, stagingName, unix.AT_REMOVEDIR)
+	}, 0
+}
+
+// copyUpEntry copies the non-directory at p from layer into the upper and
+// returns the upper inode number.
+func (o *ofs) copyUpEntry(layer int, p string) (uint64, syscall.Errno) {
+	src := o.fds[layer]
+	var st unix.Stat_t
+	if err := unix.Fstatat(src, p, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return 0, errnoOf(err)
+	}
+	wd, cleanup, errno := o.staging()
+	if errno != 0 {
+		return 0, errno
+	}
+	defer cleanup()
+	tmp := o.tmpName()
+	fail := func(err error) (uint64, syscall.Errno) {
+		_ = unix.Unlinkat(wd, tmp, 0)
+		return 0, errnoOf(err)
+	}
+	times := []unix.Timespec{st.Atim, st.Mtim}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		sfd, err := unix.Openat(src, p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return 0, errnoOf(err)
+		}
+		defer unix.Close(sfd)
+		dfd, err := unix.Openat(wd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return 0, errnoOf(err)
+		}
+		err = copyData(sfd, dfd, st.Size)
+		if err == nil {
+			_ = unix.Fchown(dfd, int(st.Uid), int(st.Gid))
+			copyXattrs(sfd, dfd)
+			err = unix.Fchmod(dfd, st.Mode&07777)
+		}
+		if err == nil {
+			err = unix.UtimesNanoAt(dfd, "", times, unix.AT_EMPTY_PATH)
+		}
+		unix.Close(dfd)
+		if err != nil {
+			return fail(err)
+		}
+	case unix.S_IFLNK:
+		buf := make([]byte, 4096)
+		sz, err := unix.Readlinkat(src, p, buf)
+		if err != nil {
+			return 0, errnoOf(err)
+		}
+		if err := unix.Symlinkat(string(buf[:sz]), wd, tmp); err != nil {
+			return 0, errnoOf(err)
+		}
+		_ = unix.Fchownat(wd, tmp, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
+		_ = unix.UtimesNanoAt(wd, tmp, times, unix.AT_SYMLINK_NOFOLLOW)
+	default:
+		if err := unix.Mknodat(wd, tmp, st.Mode, int(st.Rdev)); err != nil {
+			return 0, errnoOf(err)
+		}
+		_ = unix.Fchownat(wd, tmp, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
+		_ = unix.UtimesNanoAt(wd, tmp, times, unix.AT_SYMLINK_NOFOLLOW)
+	}
+	if err := unix.Renameat(wd, tmp, o.fds[0], p); err != nil {
+		return fail(err)
+	}
+	var nst unix.Stat_t
+	if err := unix.Fstatat(o.fds[0], p, &nst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return 0, errnoOf(err)
+	}
+	return nst.Ino, 0
+}
+
+// copyData copies size bytes from src to dst, skipping holes.
+func copyData(src, dst int, size int64) error {
+	var off int64
+	for off < size {
+		data, err := unix.Seek(src, off, unix.SEEK_DATA)
+		if err == unix.ENXIO {
+			break // only a hole is left
+		}
+		if err != nil {
+			data = off // no hole support: copy everything
+		}
+		end, err := unix.Seek(src, data, unix.SEEK_HOLE)
+		if err != nil || end > size {
+			end = size
+		}
+		if err := copyRange(src, dst, data, end-data); err != nil {
+			return err
+		}
+		off = end
+	}
+	return unix.Ftruncate(dst, size)
+}
+
+// copyRange copies n bytes at off, with copy_file_range where the
+// filesystem allows it.
+func copyRange(src, dst int, off, n int64) error {
+	roff, woff := off, off
+	for n > 0 {
+		c, err := unix.CopyFileRange(src, &roff, dst, &woff, int(min(n, 1<<30)), 0)
+		if err != nil || c == 0 {
+			return copyRangeRW(src, dst, roff, n)
+		}
+		n -= int64(c)
+	}
+	return nil
+}
+
+func copyRangeRW(src, dst int, off, n int64) error {
+	buf := make([]byte, 1<<20)
+	for n > 0 {
+		c, err := unix.Pread(src, buf[:min(int64(len(buf)), n)], off)
+		if err != nil {
+			return err
+		}
+		if c == 0 {
+			return nil
+		}
+		if _, err := unix.Pwrite(dst, buf[:c], off); err != nil {
+			return err
+		}
+		off += int64(c)
+		n -= int64(c)
+	}
+	return nil
+}
+
+// copyXattrs copies the xattrs of src to dst, except the overlay's own;
+// names the server may not set (trusted.*, security.*) are skipped.
+func copyXattrs(src, dst int) {
+	sz, err := unix.Flistxattr(src, nil)
+	if err != nil || sz == 0 {
+		return
+	}
+	buf := make([]byte, sz+64)
+	sz, err = unix.Flistxattr(src, buf)
+	if err != nil {
+		return
+	}
+	for _, nm := range splitNul(buf[:sz]) {
+		if isOverlayXattr(nm) {
+			continue
+		}
+		v, err := fgetxattrAll(src, nm)
+		if err != nil {
+			continue
+		}
+		_ = unix.Fsetxattr(dst, nm, v, 0)
+	}
+}
