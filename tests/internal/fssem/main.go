@@ -460,8 +460,8 @@ func (r *runner) walk() ([]Entry, error) {
 		}
 		rel, _ := filepath.Rel(r.dir, p)
 		out = append(out, r.entry(rel))
-		if rel == "concurrent" {
-			return fs.SkipDir // its 400 names are in the entry; the step checked them
+		if strings.HasPrefix(rel, "concurrent") {
+			return fs.SkipDir // its hundreds of names are in the entry; the steps checked them
 		}
 		return nil
 	})
@@ -1000,10 +1000,32 @@ func (r *runner) openUnlinked() {
 // duplicates, only names that were created, and every name whose create
 // returned before the listing started.
 func (r *runner) concurrentReaddir() {
+	lower := []string{"base-0", "base-1", "base-2"}
+	r.racingReaddir("readdir-under-concurrent-creates", "concurrent", "w", lower)
+	r.racingReaddir("readdir-under-concurrent-creates-upper-dir", "concurrent-new", "w", nil)
+	// A second round in the same merged directory, now with 400 upper entries.
+	r.racingReaddir("readdir-under-concurrent-creates-again", "concurrent", "x", append(lower, names("w", 4, 100)...))
+}
+
+func names(prefix string, writers, perWriter int) []string {
+	var out []string
+	for w := 0; w < writers; w++ {
+		for i := 0; i < perWriter; i++ {
+			out = append(out, fmt.Sprintf("%s%d-%03d", prefix, w, i))
+		}
+	}
+	return out
+}
+
+func (r *runner) racingReaddir(step, rel, prefix string, base []string) {
 	const writers, perWriter = 4, 100
-	r.step("readdir-under-concurrent-creates", []string{"concurrent"}, func(f map[string]any) error {
-		dir := r.p("concurrent")
-		base := []string{"base-0", "base-1", "base-2"}
+	r.step(step, []string{rel}, func(f map[string]any) error {
+		dir := r.p(rel)
+		if base == nil {
+			if err := unix.Mkdir(dir, 0o755); err != nil {
+				return err
+			}
+		}
 		var mu sync.Mutex
 		done := map[string]bool{}
 		var wg sync.WaitGroup
@@ -1013,7 +1035,7 @@ func (r *runner) concurrentReaddir() {
 			go func(w int) {
 				defer wg.Done()
 				for i := 0; i < perWriter; i++ {
-					name := fmt.Sprintf("w%d-%03d", w, i)
+					name := fmt.Sprintf("%s%d-%03d", prefix, w, i)
 					if err := os.WriteFile(filepath.Join(dir, name), []byte(name), 0o644); err != nil {
 						errs <- err
 						return
@@ -1050,7 +1072,7 @@ func (r *runner) concurrentReaddir() {
 				set := map[string]bool{}
 				for _, n := range names {
 					set[n] = true
-					if !slices.Contains(base, n) && !strings.HasPrefix(n, "w") {
+					if !slices.Contains(base, n) && !strings.HasPrefix(n, prefix) {
 						consistent = false
 						problem = cmp.Or(problem, "unexpected name "+n)
 					}
