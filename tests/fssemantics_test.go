@@ -261,7 +261,7 @@ func compareFssem(t *testing.T, driver string, native, got fssemReport, diffs []
 	}
 	for i := range want {
 		if !reflect.DeepEqual(want[i], got.Steps[i]) {
-			t.Errorf("step %v differs:\n  native:  %s\n  overlay: %s", want[i]["name"], js(want[i]), js(got.Steps[i]))
+			t.Errorf("step %v differs:%s\n  native:  %s\n  overlay: %s", want[i]["name"], namesDiff(want[i], got.Steps[i]), short(want[i]), short(got.Steps[i]))
 		}
 	}
 	byPath := func(es []map[string]any) map[string]map[string]any {
@@ -276,7 +276,7 @@ func compareFssem(t *testing.T, driver string, native, got fssemReport, diffs []
 		if g, ok := gf[p]; !ok {
 			t.Errorf("final: %s missing in the overlay (native: %s)", p, js(w))
 		} else if !reflect.DeepEqual(w, g) {
-			t.Errorf("final: %s differs:\n  native:  %s\n  overlay: %s", p, js(w), js(g))
+			t.Errorf("final: %s differs:%s\n  native:  %s\n  overlay: %s", p, namesDiff(w, g), short(w), short(g))
 		}
 	}
 	for p, g := range gf {
@@ -284,6 +284,63 @@ func compareFssem(t *testing.T, driver string, native, got fssemReport, diffs []
 			t.Errorf("final: %s only in the overlay: %s", p, js(g))
 		}
 	}
+}
+
+// short is js cut to a readable length (directory listings can hold 800 names).
+func short(v any) string {
+	s := js(v)
+	if len(s) > 1500 {
+		s = s[:1500] + "…"
+	}
+	return s
+}
+
+// namesDiff lists the directory entries one side has and the other lacks,
+// in an entry or in a step's state.
+func namesDiff(want, got map[string]any) string {
+	collect := func(m map[string]any) map[string]map[string]bool {
+		out := map[string]map[string]bool{}
+		add := func(e map[string]any) {
+			if names, ok := e["names"].([]any); ok {
+				set := map[string]bool{}
+				for _, n := range names {
+					set[fmt.Sprint(n)] = true
+				}
+				out[fmt.Sprint(e["path"])] = set
+			}
+		}
+		add(m)
+		if st, ok := m["state"].([]any); ok {
+			for _, e := range st {
+				if em, ok := e.(map[string]any); ok {
+					add(em)
+				}
+			}
+		}
+		return out
+	}
+	w, g := collect(want), collect(got)
+	var b strings.Builder
+	for dir, ws := range w {
+		gs := g[dir]
+		var missing, extra []string
+		for n := range ws {
+			if !gs[n] {
+				missing = append(missing, n)
+			}
+		}
+		for n := range gs {
+			if !ws[n] {
+				extra = append(extra, n)
+			}
+		}
+		slices.Sort(missing)
+		slices.Sort(extra)
+		if len(missing) > 0 || len(extra) > 0 {
+			fmt.Fprintf(&b, "\n  %s: the overlay lists %d names the native directory has not %v and lacks %d %v", dir, len(extra), extra, len(missing), missing)
+		}
+	}
+	return b.String()
 }
 
 func js(v any) string {
