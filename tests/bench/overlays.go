@@ -298,13 +298,21 @@ func (job *workerJob) mount(ctx context.Context, rep int) (*mounted, error) {
 			}
 			files = append(files, f)
 		}
-		srv, err := fuseoverlay.Mount(ctx, mnt, fuseoverlay.Options{Lowers: files[:1], Upper: files[1], Work: files[2], Name: "bench"})
+		// Provenance on, as in a session: every open is attributed and the
+		// records are passed on (and dropped here).
+		srv, err := fuseoverlay.Mount(ctx, mnt, fuseoverlay.Options{
+			Lowers: files[:1], Upper: files[1], Work: files[2], Name: "bench",
+			Owner: func(uint32) string { return "cmd-bench" },
+			Sink:  func([]fuseoverlay.Record) {},
+		})
 		if err != nil {
 			for _, f := range files {
 				f.Close()
 			}
 			return nil, fmt.Errorf("fuseoverlay.Mount: %w", err)
 		}
+		// files stay referenced until the unmount: the server keeps only
+		// their descriptors, which a collected *os.File would close.
 		umount = func() error {
 			err := srv.Unmount()
 			srv.Wait()
