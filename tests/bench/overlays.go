@@ -194,7 +194,8 @@ func genRepo(dir string, n int) error {
 	for _, args := range [][]string{
 		{"init", "-q", "-b", "main"},
 		{"add", "-A", "."},
-		{"commit", "-q", "--no-gpg-sign", "-m", "bench repo"},
+		// No automatic (detached) gc: it would race the explicit one.
+		{"-c", "gc.auto=0", "commit", "-q", "--no-gpg-sign", "-m", "bench repo"},
 		{"gc", "-q"},
 	} {
 		if err := runGit(dir, args...); err != nil {
