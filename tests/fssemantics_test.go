@@ -213,6 +213,11 @@ func sessionFssemReport(t *testing.T, probe, driver string) fssemReport {
 	if got := e.rt(id, "list_workspace_sessions")["workspace_sessions"].([]any)[0].(map[string]any)["overlay_driver"]; got != driver {
 		t.Fatalf("session overlay_driver = %v, want %s", got, driver)
 	}
+	// The driver really serves /workspace (no silent fallback to the other one).
+	fstype := e.exec(id, "--workspace-session-id", ws, `awk '$2 == "/workspace" { print $3 }' /proc/mounts`)["output"]
+	if want := map[string]string{"kernel": "overlay", "fuse": "fuse"}[driver]; fstype != want && !strings.HasPrefix(fmt.Sprint(fstype), want+".") {
+		t.Fatalf("/workspace of a %s session is mounted as %q", driver, fstype)
+	}
 	out := e.exec(id, "--workspace-session-id", ws, "--yield-time-ms", "120000", "./fssem run t report.json")
 	if out["status"] != "ok" {
 		t.Fatalf("fssem run in a %s session: %v", driver, out)
