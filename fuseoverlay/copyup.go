@@ -42,6 +42,7 @@ func (n *node) copyUp() syscall.Errno {
 	n.o.origin[upIno] = n.StableAttr().Ino
 	n.o.originMu.Unlock()
 	n.layer = 0
+	n.copiedUp.Store(true)
 	return 0
 }
 

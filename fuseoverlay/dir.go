@@ -16,6 +16,7 @@ import (
 // are never listed. The caller holds ofs.mu (shared is enough).
 func (o *ofs) merged(layers []int, p string, root bool) ([]fuse.DirEntry, syscall.Errno) {
 	seen := map[string]bool{}
+	upperIdx := map[string]int{}
 	var out []fuse.DirEntry
 	buf := make([]byte, 64<<10)
 	for _, l := range layers {
@@ -54,6 +55,13 @@ func (o *ofs) merged(layers []int, p string, root bool) ([]fuse.DirEntry, syscal
 					continue
 				}
 				if seen[name] {
+					// An upper entry over a lower one of the same kind shows
+					// the lower's number (copy-up before a remount).
+					if i, ok := upperIdx[name]; ok && (typ == unix.DT_DIR) == (out[i].Mode == unix.S_IFDIR) && typ != unix.DT_CHR {
+						st := unix.Stat_t{Ino: ino, Dev: o.devs[l]}
+						out[i].Ino = stableIno(&st, o.upperDev)
+						delete(upperIdx, name)
+					}
 					continue
 				}
 				seen[name] = true
@@ -85,6 +93,9 @@ func (o *ofs) merged(layers []int, p string, root bool) ([]fuse.DirEntry, syscal
 					ino = st.Ino
 				}
 				st := unix.Stat_t{Ino: ino, Dev: o.devs[l]}
+				if l == 0 && len(layers) > 1 && !o.hasOrigin(ino) {
+					upperIdx[name] = len(out)
+				}
 				out = append(out, fuse.DirEntry{Name: name, Mode: mode, Ino: o.inoFor(l, &st)})
 			}
 		}
@@ -111,10 +122,9 @@ func (o *ofs) mergedNames(layers []int, p string, root bool) ([]fuse.DirEntry, s
 }
 
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	// The listing is built at the first READDIR, not here: with the
+	// kernel's directory cache warm, an opendir is never followed by one.
 	h := &dirHandle{n: n}
-	if errno := h.load(); errno != 0 {
-		return nil, 0, errno
-	}
 	// The kernel may cache listings: lowers never change and the upper
 	// changes only through this mount, which invalidates the cache itself.
 	return h, fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, 0
@@ -126,6 +136,7 @@ type dirHandle struct {
 	n       *node
 	entries []fuse.DirEntry
 	pos     int
+	loaded  bool
 }
 
 var (
@@ -158,10 +169,16 @@ func (h *dirHandle) load() syscall.Errno {
 		{Name: "..", Mode: unix.S_IFDIR, Ino: parentIno},
 	}, ents...)
 	h.pos = 0
+	h.loaded = true
 	return 0
 }
 
 func (h *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	if !h.loaded {
+		if errno := h.load(); errno != 0 {
+			return nil, errno
+		}
+	}
 	if h.pos >= len(h.entries) {
 		return nil, 0
 	}
@@ -173,7 +190,14 @@ func (h *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 
 func (h *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	if off == 0 {
-		return h.load()
+		h.loaded = false // rewinddir: a fresh snapshot
+		h.pos = 0
+		return 0
+	}
+	if !h.loaded {
+		if errno := h.load(); errno != 0 {
+			return errno
+		}
 	}
 	h.pos = int(off)
 	return 0

@@ -14,6 +14,39 @@
 //
 // All access to the layers goes through directory descriptors opened before
 // the mount (the holder pivot_roots afterwards, so host paths are gone).
+//
+// Semantics, matching the kernel overlay in userxattr mode without
+// redirect_dir (a differential test compares the two):
+//   - merged lookup and readdir: the newest layer with a name decides;
+//     whiteouts (0:0 character device, or an empty file with
+//     (user|trusted).overlay.whiteout), OCI .wh.<name> entries in lowers and
+//     opaque directories (overlay.opaque=y, or an OCI .wh..wh..opq entry)
+//     hide what is below. Names starting with .wh. are reserved (§8.4).
+//   - writes copy the entry up first (data with holes kept, mode, owner
+//     where permitted, xattrs except overlay.*, times). Deleting a name a
+//     lower layer has leaves a whiteout (mknod 0:0, else the xattr form);
+//     a directory made where a whiteout was is opaque (user.overlay.opaque=y,
+//     like the kernel; the .wh..wh..opq entry only where user xattrs are
+//     refused). Renaming a directory that has lower content fails with
+//     EXDEV, so tools fall back to copy and delete; RENAME_EXCHANGE is
+//     EINVAL.
+//   - copy-up stages in Options.Work, or else in a directory ".esbx-tmp" in
+//     the upper root that exists only while one copy-up runs, is hidden
+//     from lookup and readdir, and is removed at mount if a crash left it.
+//   - inode numbers: an entry shows its backing inode number (folded with
+//     the device for layers on another filesystem); a copied-up entry keeps
+//     its lower number (in memory, and after a remount for entries still at
+//     their lower path). Lower files with several links get one node per
+//     name, since copy-up is per name.
+//   - caching: entries and attributes are cached for a minute, pages are
+//     kept across opens and directory listings are cached by the kernel:
+//     lowers never change and the upper changes only through this mount.
+//     There is no passthrough and no writeback cache (design rule 5).
+//
+// Locking: one RWMutex orders namespace changes and copy-up (exclusive)
+// against lookup, readdir and opens (shared); reads and writes on open
+// handles take no lock. A copy-up of a large file therefore stalls other
+// namespace operations for its duration.
 package fuseoverlay
 
 import (

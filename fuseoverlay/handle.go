@@ -2,10 +2,13 @@ package fuseoverlay
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 )
 
 // handle is an open file. It is attributed to the command that opened it:
@@ -20,6 +23,46 @@ type handle struct {
 	writable bool
 	wrote    atomic.Bool
 	ru       run // guarded by o.rec.mu
+
+	// lowerOf is the node of a read-only handle opened on a lower file.
+	// Once that node is copied up, reads go to the upper copy (opened
+	// lazily into upper): the lower file no longer shows writes made
+	// through other handles.
+	lowerOf *node
+	mu      sync.Mutex
+	upper   *fs.LoopbackFile
+}
+
+func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if h.lowerOf != nil && h.lowerOf.copiedUp.Load() {
+		u, errno := h.upperFile()
+		if errno != 0 {
+			return nil, errno
+		}
+		return u.Read(ctx, dest, off)
+	}
+	return h.LoopbackFile.Read(ctx, dest, off)
+}
+
+func (h *handle) upperFile() (*fs.LoopbackFile, syscall.Errno) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.upper != nil {
+		return h.upper, 0
+	}
+	n := h.lowerOf
+	n.o.mu.RLock()
+	p, ok := n.path()
+	n.o.mu.RUnlock()
+	if !ok {
+		return h.LoopbackFile, 0 // unlinked since: the lower copy is all there is
+	}
+	fd, err := unix.Openat(n.o.fds[0], p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	h.upper = fs.NewLoopbackFile(fd).(*fs.LoopbackFile)
+	return h.upper, 0
 }
 
 func (o *ofs) newHandle(fd int, path, command string, flags uint32) *handle {
@@ -68,6 +111,11 @@ func (h *handle) Ioctl(ctx context.Context, cmd uint32, arg uint64, input []byte
 
 func (h *handle) Release(ctx context.Context) syscall.Errno {
 	errno := h.LoopbackFile.Release(ctx)
+	h.mu.Lock()
+	if h.upper != nil {
+		h.upper.Release(ctx)
+	}
+	h.mu.Unlock()
 	if h.wrote.Load() {
 		h.o.rec.flush()
 		if h.o.released != nil {

@@ -90,17 +90,6 @@ func fgetxattrAll(fd int, name string) ([]byte, error) {
 	}
 }
 
-// xattrAt reads xattr name of the regular file or directory at p.
-func xattrAt(dirfd int, p, name string) ([]byte, bool) {
-	fd, err := openForXattr(dirfd, p)
-	if err != nil {
-		return nil, false
-	}
-	defer unix.Close(fd)
-	v, err := fgetxattrAll(fd, name)
-	return v, err == nil
-}
-
 // isWhiteout reports whether the entry at p (already lstat'ed into st) is a
 // whiteout: a 0:0 character device, or an empty regular file carrying an
 // overlay whiteout xattr.
@@ -147,7 +136,7 @@ func isOpaque(dirfd int, p string) bool {
 // (allowed for the root of a user namespace since Linux 5.8), else an empty
 // file with user.overlay.whiteout=y — the two forms the kernel reads.
 func makeWhiteout(upper int, p string) error {
-	err := unix.Mknodat(upper, p, unix.S_IFCHR|0o000, 0)
+	err := unix.Mknodat(upper, p, unix.S_IFCHR, 0)
 	if err == nil || err == unix.EEXIST {
 		return err
 	}

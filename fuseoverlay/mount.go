@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -115,7 +114,6 @@ type server struct {
 	srv  *fuse.Server
 	o    *ofs
 	done chan struct{}
-	once sync.Once
 }
 
 func (s *server) flush() { s.o.rec.flush() }

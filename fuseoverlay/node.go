@@ -50,6 +50,9 @@ type node struct {
 	// dirLayers lists, for a directory, the layers whose directories merge
 	// into it, topmost first (it stops at an opaque directory).
 	dirLayers []int
+	// copiedUp is set when a lower entry moved to the upper, so handles
+	// opened on the lower file switch to the upper copy (see handle.fd).
+	copiedUp atomic.Bool
 }
 
 var (
@@ -119,6 +122,9 @@ type probe struct {
 	st        unix.Stat_t
 	layer     int
 	dirLayers []int
+	// origin is, for an upper entry that a lower also has at the same path
+	// (a copy-up from before a remount), the lower's inode number.
+	origin uint64
 }
 
 // probe resolves name in the directory dp whose merged layers are layers,
@@ -150,6 +156,9 @@ func (o *ofs) probe(layers []int, dp, name string) (probe, syscall.Errno) {
 		if !res.found {
 			res.found, res.st, res.layer = true, st, l
 			if !isDir {
+				if l == 0 && len(layers) > 1 && !o.hasOrigin(st.Ino) {
+					res.origin = o.lowerOrigin(layers[1:], dp, name)
+				}
 				break
 			}
 			res.dirLayers = []int{l}
@@ -160,6 +169,9 @@ func (o *ofs) probe(layers []int, dp, name string) (probe, syscall.Errno) {
 		}
 		if !isDir {
 			break // a non-directory below a directory is hidden, and so is all below it
+		}
+		if len(res.dirLayers) == 1 && res.layer == 0 {
+			res.origin = stableIno(&st, o.upperDev)
 		}
 		res.dirLayers = append(res.dirLayers, l)
 		if isOpaque(fd, p) {
@@ -183,6 +195,42 @@ func (o *ofs) lowerHas(parentLayers []int, dp, name string) bool {
 	}
 	pr, errno := o.probe(lowers, dp, name)
 	return errno != 0 || pr.found
+}
+
+// lowerOrigin finds the inode number of the non-directory that the lower
+// layers hold at dp/name, ignoring whatever the upper has there; 0 if none.
+func (o *ofs) lowerOrigin(lowers []int, dp, name string) uint64 {
+	p := join(dp, name)
+	for _, l := range lowers {
+		var st unix.Stat_t
+		err := unix.Fstatat(o.fds[l], p, &st, unix.AT_SYMLINK_NOFOLLOW)
+		if err != nil {
+			var wst unix.Stat_t
+			if unix.Fstatat(o.fds[l], join(dp, whPrefix+name), &wst, unix.AT_SYMLINK_NOFOLLOW) == nil {
+				return 0
+			}
+			continue
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR || isWhiteout(o.fds[l], p, &st) {
+			return 0
+		}
+		return stableIno(&st, o.upperDev)
+	}
+	return 0
+}
+
+func (o *ofs) hasOrigin(upperIno uint64) bool {
+	o.originMu.Lock()
+	_, ok := o.origin[upperIno]
+	o.originMu.Unlock()
+	return ok
+}
+
+// noteOrigin remembers the number an upper entry shows (its lower's).
+func (o *ofs) noteOrigin(upperIno, origin uint64) {
+	o.originMu.Lock()
+	o.origin[upperIno] = origin
+	o.originMu.Unlock()
 }
 
 func (o *ofs) inoFor(layer int, st *unix.Stat_t) uint64 {
@@ -222,6 +270,9 @@ func fillAttr(st *unix.Stat_t, a *fuse.Attr) {
 // per-path generation so each name stays its own node (go-fuse would
 // otherwise merge them by inode number, and copy-up is per path).
 func (n *node) newChild(ctx context.Context, p string, pr probe, out *fuse.EntryOut) *fs.Inode {
+	if pr.layer == 0 && pr.origin != 0 {
+		n.o.noteOrigin(pr.st.Ino, pr.origin)
+	}
 	ino := n.o.inoFor(pr.layer, &pr.st)
 	mode := pr.st.Mode & unix.S_IFMT
 	var gen uint64
@@ -232,6 +283,9 @@ func (n *node) newChild(ctx context.Context, p string, pr probe, out *fuse.Entry
 	}
 	fillAttr(&pr.st, &out.Attr)
 	out.Attr.Ino = ino
+	if len(pr.dirLayers) > 1 {
+		out.Attr.Nlink = 1 // merged: the count of subdirectories is unknown, as in the kernel overlay
+	}
 	child := &node{o: n.o, layer: pr.layer, dirLayers: pr.dirLayers}
 	return n.NewInode(ctx, child, fs.StableAttr{Mode: mode, Ino: ino, Gen: gen})
 }
@@ -280,7 +334,17 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 		}
 	}
 	fillAttr(&st, &out.Attr)
+	if n.isDir() && n.mergedDir() {
+		out.Attr.Nlink = 1
+	}
 	return 0
+}
+
+// mergedDir reports whether several layers merge into the directory.
+func (n *node) mergedDir() bool {
+	n.o.mu.RLock()
+	defer n.o.mu.RUnlock()
+	return len(n.dirLayers) > 1
 }
 
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
@@ -384,7 +448,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	}
 	o.rec.op(Record{Command: cmd, Op: "create", Path: p})
 	h := o.newHandle(fd, p, cmd, flags)
-	return ch, h, fuse.FOPEN_KEEP_CACHE, 0
+	return ch, h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
 }
 
 // openFlags keeps the open flags that make sense on the backing file.
@@ -405,15 +469,21 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	var cmd string
 	if write {
 		cmd = o.command(ctx)
+	}
+	o.mu.RLock()
+	if write && n.layer != 0 {
+		// Copy-up needs the exclusive lock; entries already in the upper
+		// (the common case for writes) open under the shared one.
+		o.mu.RUnlock()
 		o.mu.Lock()
-		defer o.mu.Unlock()
-		if errno := n.copyUp(); errno != 0 {
+		errno := n.copyUp()
+		o.mu.Unlock()
+		if errno != 0 {
 			return nil, 0, errno
 		}
-	} else {
 		o.mu.RLock()
-		defer o.mu.RUnlock()
 	}
+	defer o.mu.RUnlock()
 	p, ok := n.path()
 	if !ok {
 		return nil, 0, syscall.ESTALE
@@ -426,8 +496,14 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		o.rec.op(Record{Command: cmd, Op: "truncate", Path: p})
 	}
 	// Lowers never change and the upper changes only through this mount,
-	// so the page cache stays valid across opens.
-	return o.newHandle(fd, p, cmd, flags), fuse.FOPEN_KEEP_CACHE, 0
+	// so the page cache stays valid across opens. No FLUSH at close: locks
+	// are the kernel's own and writes are synchronous, so it has nothing
+	// to do and would cost a round trip per close.
+	h := o.newHandle(fd, p, cmd, flags)
+	if n.layer != 0 {
+		h.lowerOf = n
+	}
+	return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
 }
 
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
@@ -850,13 +926,20 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	}
 	// Copy-up happens first so a failure leaves the tree unchanged.
 	if !srcDir {
-		srcNode := n.GetChild(name)
-		if sn, ok := opsOf(srcNode); ok && sn.layer != 0 {
+		if sn, ok := opsOf(n.GetChild(name)); ok {
 			if errno := sn.copyUp(); errno != 0 {
 				return errno
 			}
-		} else if !ok && src.layer != 0 {
-			return syscall.ENOENT
+		} else if src.layer != 0 {
+			// Not known to the kernel right now: copy up by path.
+			if errno := n.copyUpDir(); errno != 0 {
+				return errno
+			}
+			upIno, errno := o.copyUpEntry(src.layer, op)
+			if errno != 0 {
+				return errno
+			}
+			o.noteOrigin(upIno, o.inoFor(src.layer, &src.st))
 		}
 	}
 	if errno := np.copyUpDir(); errno != 0 {
@@ -888,7 +971,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if dst.found && dst.layer == 0 && (dst.st.Nlink <= 1 || dst.st.Mode&unix.S_IFMT == unix.S_IFDIR) && dstUpper.Ino != 0 {
 		o.forgetOrigin(dstUpper.Ino)
 	}
-	if srcDir && dstLowerHas {
+	// Like the kernel: a directory moved into a merged directory is made
+	// opaque, so nothing a lower holds under the new name can show through.
+	if srcDir && (dstLowerHas || len(np.dirLayers) > 1) {
 		if err := setOpaque(up, p); err != nil {
 			return errnoOf(err)
 		}

@@ -275,3 +275,26 @@ func TestRenameSemantics(t *testing.T) {
 	}
 	checkMerged(t, f, "ud3/ld/f", "1")
 }
+
+func TestMiscOps(t *testing.T) {
+	f := mountLayers(t, []tree{{"a": "A", "b": "B"}}, nil)
+	if err := unix.Renameat2(unix.AT_FDCWD, f.p("a"), unix.AT_FDCWD, f.p("b"), unix.RENAME_EXCHANGE); err == nil {
+		t.Errorf("RENAME_EXCHANGE succeeded")
+	}
+	must(t, unix.Mkfifo(f.p("fifo"), 0o644))
+	var st unix.Stat_t
+	must(t, unix.Lstat(f.p("fifo"), &st))
+	if st.Mode&unix.S_IFMT != unix.S_IFIFO {
+		t.Errorf("mkfifo mode %o", st.Mode)
+	}
+	if err := os.WriteFile(f.p(".wh.x"), nil, 0o644); err == nil {
+		t.Errorf("created a reserved .wh. name")
+	}
+	fh, err := os.OpenFile(f.p("a"), os.O_RDWR, 0)
+	must(t, err)
+	_, err = fh.WriteAt([]byte("Z"), 0)
+	must(t, err)
+	must(t, fh.Sync())
+	must(t, fh.Close())
+	checkMerged(t, f, "a", "Z")
+}

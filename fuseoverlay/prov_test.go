@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -102,9 +103,24 @@ func TestProvenanceOwners(t *testing.T) {
 // TestProvenanceMmap: a shared-mmap write reaches the server with pid 0;
 // it must be attributed to the handle's opener.
 func TestProvenanceMmap(t *testing.T) {
-	f := mountLayers(t, []tree{{"m.bin": strings.Repeat("a", 8192)}}, nil, withSink())
+	var calls []string
+	f := mountLayers(t, []tree{{"m.bin": strings.Repeat("a", 8192)}}, nil, withSink(), func(o *Options, f *fixture) {
+		o.Owner = func(pid uint32) string {
+			c := fmt.Sprintf("opener-%d", pid)
+			f.mu.Lock()
+			calls = append(calls, c)
+			f.mu.Unlock()
+			return c
+		}
+	})
 	fh, err := os.OpenFile(f.p("m.bin"), os.O_RDWR, 0)
 	must(t, err)
+	f.mu.Lock()
+	if len(calls) != 1 {
+		t.Fatalf("Owner calls at open: %v", calls)
+	}
+	opener := calls[0]
+	f.mu.Unlock()
 	m, err := unix.Mmap(int(fh.Fd()), 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	must(t, err)
 	copy(m[4096:], "mmap-write")
@@ -125,9 +141,14 @@ func TestProvenanceMmap(t *testing.T) {
 		t.Fatalf("no write record:\n%s", fmtRecords(rs))
 	}
 	for _, w := range writes {
-		if w.Command == "pid0" || w.Command == "" {
-			t.Errorf("mmap write attributed to %q", w.Command)
+		if w.Command != opener {
+			t.Errorf("mmap write attributed to %q, want the opener %q", w.Command, opener)
 		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(calls) != 1 {
+		t.Errorf("Owner was called per write: %v", calls)
 	}
 }
 
@@ -158,4 +179,47 @@ func TestNoSink(t *testing.T) {
 	f := mountLayers(t, nil, nil)
 	f.write("x", "y")
 	f.srv.Flush()
+}
+
+// TestProvenanceFlushPoints: records reach the sink at fsync and on the
+// coalescing timer, without Flush; contiguous writes through one handle
+// coalesce into one range.
+func TestProvenanceFlushPoints(t *testing.T) {
+	f := mountLayers(t, nil, nil, withSink(), func(o *Options, _ *fixture) { o.CoalesceInterval = 20 * time.Millisecond })
+	fh, err := os.Create(f.p("x"))
+	must(t, err)
+	defer fh.Close()
+	for i := 0; i < 4; i++ {
+		_, err := fh.Write([]byte("0123456789"))
+		must(t, err)
+	}
+	must(t, fh.Sync())
+	f.mu.Lock()
+	got := append([]Record(nil), f.records...)
+	f.mu.Unlock()
+	var writes []Record
+	for _, r := range got {
+		if r.Op == "write" {
+			writes = append(writes, r)
+		}
+	}
+	if len(writes) != 1 || writes[0].Offset != 0 || writes[0].Length != 40 {
+		t.Errorf("after fsync, want one write 0+40:\n%s", fmtRecords(got))
+	}
+	// The timer: a write without fsync arrives on its own.
+	_, err = fh.WriteAt([]byte("abc"), 100)
+	must(t, err)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f.mu.Lock()
+		n := len(f.records)
+		f.mu.Unlock()
+		if n > len(got) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("timer flush never came")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
