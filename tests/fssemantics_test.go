@@ -16,7 +16,9 @@ import (
 // (tests/internal/fssem) in a native directory, in a kernel-overlay session
 // and in a FUSE-overlay session, each over the same two-layer lower content,
 // and compares the reports. They must match except for the documented,
-// intentional overlay differences below.
+// intentional overlay differences below. A driver that create_sandbox refuses
+// is a skip, and a failure under ESBX_REQUIRE_ALL=1 (CI), so the fuse run
+// never silently disappears.
 
 // overlayDifference is one intentional way an overlay session differs from
 // a native directory. st_dev (and raw inode numbers) differ too; the probe
@@ -100,11 +102,6 @@ func TestFilesystemSemantics(t *testing.T) {
 	checkNativeFacts(t, native)
 	for _, driver := range []string{"kernel", "fuse"} {
 		t.Run(driver, func(t *testing.T) {
-			// Development guard until the fuse driver is wired into the holder;
-			// removed by the final commit of branch fssem.
-			if driver == "fuse" && os.Getenv("ESBX_FSSEM_FUSE") != "1" {
-				t.Skip("ESBX_FSSEM_FUSE=1 not set (fuse overlay not wired yet)")
-			}
 			got := sessionFssemReport(t, probe, driver)
 			if driver == "kernel" {
 				if dropLeakedOpaqueMarker(&got) {
