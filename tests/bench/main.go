@@ -5,11 +5,13 @@
 // that 32 live sessions cost, and publication (publish latency against
 // `git commit` and `cp -a`, parallel publishes, a 3-way merging publish
 // against `git merge-file`) and sandbox creation from a Docker image, first and
-// cached, against `docker run --rm IMAGE true`. It prints medians and ratios; targets are printed
+// cached, against `docker run --rm IMAGE true`; the overlay drivers side by side (native directory,
+// kernel overlay, the FUSE overlay, fuse-overlayfs) on read, write, git status and stat workloads;
+// and a Go module build inside a kernel and a FUSE session. It prints medians and ratios; targets are printed
 // next to the measured values and never asserted. It exits non-zero only when
 // something breaks (an operation fails, a tool that must exist is missing).
 //
-//	go run ./tests/bench [-bin DIR] [-reps N] [-quick] [-only 2,4]
+//	go run ./tests/bench [-bin DIR] [-reps N] [-quick] [-only 2,4,6]
 //
 // It starts its own supervisor (SANDBOX_NO_AUTOSTART=1) on a temporary
 // EPHEMERAL_SANDBOX_HOME and removes every temporary file at the end.
@@ -49,10 +51,14 @@ const opTimeout = 10 * time.Minute
 var ctx context.Context
 
 func main() {
+	// Part 6 re-executes this binary inside a user+mount namespace.
+	if len(os.Args) == 3 && os.Args[1] == overlayWorkerArg {
+		os.Exit(overlayWorker(os.Args[2]))
+	}
 	binFlag := flag.String("bin", "./bin", "directory holding the sandbox binaries")
 	reps := flag.Int("reps", 5, "measured repetitions per case (the exec round trip uses 6× as many)")
 	quick := flag.Bool("quick", false, "fast smoke run: small trees, 2 reps, 8 live sessions")
-	only := flag.String("only", "", "comma-separated section numbers to run (1-5); default all")
+	only := flag.String("only", "", "comma-separated section numbers to run (1-7); default all")
 	flag.Parse()
 	if *reps < 1 {
 		fmt.Fprintln(os.Stderr, "bench: -reps must be ≥ 1")
@@ -61,8 +67,8 @@ func main() {
 	sections := map[int]bool{}
 	for _, f := range strings.FieldsFunc(*only, func(r rune) bool { return r == ',' || r == ' ' }) {
 		n, err := strconv.Atoi(f)
-		if err != nil || n < 1 || n > 5 {
-			fmt.Fprintf(os.Stderr, "bench: -only: bad section %q (want numbers 1-5)\n", f)
+		if err != nil || n < 1 || n > 7 {
+			fmt.Fprintf(os.Stderr, "bench: -only: bad section %q (want numbers 1-7)\n", f)
 			os.Exit(2)
 		}
 		sections[n] = true
@@ -130,6 +136,8 @@ func run(cfg config) int {
 	b.section(3, fmt.Sprintf("3. memory of %d live sessions", cfg.liveSessions), b.liveMemory)
 	b.section(4, "4. publication", b.publication)
 	b.section(5, "5. sandbox creation from a Docker image", b.imageCreation)
+	b.section(6, "6. overlay drivers: native, kernel, fuse, fuse-overlayfs", b.overlays)
+	b.section(7, "7. go build of a module inside a session: kernel vs fuse", b.goBuild)
 	if ctx.Err() != nil {
 		fmt.Fprintln(os.Stderr, "bench: interrupted")
 		return 130
