@@ -238,6 +238,12 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	}
 	cmd.proc = proc
 	ss.ledger[id] = cmd
+	// Persist the running record before the holder's exit event can be
+	// handled (it waits for ss.mu): afterwards finishCommand owns the record,
+	// and a later put of "running" would overwrite its terminal state.
+	if err := s.store.put(ctx, kindCommand, id, sb.rec.ID, cmd.rec); err != nil {
+		s.log.Warn("persist command", "command", id, "err", err)
+	}
 	ss.mu.Unlock()
 	go func() {
 		defer close(cmd.readEOF)
@@ -255,9 +261,6 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	sb.mu.Lock()
 	sb.commands[id] = cmd
 	sb.mu.Unlock()
-	if err := s.store.put(ctx, kindCommand, id, sb.rec.ID, cmd.rec); err != nil {
-		s.log.Warn("persist command", "command", id, "err", err)
-	}
 	return cmd, nil
 }
 
