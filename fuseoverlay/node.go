@@ -514,13 +514,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	cmd := o.command(ctx)
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	var errno syscall.Errno
-	if n.isDir() {
-		errno = n.copyUpDir()
-	} else {
-		errno = n.copyUp()
-	}
-	if errno != 0 {
+	if errno := n.copyUpEntry(); errno != 0 {
 		return errno
 	}
 	p, ok := n.path()
@@ -1097,16 +1091,18 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	return n.xattrChange(func(fd int) error { return unix.Fremovexattr(fd, attr) })
 }
 
+// copyUpEntry copies n up, a directory or anything else; callers hold o.mu.
+func (n *node) copyUpEntry() syscall.Errno {
+	if n.isDir() {
+		return n.copyUpDir()
+	}
+	return n.copyUp()
+}
+
 func (n *node) xattrChange(fn func(fd int) error) syscall.Errno {
 	n.o.mu.Lock()
 	defer n.o.mu.Unlock()
-	var errno syscall.Errno
-	if n.isDir() {
-		errno = n.copyUpDir()
-	} else {
-		errno = n.copyUp()
-	}
-	if errno != 0 {
+	if errno := n.copyUpEntry(); errno != 0 {
 		return errno
 	}
 	fd, errno := n.xattrFd()
