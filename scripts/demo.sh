@@ -75,6 +75,11 @@ step "the layer stack: newest first"
 cat "$EPHEMERAL_SANDBOX_HOME/data/sandboxes/$id/layerstack/manifest.json"; echo
 ls "$EPHEMERAL_SANDBOX_HOME/data/sandboxes/$id/layerstack/layers"
 
+step "squash folds the published layers into one; content and blame are unchanged"
+show "$BIN/sandbox-manager-cli" squash_layerstacks --sandbox-id "$id"
+ls "$EPHEMERAL_SANDBOX_HOME/data/sandboxes/$id/layerstack/layers"
+rt file_blame --path notes/todo.txt
+
 step "the host project is untouched"
 cat "$demo/project/src/main.go"
 
