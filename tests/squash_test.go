@@ -87,6 +87,7 @@ func TestSquashLayerstacks(t *testing.T) {
 	before := map[string]string{}
 	e.headTree(id, "", before)
 	layersBefore := e.manifestLayers(id)
+	blameBefore, _ := json.Marshal(e.rt(id, "file_blame", "--path", "a.txt")["ranges"])
 
 	res := e.mgr("squash_layerstacks", "--sandbox-id", id)
 	blocks, _ := res["squashed_blocks"].([]any)
@@ -130,6 +131,9 @@ func TestSquashLayerstacks(t *testing.T) {
 	after := map[string]string{}
 	e.headTree(id, "", after)
 	sameTree(t, "head after squash", after, before)
+	if got, _ := json.Marshal(e.rt(id, "file_blame", "--path", "a.txt")["ranges"]); string(got) != string(blameBefore) {
+		t.Fatalf("blame changed by the squash:\n%s\nwas\n%s", got, blameBefore)
+	}
 
 	// The session still sees its frozen view and can publish.
 	out := e.rt(id, "exec_command", "--workspace-session-id", ws, "cat a.txt; ls; echo s > s.txt")
