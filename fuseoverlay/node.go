@@ -403,19 +403,31 @@ func (o *ofs) clearWhiteout(p string) (bool, syscall.Errno) {
 	return true, errnoOf(unix.Unlinkat(o.fds[0], p, 0))
 }
 
-// prepareNew makes the upper ready for a new entry name in n: the parent
-// is copied up and a whiteout in the way is removed.
-func (n *node) prepareNew(name string) (p string, hadWhiteout bool, errno syscall.Errno) {
-	if errno = n.copyUpDir(); errno != 0 {
-		return "", false, errno
+// makeNew creates the new upper entry name in n with mk: the parent is
+// copied up and a whiteout in the way is removed first (mk needs the name
+// free), then put back if mk fails, so a failed create never lets a deleted
+// lower entry show again. hadWhiteout tells mk that lower content was hidden
+// there. Callers hold o.mu.
+func (n *node) makeNew(name string, mk func(p string, hadWhiteout bool) error) (string, syscall.Errno) {
+	if errno := n.copyUpDir(); errno != 0 {
+		return "", errno
 	}
 	dp, ok := n.path()
 	if !ok {
-		return "", false, syscall.ENOENT
+		return "", syscall.ENOENT
 	}
-	p = join(dp, name)
-	hadWhiteout, errno = n.o.clearWhiteout(p)
-	return p, hadWhiteout, errno
+	p := join(dp, name)
+	hadWhiteout, errno := n.o.clearWhiteout(p)
+	if errno != 0 {
+		return "", errno
+	}
+	if err := mk(p, hadWhiteout); err != nil {
+		if hadWhiteout {
+			_ = makeWhiteout(n.o.fds[0], p)
+		}
+		return "", errnoOf(err)
+	}
+	return p, 0
 }
 
 // newUpperChild registers the freshly created upper entry at p.
@@ -438,13 +450,13 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	cmd := o.command(ctx)
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	p, _, errno := n.prepareNew(name)
+	fd := -1
+	p, errno := n.makeNew(name, func(p string, _ bool) (err error) {
+		fd, err = unix.Openat(o.fds[0], p, openFlags(flags)|unix.O_CREAT|unix.O_EXCL, mode&07777)
+		return err
+	})
 	if errno != 0 {
 		return nil, nil, 0, errno
-	}
-	fd, err := unix.Openat(o.fds[0], p, openFlags(flags)|unix.O_CREAT|unix.O_EXCL, mode&07777)
-	if err != nil {
-		return nil, nil, 0, errnoOf(err)
 	}
 	o.chownToCaller(ctx, p)
 	ch, errno := n.newUpperChild(ctx, p, out)
@@ -618,21 +630,22 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	cmd := o.command(ctx)
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	p, hadWh, errno := n.prepareNew(name)
+	p, errno := n.makeNew(name, func(p string, hadWhiteout bool) error {
+		if err := unix.Mkdirat(o.fds[0], p, mode&07777); err != nil {
+			return err
+		}
+		// A directory created where a whiteout hid lower content must not
+		// let that content show through again: opaque, as the kernel does.
+		if hadWhiteout {
+			if err := setOpaque(o.fds[0], p); err != nil {
+				_ = unix.Unlinkat(o.fds[0], p, unix.AT_REMOVEDIR)
+				return err
+			}
+		}
+		return nil
+	})
 	if errno != 0 {
 		return nil, errno
-	}
-	if err := unix.Mkdirat(o.fds[0], p, mode&07777); err != nil {
-		return nil, errnoOf(err)
-	}
-	// A directory created where a whiteout hid lower content must not let
-	// that content show through again: opaque, as the kernel does.
-	if hadWh {
-		if err := setOpaque(o.fds[0], p); err != nil {
-			_ = unix.Unlinkat(o.fds[0], p, unix.AT_REMOVEDIR)
-			_ = makeWhiteout(o.fds[0], p)
-			return nil, errnoOf(err)
-		}
 	}
 	o.chownToCaller(ctx, p)
 	ch, errno := n.newUpperChild(ctx, p, out)
@@ -651,15 +664,12 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 	cmd := o.command(ctx)
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	p, _, errno := n.prepareNew(name)
-	if errno != 0 {
-		return nil, errno
-	}
 	if mode&unix.S_IFMT == unix.S_IFCHR && dev == 0 {
 		return nil, syscall.EPERM // would read back as a whiteout
 	}
-	if err := unix.Mknodat(o.fds[0], p, mode, int(dev)); err != nil {
-		return nil, errnoOf(err)
+	p, errno := n.makeNew(name, func(p string, _ bool) error { return unix.Mknodat(o.fds[0], p, mode, int(dev)) })
+	if errno != 0 {
+		return nil, errno
 	}
 	o.chownToCaller(ctx, p)
 	ch, errno := n.newUpperChild(ctx, p, out)
@@ -678,12 +688,9 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	cmd := o.command(ctx)
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	p, _, errno := n.prepareNew(name)
+	p, errno := n.makeNew(name, func(p string, _ bool) error { return unix.Symlinkat(target, o.fds[0], p) })
 	if errno != 0 {
 		return nil, errno
-	}
-	if err := unix.Symlinkat(target, o.fds[0], p); err != nil {
-		return nil, errnoOf(err)
 	}
 	o.chownToCaller(ctx, p)
 	ch, errno := n.newUpperChild(ctx, p, out)
@@ -733,12 +740,9 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if !ok {
 		return nil, syscall.ENOENT
 	}
-	p, _, errno := n.prepareNew(name)
+	p, errno := n.makeNew(name, func(p string, _ bool) error { return unix.Linkat(o.fds[0], tp, o.fds[0], p, 0) })
 	if errno != 0 {
 		return nil, errno
-	}
-	if err := unix.Linkat(o.fds[0], tp, o.fds[0], p, 0); err != nil {
-		return nil, errnoOf(err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstatat(o.fds[0], p, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {

@@ -1,6 +1,7 @@
 package fuseoverlay
 
 import (
+	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -297,4 +298,61 @@ func TestMiscOps(t *testing.T) {
 	must(t, fh.Sync())
 	must(t, fh.Close())
 	checkMerged(t, f, "a", "Z")
+}
+
+// TestFailedCreateKeepsWhiteout: creating over a deleted lower name removes
+// the whiteout first; when the create then fails (here ENOSPC: the upper is
+// a full tmpfs and a long symlink target needs a page), the whiteout must
+// come back, or the deleted lower file would show again.
+func TestFailedCreateKeepsWhiteout(t *testing.T) {
+	requireNS(t)
+	base := t.TempDir()
+	lower, upper, mnt := filepath.Join(base, "lower"), filepath.Join(base, "upper"), filepath.Join(base, "mnt")
+	for _, d := range []string{lower, upper, mnt} {
+		must(t, os.Mkdir(d, 0o755))
+	}
+	build(t, lower, tree{"gone.txt": "deleted", "d/": ""})
+	must(t, unix.Mount("tmpfs", upper, "tmpfs", 0, "size=256k"))
+	t.Cleanup(func() { _ = unix.Unmount(upper, unix.MNT_DETACH) })
+	lf, err := os.Open(lower)
+	must(t, err)
+	defer lf.Close()
+	uf, err := os.Open(upper)
+	must(t, err)
+	defer uf.Close()
+	srv, err := Mount(context.Background(), mnt, Options{Lowers: []*os.File{lf}, Upper: uf, Name: "fuseoverlay-test"})
+	must(t, err)
+	t.Cleanup(func() { _ = srv.Unmount() })
+
+	must(t, os.Remove(filepath.Join(mnt, "gone.txt"))) // a whiteout in the upper
+	must(t, os.Remove(filepath.Join(mnt, "d")))
+	fill, err := os.Create(filepath.Join(upper, "fill"))
+	must(t, err)
+	for err == nil {
+		_, err = fill.Write(make([]byte, 4096))
+	}
+	fill.Close()
+	long := strings.Repeat("t", 3000)
+	for _, tc := range []struct {
+		name string
+		mk   func() error
+	}{
+		{"symlink", func() error { return os.Symlink(long, filepath.Join(mnt, "gone.txt")) }},
+		{"symlink over a deleted directory", func() error { return os.Symlink(long, filepath.Join(mnt, "d")) }},
+	} {
+		if err := tc.mk(); !errors.Is(err, unix.ENOSPC) {
+			t.Fatalf("%s on a full upper: %v, want ENOSPC", tc.name, err)
+		}
+	}
+	// The kernel may answer from its negative dentry; the upper dir is what
+	// a remount, capture and publication read.
+	for _, name := range []string{"gone.txt", "d"} {
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(upper, name), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != 0 {
+			t.Errorf("upper %s after a failed create: %v mode %o, want the whiteout back", name, err, st.Mode)
+		}
+		if _, err := os.Lstat(filepath.Join(mnt, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after a failed create: %v, want it still deleted", name, err)
+		}
+	}
 }
