@@ -464,10 +464,16 @@ func blameResult(p, view string, ws any, rev layers.Revision, owners []lineOwner
 }
 
 func (s *Supervisor) blameHead(c *call, p string) (any, error) {
-	head, err := c.sb.stack.Head()
+	lease, err := c.sb.stack.Acquire("read:" + c.req.RequestID) // a squash may collect head's layers meanwhile
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if _, err := lease.Release(); err != nil {
+			s.log.Warn("release read lease", "err", err)
+		}
+	}()
+	head := lease.Manifest()
 	owners, _, _, wholesale, err := s.viewOwners(c.ctx, c.sb, c.sb.stack.View(head), head.Version, p)
 	if errors.Is(err, fs.ErrNotExist) {
 		nf := fileNotFound(p)

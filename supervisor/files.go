@@ -135,11 +135,19 @@ func (s *Supervisor) viewFor(c *call) (fileView, *session, func(), error) {
 		ss.mu.Unlock()
 		return sessionFiles{h}, ss, release, nil
 	}
-	m, err := c.sb.stack.Head()
+	// A lease, not a bare read of head: a squash may replace head's layers
+	// and collect them while this read still walks them.
+	lease, err := c.sb.stack.Acquire("read:" + c.req.RequestID)
 	if err != nil {
+		release()
 		return nil, nil, nil, err
 	}
-	return headFiles{c.sb.stack.View(m)}, nil, release, nil
+	return headFiles{c.sb.stack.View(lease.Manifest())}, nil, func() {
+		if _, err := lease.Release(); err != nil {
+			s.log.Warn("release read lease", "err", err)
+		}
+		release()
+	}, nil
 }
 
 func fileNotFound(p string) *catalog.Error {

@@ -108,6 +108,9 @@ func TestCrashRecovery(t *testing.T) {
 
 	e := newEnv(t)
 	e.supEnv = []string{"SANDBOX_LAYERSTACK_ENABLE_TEST_FAILPOINTS=1"}
+	// The checks below read the layer stack from disk without a lease, which
+	// an autosquash would race; squash crashes are TestSquashCrash's.
+	writeConfig(t, e, "runtime:\n  layerstack:\n    autosquash:\n      squash_at_n_layers: null\n")
 	e.start()
 	root := e.project(map[string]string{"base.txt": "base\n", "src/app.py": "print('hi')\n"})
 	m := &crashModel{
