@@ -256,4 +256,3 @@ func TestAutosquash(t *testing.T) {
 		t.Fatalf("squash_at_n_layers 2 accepted (err %v): %s", err, out)
 	}
 }
-
