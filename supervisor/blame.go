@@ -464,7 +464,7 @@ func blameResult(p, view string, ws any, rev layers.Revision, owners []lineOwner
 }
 
 func (s *Supervisor) blameHead(c *call, p string) (any, error) {
-	lease, err := c.sb.stack.Acquire("read:" + c.req.RequestID) // a squash may collect head's layers meanwhile
+	lease, err := c.sb.stack.Acquire("read") // a squash may collect head's layers meanwhile
 	if err != nil {
 		return nil, err
 	}

@@ -137,7 +137,7 @@ func (s *Supervisor) viewFor(c *call) (fileView, *session, func(), error) {
 	}
 	// A lease, not a bare read of head: a squash may replace head's layers
 	// and collect them while this read still walks them.
-	lease, err := c.sb.stack.Acquire("read:" + c.req.RequestID)
+	lease, err := c.sb.stack.Acquire("read")
 	if err != nil {
 		release()
 		return nil, nil, nil, err
