@@ -17,7 +17,9 @@ type Dirs struct {
 
 // ResolveDirs finds the directories from the environment:
 // EPHEMERAL_SANDBOX_HOME puts all three below one root, otherwise the XDG
-// base directories apply with their standard fallbacks.
+// base directories apply with their standard fallbacks; the runtime
+// directory without XDG_RUNTIME_DIR is $TMPDIR/ephemeral-sandbox-<uid>
+// (TMPDIR defaults to /tmp).
 func ResolveDirs() (Dirs, error) {
 	if h := os.Getenv("EPHEMERAL_SANDBOX_HOME"); h != "" {
 		if !filepath.IsAbs(h) {
@@ -44,7 +46,15 @@ func ResolveDirs() (Dirs, error) {
 	if err != nil {
 		return Dirs{}, err
 	}
-	runtime := fmt.Sprintf("/tmp/ephemeral-sandbox-%d", os.Geteuid())
+	// Without a runtime directory the fallback lives in the shared temp
+	// directory, where another user may have made it first: clients and the
+	// supervisor check it before use (CheckPrivateDir). An absolute TMPDIR
+	// is honoured, as os.TempDir does, so a private TMPDIR avoids sharing.
+	tmp := os.TempDir()
+	if !filepath.IsAbs(tmp) {
+		tmp = "/tmp"
+	}
+	runtime := filepath.Join(tmp, fmt.Sprintf("ephemeral-sandbox-%d", os.Geteuid()))
 	if x := os.Getenv("XDG_RUNTIME_DIR"); x != "" && filepath.IsAbs(x) {
 		var st syscall.Stat_t
 		if syscall.Stat(x, &st) == nil && int(st.Uid) == os.Geteuid() {

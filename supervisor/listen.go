@@ -34,14 +34,14 @@ func listenAddr(flag string, cfg *Config) (string, error) {
 }
 
 // tcpListen opens the TCP listener on addr (from listenAddr) and writes the
-// bound address to listen.addr next to the socket, so that port 0 is usable.
-func tcpListen(addr, socket string) (net.Listener, error) {
+// bound address to listen.addr in runDir, so that port 0 is usable.
+func tcpListen(addr, runDir string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, catalog.Errorf(catalog.ConfigError, "listen on tcp://%s: %v", addr, err)
 	}
-	addrFile := filepath.Join(filepath.Dir(socket), "listen.addr")
-	if err := os.WriteFile(addrFile, []byte("tcp://"+ln.Addr().String()+"\n"), 0o600); err != nil {
+	addrFile := filepath.Join(runDir, "listen.addr")
+	if err := writeRuntimeFile(addrFile, []byte("tcp://"+ln.Addr().String()+"\n")); err != nil {
 		ln.Close()
 		return nil, catalog.Errorf(catalog.ConfigError, "write %s: %v", addrFile, err)
 	}

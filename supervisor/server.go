@@ -147,35 +147,38 @@ func Serve(ctx context.Context, opt Options) error {
 		if socket, err = s.socketPath(opt.Endpoint); err != nil {
 			return err
 		}
-		if ln, err = listenUnix(socket); err != nil {
+		if err := prepareSocket(socket); err != nil {
 			return err
 		}
 	}
+	// A client takes a connectable socket for a running supervisor (the
+	// autostart and the tests wait for exactly that), so every file it may
+	// read next — listen.addr, the pid file — is complete before the socket
+	// exists. An activated socket already accepts; nothing is served from it
+	// before the accept loop below.
+	runDir := filepath.Dir(socket)
 	var tcp net.Listener
 	if tcpAddr != "" {
 		if s.gatewayToken, err = readGatewayToken(dirs.Config); err == nil {
-			tcp, err = tcpListen(tcpAddr, socket)
+			tcp, err = tcpListen(tcpAddr, runDir)
 		}
 		if err != nil {
-			ln.Close()
-			if opt.Listener == nil {
-				os.Remove(socket)
-			}
 			return err
 		}
 		defer tcp.Close()
-		defer os.Remove(filepath.Join(filepath.Dir(socket), "listen.addr"))
+		defer os.Remove(filepath.Join(runDir, "listen.addr"))
 		log.Info("supervisor listening on TCP", "addr", tcpAddrString(tcp))
 	}
-	pidFile := filepath.Join(dirs.Runtime, "supervisor.pid")
-	if filepath.Dir(socket) != dirs.Runtime {
-		pidFile = filepath.Join(filepath.Dir(socket), "supervisor.pid")
-	}
-	if err := os.WriteFile(pidFile, fmt.Appendf(nil, "%d\n", os.Getpid()), 0o600); err != nil {
-		ln.Close()
+	pidFile := filepath.Join(runDir, "supervisor.pid")
+	if err := writeRuntimeFile(pidFile, fmt.Appendf(nil, "%d\n", os.Getpid())); err != nil {
 		return catalog.Errorf(catalog.ConfigError, "write pid file %s: %v", pidFile, err)
 	}
 	defer os.Remove(pidFile)
+	if ln == nil {
+		if ln, err = bindUnix(socket); err != nil {
+			return err
+		}
+	}
 	log.Info("supervisor listening", "socket", socket, "pid", os.Getpid(), "data", dirs.Data)
 	if opt.Counts != nil {
 		opt.Counts(s.counts)
@@ -242,32 +245,37 @@ func (s *Supervisor) socketPath(flag string) (string, error) {
 	return ep.Address, nil
 }
 
-// listenUnix binds the socket (§2.1): its directory is created 0700 or must
-// already be a real directory of ours with mode 0700; the socket is created
-// under umask 0177; a stale socket is replaced, a live one refuses the start.
-func listenUnix(socket string) (net.Listener, error) {
+// prepareSocket readies the socket's place (§2.1): its directory is created
+// 0700 or must already be a real directory of ours with mode 0700; a stale
+// socket is removed, a live one refuses the start. It writes nothing into a
+// directory that failed the check.
+func prepareSocket(socket string) error {
 	dir := filepath.Dir(socket)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		return nil, catalog.Errorf(catalog.ConfigError, "create %s: %v", filepath.Dir(dir), err)
+		return catalog.Errorf(catalog.ConfigError, "create %s: %v", filepath.Dir(dir), err)
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, catalog.Errorf(catalog.ConfigError, "create socket directory %s: %v", dir, err)
+		return catalog.Errorf(catalog.ConfigError, "create socket directory %s: %v", dir, err)
 	}
-	var st unix.Stat_t
-	if err := unix.Lstat(dir, &st); err != nil {
-		return nil, catalog.Errorf(catalog.ConfigError, "socket directory %s: %v", dir, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != os.Geteuid() || st.Mode&0o777 != 0o700 {
-		return nil, catalog.Errorf(catalog.ConfigError,
-			"socket directory %s must be a real directory owned by uid %d with mode 0700 (fix: chmod 0700 %s)", dir, os.Geteuid(), dir)
+	if err := catalog.CheckPrivateDir("socket directory", dir); err != nil {
+		var ce *catalog.Error
+		if errors.As(err, &ce) {
+			return ce
+		}
+		return catalog.Errorf(catalog.ConfigError, "%v", err)
 	}
 	if conn, err := net.DialTimeout("unix", socket, time.Second); err == nil {
 		conn.Close()
-		return nil, catalog.Errorf(catalog.ConfigError, "another supervisor is already answering on %s", socket)
+		return catalog.Errorf(catalog.ConfigError, "another supervisor is already answering on %s", socket)
 	}
 	if err := os.Remove(socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, catalog.Errorf(catalog.ConfigError, "remove stale socket %s: %v", socket, err)
+		return catalog.Errorf(catalog.ConfigError, "remove stale socket %s: %v", socket, err)
 	}
+	return nil
+}
+
+// bindUnix creates the socket (prepared by prepareSocket) under umask 0177.
+func bindUnix(socket string) (net.Listener, error) {
 	old := unix.Umask(0o177)
 	ln, err := net.Listen("unix", socket)
 	unix.Umask(old)
@@ -276,6 +284,24 @@ func listenUnix(socket string) (net.Listener, error) {
 	}
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	return ln, nil
+}
+
+// writeRuntimeFile puts data at p all at once: a reader sees the whole file
+// or none, and an existing symlink at p is replaced, never followed.
+func writeRuntimeFile(p string, data []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), p)
 }
 
 // acceptLoop serves one listener; tcp marks the token-authenticated TCP
