@@ -3,13 +3,18 @@ package tests
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // tcpAddr reads listen.addr, written by a supervisor started with --listen.
@@ -167,4 +172,59 @@ func TestTCPListenerRefusesNonLoopback(t *testing.T) {
 	if got := tcpRaw(t, e.tcpAddr(), map[string]any{"op": "list_sandboxes", "scope": map[string]any{"kind": "system"}, "_sandbox_gateway_auth_token": e.token()}); errKind(got) != "" {
 		t.Fatalf("list over the configured listener: %v", got)
 	}
+}
+
+// TestRuntimeFilesBeforeSocket: a client takes a connectable socket for a
+// running supervisor (autostart and this harness wait for exactly that), so
+// listen.addr and supervisor.pid are complete before the socket file even
+// exists. The directory is watched with inotify, which orders the events
+// deterministically, and the files are read the moment the socket answers.
+func TestRuntimeFilesBeforeSocket(t *testing.T) {
+	e := newEnv(t)
+	run := filepath.Join(e.home, "run")
+	if err := os.MkdirAll(run, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.InotifyAddWatch(fd, run, unix.IN_CREATE|unix.IN_CLOSE_WRITE|unix.IN_MOVED_TO); err != nil {
+		t.Fatal(err)
+	}
+	e.start("--listen", "tcp://127.0.0.1:0")
+	if addr := e.tcpAddr(); !strings.HasPrefix(addr, "tcp://127.0.0.1:") {
+		t.Fatalf("listen.addr right after the socket answered: %q", addr)
+	}
+	b, err := os.ReadFile(filepath.Join(run, "supervisor.pid"))
+	if err != nil || strings.TrimSpace(string(b)) != strconv.Itoa(e.sup.Process.Pid) {
+		t.Fatalf("supervisor.pid right after the socket answered: %q %v (pid %d)", b, err, e.sup.Process.Pid)
+	}
+
+	complete := map[string]bool{}
+	var seen []string
+	buf := make([]byte, 64<<10)
+	n, err := unix.Read(fd, buf)
+	if err != nil {
+		t.Fatalf("inotify read: %v", err)
+	}
+	for off := 0; off+unix.SizeofInotifyEvent <= n; {
+		ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+		name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
+		off += unix.SizeofInotifyEvent + int(ev.Len)
+		seen = append(seen, fmt.Sprintf("%s:%#x", name, ev.Mask))
+		if name == "supervisor.sock" && ev.Mask&unix.IN_CREATE != 0 {
+			for _, f := range []string{"listen.addr", "supervisor.pid"} {
+				if !complete[f] {
+					t.Errorf("the socket was created before %s was complete; events %v", f, seen)
+				}
+			}
+			return
+		}
+		if ev.Mask&(unix.IN_CLOSE_WRITE|unix.IN_MOVED_TO) != 0 {
+			complete[name] = true
+		}
+	}
+	t.Fatalf("no creation of supervisor.sock among the events %v", seen)
 }

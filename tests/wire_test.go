@@ -8,9 +8,9 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -203,44 +203,103 @@ func TestAutostart(t *testing.T) {
 	}
 }
 
+// TestAutostartFailureReason: when an autostarted supervisor exits, the
+// client's envelope carries the supervisor's own reason for this start
+// (details.reason) and its log (details.log), not just an exit status; an
+// older failure in the same log is not mistaken for it.
+func TestAutostartFailureReason(t *testing.T) {
+	e := newEnv(t)
+	logPath := filepath.Join(e.home, "run", "supervisor.log")
+	for _, tc := range []struct {
+		name   string
+		setup  func() func()
+		reason string
+	}{
+		{"unknown configuration key", func() func() {
+			writeConfig(t, e, "supervisor:\n  no_such_key: 1\n")
+			return func() { os.Remove(filepath.Join(e.home, "config", "config.yml")) }
+		}, "no_such_key"},
+		{"data directory held by another supervisor", func() func() {
+			if err := os.MkdirAll(e.data(), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.OpenFile(filepath.Join(e.data(), "supervisor.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+				t.Fatal(err)
+			}
+			return func() { f.Close() }
+		}, "another supervisor holds " + filepath.Join(e.data(), "supervisor.lock")},
+	} {
+		undo := tc.setup()
+		r := e.runEnv([]string{"SANDBOX_NO_AUTOSTART=0"}, "sandbox-manager-cli", "list_sandboxes")
+		undo()
+		if r.code != 1 || r.stdout != "" {
+			t.Fatalf("%s: %+v", tc.name, r)
+		}
+		body, _ := r.obj(t)["error"].(map[string]any)
+		details, _ := body["details"].(map[string]any)
+		if body["kind"] != "connection_error" || details == nil {
+			t.Fatalf("%s: %s", tc.name, r.stderr)
+		}
+		if reason, _ := details["reason"].(string); !strings.Contains(reason, tc.reason) {
+			t.Errorf("%s: details.reason %q, want it to name %q", tc.name, reason, tc.reason)
+		}
+		if details["log"] != logPath {
+			t.Errorf("%s: details.log %v, want %s", tc.name, details["log"], logPath)
+		}
+		if msg, _ := body["message"].(string); !strings.Contains(msg, tc.reason) {
+			t.Errorf("%s: message %q lacks the reason", tc.name, msg)
+		}
+	}
+}
+
 // TestOtherUserRefused needs a second local account that this user may run
 // commands as through `sudo -n -u $ESBX_OTHER_USER` (CI sets this up).
 func TestOtherUserRefused(t *testing.T) {
-	other := os.Getenv("ESBX_OTHER_USER")
-	if other == "" {
-		skipOrFail(t, "ESBX_OTHER_USER is not set: no second local user to test the peer check with")
-	}
-	if _, err := user.Lookup(other); err != nil {
-		skipOrFail(t, "user %s: %v", other, err)
-	}
-	if out, err := exec.Command("sudo", "-n", "-u", other, "true").CombinedOutput(); err != nil {
-		skipOrFail(t, "sudo -n -u %s: %v %s", other, err, out)
-	}
+	other := otherUser(t).Username
 	e := newEnv(t)
 	e.start()
 	// Open the path on purpose: the directory mode is the first wall; the
 	// peer check must hold even when someone loosens it.
+	var opened []string
 	for p := e.socket(); p != "/"; p = filepath.Dir(p) {
 		if strings.HasPrefix(p, os.TempDir()) && p != os.TempDir() {
 			_ = os.Chmod(p, 0o711)
+			opened = append(opened, p)
 		}
 	}
 	if err := os.Chmod(e.socket(), 0o666); err != nil {
 		t.Fatal(err)
 	}
+	// The other user's CLI does not even try: the socket's directory is not
+	// theirs (their own supervisor's would be).
 	cmd := exec.Command("sudo", "-n", "-u", other, bin("sandbox-manager-cli"), "--endpoint", e.socket(), "list_sandboxes")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	ee, ok := err.(*exec.ExitError)
-	if !ok || ee.ExitCode() != 1 || stdout.Len() != 0 {
-		t.Fatalf("other user: %v stdout=%q stderr=%q", err, stdout.String(), stderr.String())
+	if !ok || ee.ExitCode() != 2 || stdout.Len() != 0 {
+		t.Fatalf("other user's CLI: %v stdout=%q stderr=%q", err, stdout.String(), stderr.String())
 	}
 	var m map[string]any
-	if err := json.Unmarshal(stderr.Bytes(), &m); err != nil || errKind(m) != "unauthorized" || !strings.Contains(errMsg(m), "is not the supervisor owner") {
-		t.Fatalf("other user got %q", stderr.String())
+	if err := json.Unmarshal(stderr.Bytes(), &m); err != nil || errKind(m) != "config_error" || !strings.Contains(errMsg(m), "not by you") {
+		t.Fatalf("other user's CLI got %q", stderr.String())
 	}
-	// The owner is still served.
+	// A raw connection reaches the supervisor, which refuses by peer uid.
+	out, err := exec.Command("sudo", "-n", "-u", other, peerBin(t), "send", e.socket(), `{"op":"list_sandboxes","scope":{"kind":"system"}}`).CombinedOutput()
+	if err != nil {
+		t.Fatalf("raw request as %s: %v %s", other, err, out)
+	}
+	if err := json.Unmarshal(out, &m); err != nil || errKind(m) != "unauthorized" || !strings.Contains(errMsg(m), "is not the supervisor owner") {
+		t.Fatalf("other user got %q", out)
+	}
+	// The owner is still served once the directory is private again.
+	for _, p := range opened {
+		_ = os.Chmod(p, 0o700)
+	}
 	e.mgr("list_sandboxes")
 }
 
