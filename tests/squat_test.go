@@ -246,13 +246,13 @@ func TestRuntimeDirSquatting(t *testing.T) {
 		s := newSquatEnv(t, other)
 		sq := startSquatter(t, other, "-listen", s.rundir)
 		r := s.run(true, "sandbox-runtime-cli", secretWrite...)
-		d := refused(t, r, s.rundir, "uid "+other.Uid+" ("+other.Username+")")
-		if d["owner"] != other.Username || d["path"] != s.rundir {
-			t.Errorf("details %v", d)
-		}
 		sq.finish(t)
 		if sq.conns != 0 || sq.bytes != 0 {
 			t.Errorf("the squatter got %d connections and %d bytes", sq.conns, sq.bytes)
+		}
+		d := refused(t, r, s.rundir, "uid "+other.Uid+" ("+other.Username+")")
+		if d["owner"] != other.Username || d["path"] != s.rundir {
+			t.Errorf("details %v", d)
 		}
 	})
 
@@ -264,8 +264,8 @@ func TestRuntimeDirSquatting(t *testing.T) {
 		}
 		startSquatter(t, other, "-link-log", target, s.rundir)
 		r := s.run(true, "sandbox-manager-cli", "list_sandboxes")
-		refused(t, r, s.rundir, other.Username)
 		unchanged(t, target, "precious\n")
+		refused(t, r, s.rundir, other.Username)
 	})
 
 	t.Run("own directory, listener of the other user", func(t *testing.T) {
@@ -280,13 +280,13 @@ func TestRuntimeDirSquatting(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := s.run(false, "sandbox-runtime-cli", secretWrite...)
-		d := refused(t, r, "served by uid "+other.Uid+" ("+other.Username+")")
-		if d["peer"] != other.Username {
-			t.Errorf("details %v", d)
-		}
 		sq.finish(t)
 		if sq.bytes != 0 {
 			t.Errorf("the other user's listener received %d bytes", sq.bytes)
+		}
+		d := refused(t, r, "served by uid "+other.Uid+" ("+other.Username+")")
+		if d["peer"] != other.Username {
+			t.Errorf("details %v", d)
 		}
 	})
 
@@ -304,8 +304,8 @@ func TestRuntimeDirSquatting(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := s.run(true, "sandbox-manager-cli", "list_sandboxes")
-		refused(t, r, logPath, "symlink")
 		unchanged(t, target, "precious\n")
+		refused(t, r, logPath, "symlink")
 		if _, err := os.Stat(filepath.Join(s.rundir, "supervisor.pid")); !os.IsNotExist(err) {
 			t.Errorf("a supervisor was started: %v", err)
 		}
@@ -321,12 +321,12 @@ func TestRuntimeDirSquatting(t *testing.T) {
 		}
 		got := listenCounting(t, filepath.Join(s.rundir, "supervisor.sock"))
 		r := s.run(true, "sandbox-runtime-cli", secretWrite...)
+		if n := got(); n != 0 {
+			t.Errorf("the listener in the loose directory received %d bytes", n)
+		}
 		d := refused(t, r, s.rundir, "mode 0755", "chmod 0700")
 		if d["mode"] != "0755" {
 			t.Errorf("details %v", d)
-		}
-		if n := got(); n != 0 {
-			t.Errorf("the listener in the loose directory received %d bytes", n)
 		}
 	})
 
