@@ -205,8 +205,7 @@ func TestAutostart(t *testing.T) {
 
 // TestAutostartFailureReason: when an autostarted supervisor exits, the
 // client's envelope carries the supervisor's own reason for this start
-// (details.reason) and its log (details.log), not just an exit status; an
-// older failure in the same log is not mistaken for it.
+// (details.reason) and its log (details.log), not just an exit status.
 func TestAutostartFailureReason(t *testing.T) {
 	e := newEnv(t)
 	logPath := filepath.Join(e.home, "run", "supervisor.log")
