@@ -32,6 +32,11 @@
 //     operation accepts a sandbox scope.
 //   - A TCP endpoint with no token from --auth-token, the environment or a
 //     readable one-line token file is a config_error.
+//   - Every Unix endpoint, chosen or resolved, is held to the supervisor's
+//     own socket-directory rule (real directory, the user's, mode 0700) and
+//     its listener must be the user (SO_PEERCRED) before the request is
+//     sent; either failure is a config_error (catalog.Client). A failed
+//     autostart is a connection_error with details.reason and details.log.
 //   - A JsonArray flag must hold JSON text of an array; an Integer flag
 //     decimal digits only; a Boolean flag --flag, --flag=true or
 //     --flag=false.
