@@ -34,7 +34,9 @@ type Client struct {
 // Call sends req and returns the decoded response object. A supervisor error
 // envelope is returned as the response (callers use ErrorFromResponse); the
 // *Error result is only for transport failures: connection_error and
-// protocol_error.
+// protocol_error, or config_error when a Unix endpoint is not the user's
+// (CheckPrivateDir on its directory, then SO_PEERCRED of the listener, both
+// before anything is sent).
 func (c *Client) Call(ctx context.Context, req *Request) (map[string]any, *Error) {
 	if c.Endpoint.Network == "unix" {
 		// A missing directory is fine here: nobody answers, and autostart
