@@ -173,7 +173,7 @@ func gitRefSnapshot(ctx context.Context, root, ref, tmpParent string) (dir strin
 		return "", nil, fmt.Errorf("git_ref %s: check out: %w", ref, err)
 	}
 	origin = &gitOrigin{Head: &commit, Ref: &ref, GitDir: g.GitDir, Prefix: g.Prefix}
-	if full, err := runGit(ctx, root, nil, nil, "rev-parse", "--symbolic-full-name", "--end-of-options", ref); err == nil {
+	if full, err := runGit(ctx, root, nil, nil, "rev-parse", "--symbolic-full-name", ref); err == nil {
 		if b, ok := strings.CutPrefix(strings.TrimSpace(full), "refs/heads/"); ok {
 			origin.Branch = &b
 		}
@@ -405,29 +405,71 @@ type exportGitResult struct {
 	LiveWorkspaceSessions []string          `json:"live_workspace_sessions,omitempty"`
 }
 
-// layerOrigin is who published a layer, from its audit records.
+// layerOrigin is who published a layer: the record publish writes
+// (kindLayerOrigin), else the first line the layer's audit records give it.
 type layerOrigin struct {
 	owner lineOwner
 	ts    string
 }
 
+// layerOriginRecord is the persisted kindLayerOrigin record.
+type layerOriginRecord struct {
+	LayerID          string  `json:"layer_id"`
+	Owner            string  `json:"owner"`
+	Agent            *string `json:"agent"`
+	CommandSessionID *string `json:"command_session_id"`
+	TS               string  `json:"ts"`
+}
+
+// recordLayerOrigin remembers who published a committed layer (the git
+// export's author); a failure is logged, never fatal to the publish.
+func (s *Supervisor) recordLayerOrigin(ctx context.Context, sb *sandbox, res layers.PublishResult, owner lineOwner) {
+	if res.NoOp || res.LayerID == "" {
+		return
+	}
+	rec := layerOriginRecord{LayerID: res.LayerID, Owner: owner.Owner, Agent: nullable(owner.Agent),
+		CommandSessionID: nullable(owner.CommandSessionID), TS: nowRFC3339()}
+	if err := s.store.put(ctx, kindLayerOrigin, sb.rec.ID+"/"+res.LayerID, sb.rec.ID, rec); err != nil {
+		s.log.Warn("layer origin not recorded", "sandbox", sb.rec.ID, "layer_id", res.LayerID, "err", err)
+	}
+}
+
 func (s *Supervisor) layerOrigin(ctx context.Context, sandboxID, layerID string) (layerOrigin, error) {
+	var found *layerOrigin
+	err := s.store.list(ctx, kindLayerOrigin, sandboxID, func(b []byte) error {
+		var rec layerOriginRecord
+		if json.Unmarshal(b, &rec) == nil && rec.LayerID == layerID {
+			found = &layerOrigin{owner: lineOwner{Owner: rec.Owner, Agent: deref(rec.Agent), LayerID: layerID}, ts: rec.TS}
+		}
+		return nil
+	})
+	if err == nil && found != nil {
+		return *found, nil
+	}
+	// Layers published before origins were recorded: the first line the
+	// layer itself wrote.
 	if err := s.store.ensureAudit(ctx); err != nil {
 		return layerOrigin{}, err
 	}
-	var text string
-	err := s.store.db.QueryRowContext(ctx, `SELECT record FROM audit WHERE sandbox_id = ? AND layer_id = ? ORDER BY seq LIMIT 1`,
-		sandboxID, layerID).Scan(&text)
+	rows, err := s.store.db.QueryContext(ctx, `SELECT record FROM audit WHERE sandbox_id = ? AND layer_id = ? ORDER BY seq`, sandboxID, layerID)
 	if err != nil {
 		return layerOrigin{}, err
 	}
-	var rec auditRecord
-	if err := json.Unmarshal([]byte(text), &rec); err != nil {
-		return layerOrigin{}, fmt.Errorf("audit record of layer %s: %w", layerID, err)
+	defer rows.Close()
+	for rows.Next() {
+		var text string
+		var rec auditRecord
+		if rows.Scan(&text) != nil || json.Unmarshal([]byte(text), &rec) != nil {
+			continue
+		}
+		for _, o := range rec.lineOwners() {
+			if o.hasMeta() && o.LayerID == layerID {
+				o.CommandSessionID = ""
+				return layerOrigin{owner: o, ts: rec.TS}, nil
+			}
+		}
 	}
-	o := rec.defaultOwner()
-	o.CommandSessionID = "" // the session's commands are listed in the message
-	return layerOrigin{owner: o, ts: rec.TS}, nil
+	return layerOrigin{}, fmt.Errorf("no origin of layer %s", layerID)
 }
 
 // layerVersion is the manifest version a layer was committed in (L/S IDs).
