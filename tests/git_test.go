@@ -288,10 +288,22 @@ func TestGitExport(t *testing.T) {
 		if r := e.mgr("export_changes", "--sandbox-id", id, "--format", "git", "--branch", "agents"); len(objs(r["commits"])) != 0 || r["tip"] != tip {
 			t.Fatalf("repeated export: %v", r)
 		}
-		l3 := e.rt(id, "file_write", "--path", "d.txt", "--content", "dee\n")["layer_id"].(string)
+		// A layer that only deletes has no line records; its author is still
+		// the session that published it.
+		ws3 := e.rt(id, "create_workspace_session", "--agent", "carol")["workspace_session_id"].(string)
+		if c := e.exec(id, "--workspace-session-id", ws3, "rm sub/s.txt"); c["status"] != "ok" {
+			t.Fatalf("exec: %v", c)
+		}
+		l3 := e.rt(id, "publish_workspace_session", "--workspace-session-id", ws3)["publish"].(map[string]any)["layer_id"].(string)
 		r = e.mgr("export_changes", "--sandbox-id", id, "--format", "git", "--branch", "agents")
 		if c := objs(r["commits"]); len(c) != 1 || c[0]["layer_id"] != l3 || r["previous_tip"] != tip {
 			t.Fatalf("second export: %v", r)
+		}
+		if au := strings.TrimSpace(gitIn(t, root, "log", "-1", "--format=%an|%(trailers:key=Workspace-Session,valueonly,separator=)", "agents")); au != "carol ("+ws3+")|"+ws3 {
+			t.Errorf("deleting layer's author: %s", au)
+		}
+		if st := gitIn(t, root, "show", "--format=", "--name-status", "agents"); strings.TrimSpace(st) != "D\tsub/s.txt" {
+			t.Errorf("deleting layer's commit: %q", st)
 		}
 		if n := strings.TrimSpace(gitIn(t, root, "rev-list", "--count", "main..agents")); n != "4" {
 			t.Fatalf("main..agents has %s commits, want 4", n)
