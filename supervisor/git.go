@@ -54,6 +54,7 @@ import (
 	"os"
 	"os/exec"
 	"os/user"
+	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -807,29 +808,57 @@ func (s *Supervisor) baseGitTree(r *gitRepo, baseDir, head, prefix string, headT
 
 // applyLayer applies one layer's own delta to the parent's tree and returns
 // the new tree and the workspace paths of the regular files it wrote.
+// Submodules (gitlinks) are kept as they are: nothing below one is taken.
 func (s *Supervisor) applyLayer(r *gitRepo, v *layers.View, fold *layers.Fold, parent gitTree, prefix string) (gitTree, []string, error) {
 	t := parent.clone()
 	full := func(p string) string { return prefix + p }
-	for _, p := range fold.Deletions {
-		if gitPathSkipped(p) {
-			continue
+	// The parent's directories, so a subtree is only scanned for removal
+	// where there is one (a layer may touch many paths of a large tree).
+	dirs, links := map[string]bool{}, map[string]bool{}
+	for p, e := range parent {
+		if e.mode == "160000" {
+			links[p] = true
 		}
-		delete(t, full(p))
-		t.removeUnder(full(p))
+		for d := path.Dir(p); d != "." && d != "/"; d = path.Dir(d) {
+			if dirs[d] {
+				break
+			}
+			dirs[d] = true
+		}
 	}
-	for _, p := range fold.OpaqueClears {
-		if !gitPathSkipped(p) {
+	underLink := func(p string) bool {
+		for d := full(p); d != "." && d != "/"; d = path.Dir(d) {
+			if links[d] {
+				return true
+			}
+		}
+		return false
+	}
+	drop := func(p string) {
+		if dirs[full(p)] {
 			t.removeUnder(full(p))
 		}
 	}
+	for _, p := range fold.Deletions {
+		if gitPathSkipped(p) || underLink(p) {
+			continue
+		}
+		delete(t, full(p))
+		drop(p)
+	}
+	for _, p := range fold.OpaqueClears {
+		if !gitPathSkipped(p) && !underLink(p) {
+			drop(p)
+		}
+	}
 	for _, d := range fold.Dirs {
-		if !gitPathSkipped(d.Path) {
+		if !gitPathSkipped(d.Path) && !underLink(d.Path) {
 			delete(t, full(d.Path)) // a directory replaces a file
 		}
 	}
 	ig := layers.NewIgnorer(v)
 	keep := func(p string) bool {
-		if gitPathSkipped(p) {
+		if gitPathSkipped(p) || underLink(p) {
 			return false
 		}
 		if _, tracked := parent[full(p)]; tracked {
@@ -837,8 +866,7 @@ func (s *Supervisor) applyLayer(r *gitRepo, v *layers.View, fold *layers.Fold, p
 		}
 		return !ig.Ignored(p, false)
 	}
-	var srcs, paths []string
-	var modes []string
+	var srcs, paths, modes []string
 	for _, f := range fold.Files {
 		if !keep(f.Path) {
 			continue
@@ -855,7 +883,7 @@ func (s *Supervisor) applyLayer(r *gitRepo, v *layers.View, fold *layers.Fold, p
 		return nil, nil, err
 	}
 	for i, p := range paths {
-		t.removeUnder(full(p))
+		drop(p)
 		t[full(p)] = gitEntry{modes[i], oids[i]}
 	}
 	for _, l := range fold.Symlinks {
@@ -866,7 +894,7 @@ func (s *Supervisor) applyLayer(r *gitRepo, v *layers.View, fold *layers.Fold, p
 		if err != nil {
 			return nil, nil, err
 		}
-		t.removeUnder(full(l.Path))
+		drop(l.Path)
 		t[full(l.Path)] = gitEntry{"120000", oid}
 	}
 	return t, paths, nil

@@ -189,13 +189,13 @@ func TestGitExport(t *testing.T) {
 
 		// Two agents publish in turn.
 		ws1 := e.rt(id, "create_workspace_session", "--agent", "alice")["workspace_session_id"].(string)
-		c1 := e.exec(id, "--workspace-session-id", ws1, "printf 'alice\\n' >> a.txt; echo new > c.txt")
+		c1 := e.exec(id, "--workspace-session-id", ws1, "printf 'alice\\n' >> a.txt; echo new > c.txt; echo built > build.log")
 		if c1["status"] != "ok" {
 			t.Fatalf("exec: %v", c1)
 		}
 		l1 := e.rt(id, "publish_workspace_session", "--workspace-session-id", ws1)["publish"].(map[string]any)["layer_id"].(string)
 		ws2 := e.rt(id, "create_workspace_session", "--agent", "bob")["workspace_session_id"].(string)
-		if c := e.exec(id, "--workspace-session-id", ws2, "sed -i s/bee/BEE/ b.txt && rm u.txt"); c["status"] != "ok" {
+		if c := e.exec(id, "--workspace-session-id", ws2, "sed -i s/bee/BEE/ b.txt && rm u.txt && echo hook > .git/hooks/post-commit"); c["status"] != "ok" {
 			t.Fatalf("exec: %v", c)
 		}
 		l2 := e.rt(id, "publish_workspace_session", "--workspace-session-id", ws2)["publish"].(map[string]any)["layer_id"].(string)
@@ -228,7 +228,7 @@ func TestGitExport(t *testing.T) {
 			t.Fatalf("agents~3 = %s, want HEAD %s", p, headSHA)
 		}
 		msg := gitIn(t, root, "log", "-1", "--format=%B", commits[1]["commit"].(string))
-		if !strings.Contains(msg, "printf 'alice\\n' >> a.txt; echo new > c.txt") || !strings.Contains(msg, c1["command_session_id"].(string)) {
+		if !strings.Contains(msg, "printf 'alice\\n' >> a.txt; echo new > c.txt; echo built > build.log") || !strings.Contains(msg, c1["command_session_id"].(string)) {
 			t.Errorf("alice's message does not list her command:\n%s", msg)
 		}
 		stats := map[string]string{}
@@ -253,7 +253,7 @@ func TestGitExport(t *testing.T) {
 			tree[p] = "file " + strings.TrimSuffix(gitIn(t, root, "show", "agents:"+p), "\n")
 		}
 		for p, v := range head {
-			if v == "dir" || strings.HasPrefix(p, ".git/") || p == ".git" || p == "x.log" {
+			if v == "dir" || p == "x.log" || p == "build.log" {
 				continue
 			}
 			if tree[p] != v {
