@@ -31,9 +31,11 @@ package supervisor
 //     squash replaced it), is only moved when it is an ancestor of the new
 //     commits, else refused with invalid_request (details.reason
 //     "not_ancestor") unless force; force rebuilds from the recorded HEAD.
-//   - since LAYER exports the layers newer than LAYER on top of the branch
-//     tip (or the recorded HEAD); the first commit then carries everything
-//     up to it.
+//   - since LAYER exports only the layers newer than LAYER (and newer than
+//     the tip's Layer when continuing our own branch); the skipped layers
+//     and the dirty snapshot are not committed on their own but carried by
+//     the first commit, so every commit's tree is still the view at its
+//     layer.
 //   - Authors: a layer's owner from its audit records (agent label and
 //     session, or the operation); a layer without records (deletions only, a
 //     squashed layer) is authored by the sandbox. The committer is git's
@@ -594,36 +596,28 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		oldTip = strings.TrimSpace(out)
 	}
 
-	// Where the new commits start.
-	parent, start, dirty := head, 0, true
-	if since >= 0 {
-		start, dirty = since+1, false
-	}
+	// Where the new commits start: parent's tree already holds the layers
+	// up to chain[applied] (and the dirty snapshot when dirtyIn).
+	parent, applied, dirtyIn := head, -1, false
 	if oldTip != "" && !c.args.Bool("force") {
 		tr, err := r.trailers(oldTip)
 		if err != nil {
 			return nil, exportError(err)
 		}
-		k := -1
-		if tr["Sandbox-Id"] == id {
-			k = indexOf(tr["Layer"])
-			if tr["Layer"] == layers.BaseLayerID {
-				k = -1
-				parent, dirty = oldTip, false
-			}
-		}
+		ours := tr["Sandbox-Id"] == id
 		switch {
-		case since >= 0 && (tr["Sandbox-Id"] == id || r.isAncestor(oldTip, head) || head == ""):
-			parent = oldTip
-		case k >= 0:
-			parent, start, dirty = oldTip, k+1, false
-		case parent == oldTip:
-		case head != "" && r.isAncestor(oldTip, head):
+		case ours && tr["Layer"] == layers.BaseLayerID:
+			parent, dirtyIn = oldTip, true
+		case ours && indexOf(tr["Layer"]) >= 0:
+			parent, applied, dirtyIn = oldTip, indexOf(tr["Layer"]), true
+		case oldTip == head, head != "" && r.isAncestor(oldTip, head):
+			// a fast-forward from the recorded HEAD
 		default:
 			return nil, gitBad("branch %s (%s) is not an ancestor of the commits to export; use force to move it", branch, oldTip).
 				With("branch", branch).With("tip", oldTip).With("reason", "not_ancestor")
 		}
 	}
+	start := max(applied, since) + 1
 
 	tree, err := r.treeOf(parent)
 	if err != nil {
@@ -643,12 +637,14 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	var notes []pending
 	ts := nowRFC3339()
 
-	if dirty {
+	if !dirtyIn {
 		bt, err := s.baseGitTree(r, sb.stack.LayerDir(base), head, prefix, tree)
 		if err != nil {
 			return nil, exportError(err)
 		}
-		if !bt.equal(tree) {
+		if since >= 0 {
+			tree = bt // skipped: the first commit carries it
+		} else if !bt.equal(tree) {
 			oid, err := r.writeTree(bt)
 			if err != nil {
 				return nil, exportError(err)
@@ -669,22 +665,35 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		}
 	}
 
-	prevTS := map[string]string{} // session → ts of its previous exported layer
-	for i := start; i < len(chain); i++ {
+	// step applies chain[i]'s own delta to tree; lm is head's chain from
+	// that layer down to the base.
+	step := func(i int, tree gitTree) (next gitTree, written []string, fold *layers.Fold, lm layers.Manifest, err error) {
 		l := chain[i]
-		lm := layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: layerVersion(l.LayerID, m.Version)}
-		// lm.Layers: head's layers from l down to the base.
+		lm = layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: layerVersion(l.LayerID, m.Version)}
 		for j, hl := range m.Layers {
 			if hl.LayerID == l.LayerID {
 				lm.Layers = m.Layers[j:]
 				break
 			}
 		}
-		fold, err := sb.stack.FoldContext(ctx, layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: lm.Version, Layers: []layers.LayerRef{l, base}})
+		fold, err = sb.stack.FoldContext(ctx, layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: lm.Version, Layers: []layers.LayerRef{l, base}})
+		if err != nil {
+			return nil, nil, nil, lm, err
+		}
+		next, written, err = s.applyLayer(r, sb.stack.View(lm), fold, tree, prefix)
+		return next, written, fold, lm, err
+	}
+	for i := applied + 1; i < start; i++ { // skipped by since: carried by the first commit
+		next, _, _, _, err := step(i, tree)
 		if err != nil {
 			return nil, exportError(err)
 		}
-		next, written, err := s.applyLayer(r, sb.stack.View(lm), fold, tree, prefix)
+		tree = next
+	}
+	prevTS := map[string]string{} // session → ts of its previous exported layer
+	for i := start; i < len(chain); i++ {
+		l := chain[i]
+		next, written, fold, lm, err := step(i, tree)
 		if err != nil {
 			return nil, exportError(err)
 		}

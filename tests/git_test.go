@@ -437,3 +437,36 @@ func TestGitRefSnapshot(t *testing.T) {
 		t.Errorf("git origin after restart: %v", g2)
 	}
 }
+
+// A workspace below the top level exports into its own directory of the
+// tree; since skips layers (the first commit then carries them).
+func TestGitExportSubdirectory(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	root := e.gitRepo()
+	if err := os.Remove(filepath.Join(root, "u.txt")); err != nil {
+		t.Fatal(err)
+	}
+	sub := filepath.Join(root, "sub")
+	id := e.createSandbox(sub)
+	g, _ := e.mgr("inspect_sandbox", "--sandbox-id", id)["git"].(map[string]any)
+	if g == nil || g["prefix"] != "sub/" || g["dirty"] != false {
+		t.Fatalf("git origin of a subdirectory: %v", g)
+	}
+	l1 := e.rt(id, "file_write", "--path", "one.txt", "--content", "1\n")["layer_id"].(string)
+	e.rt(id, "file_write", "--path", "s.txt", "--content", "sub changed\n")
+	r := e.mgr("export_changes", "--sandbox-id", id, "--format", "git", "--branch", "sub-agents")
+	if len(objs(r["commits"])) != 2 {
+		t.Fatalf("export: %v", r)
+	}
+	if d := strings.Join(gitLines(gitIn(t, root, "diff", "--name-status", "main", "sub-agents")), ","); d != "A\tsub/one.txt,M\tsub/s.txt" {
+		t.Errorf("git diff main sub-agents: %s", d)
+	}
+	r = e.mgr("export_changes", "--sandbox-id", id, "--format", "git", "--branch", "since", "--since", l1)
+	if c := objs(r["commits"]); len(c) != 1 || c[0]["layer_id"] == l1 {
+		t.Fatalf("export --since: %v", r)
+	}
+	if d := gitIn(t, root, "diff", "sub-agents", "since"); d != "" {
+		t.Errorf("--since tree differs from the full export:\n%s", d)
+	}
+}
