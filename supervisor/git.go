@@ -36,6 +36,9 @@ package supervisor
 //     and the dirty snapshot are not committed on their own but carried by
 //     the first commit, so every commit's tree is still the view at its
 //     layer.
+//   - An export with nothing new creates no commit and leaves the branch
+//     as it is (an absent branch stays absent); every commit maps to one
+//     layer, even when ignored or .git paths leave its tree unchanged.
 //   - Authors: a layer's owner from its audit records (agent label and
 //     session, or the operation); a layer without records (deletions only, a
 //     squashed layer) is authored by the sandbox. The committer is git's
