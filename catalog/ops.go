@@ -62,6 +62,8 @@ var ops = []Op{
 			{Name: "overlay", Kind: String, Enum: []string{"auto", "kernel", "fuse"}, DefaultDoc: `sandbox.default_overlay ("auto")`,
 				Help: "Overlay driver of the sandbox's sessions."},
 			{Name: "name", Kind: String, MaxLen: 128, NoControl: true, Help: "Free-text label; not unique."},
+			{Name: "git_ref", Kind: String, MaxLen: 256, NonEmpty: true, NoControl: true, DefaultDoc: "the working tree",
+				Help: "Snapshot this commit (branch, tag or hash) of the workspace's git repository instead of its working tree."},
 		},
 	},
 	{
@@ -107,14 +109,23 @@ var ops = []Op{
 	},
 	{
 		ID: "export_changes", Group: Management, Family: "management", Scope: ScopeSystem,
-		Summary: "Export the sandbox's published changes to a host directory or archive.",
+		Summary: "Export the sandbox's published changes to a host directory, an archive or git commits.",
 		Help: "Folds every non-base layer of head (newest wins, whiteouts and opaque cuts applied) and writes it to dest. " +
-			"Paths the sandbox did not change are never touched.",
-		Result: "{manifest_version, format, layers_exported[], files_written, directories_written, symlinks_written, …}",
+			"Paths the sandbox did not change are never touched. Format git writes one commit per published layer to branch " +
+			"(parented on the workspace's recorded HEAD, plus one commit for a dirty snapshot), with Agent Trace notes under " +
+			"refs/notes/agent-trace; it never touches the working tree, the index or the checked-out branch.",
+		Result: "{manifest_version, format, layers_exported[], files_written, directories_written, symlinks_written, …}; " +
+			"git: {manifest_version, format, branch, git_dir, previous_tip, tip, commits:[{commit, layer_id, author, note}], layers_exported[]}",
 		Args: []Arg{
 			sandboxIDArg,
-			{Name: "dest", Kind: Path, Required: true, Help: "Absolute destination: a directory (dir) or an archive file (tar, tar-zst)."},
-			{Name: "format", Kind: String, Default: "dir", Enum: []string{"dir", "tar", "tar-zst"}, Help: "Output format."},
+			{Name: "dest", Kind: Path, DefaultDoc: "required for dir, tar and tar-zst", Help: "Absolute destination: a directory (dir) or an archive file (tar, tar-zst)."},
+			{Name: "format", Kind: String, Default: "dir", Enum: []string{"dir", "tar", "tar-zst", "git"}, Help: "Output format."},
+			{Name: "branch", Kind: String, MaxLen: 255, NonEmpty: true, NoControl: true, DefaultDoc: "required for git",
+				Help: "git: the branch to create or fast-forward (refs/heads/<branch>); never the checked-out branch."},
+			{Name: "git_dir", Kind: Path, DefaultDoc: "the workspace's repository", Help: "git: a repository (work tree or .git directory) to write to."},
+			{Name: "since", Kind: String, ID: true, DefaultDoc: "the branch tip's Layer trailer, else the base",
+				Help: "git: export only the layers newer than this layer of head."},
+			{Name: "force", Kind: Boolean, Default: false, Help: "git: move the branch even when its tip is not an ancestor of the new commits."},
 		},
 	},
 	{
@@ -207,6 +218,8 @@ var ops = []Op{
 		Args: []Arg{
 			{Name: "path", Kind: Path, Required: true, Help: "Workspace-relative path or /workspace/…"},
 			{Name: "workspace_session_id", Kind: String, ID: true, Help: "Blame the session's own view."},
+			{Name: "format", Kind: String, Default: "ranges", Enum: []string{"ranges", "agent-trace"},
+				Help: "ranges: the blame result; agent-trace: one Agent Trace v0.1 record for the file."},
 		},
 	},
 	{

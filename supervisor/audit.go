@@ -297,6 +297,7 @@ func (s *Supervisor) recordPublishAudit(ctx context.Context, sb *sandbox, prev l
 // (owner operation:<request_id>, command_session_id null). Call it after a
 // successful Update; a no-op is ignored. prev may be the zero Manifest.
 func (s *Supervisor) auditSessionless(ctx context.Context, sb *sandbox, prev layers.Manifest, res layers.PublishResult, path, requestID string) {
+	s.recordLayerOrigin(ctx, sb, res, operationOwner(requestID))
 	_ = s.recordPublishAudit(ctx, sb, prev, res, []auditFile{{Path: path, Owner: operationOwner(requestID)}})
 }
 

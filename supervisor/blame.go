@@ -474,7 +474,7 @@ func (s *Supervisor) blameHead(c *call, p string) (any, error) {
 		}
 	}()
 	head := lease.Manifest()
-	owners, _, _, wholesale, err := s.viewOwners(c.ctx, c.sb, c.sb.stack.View(head), head.Version, p)
+	owners, content, text, wholesale, err := s.viewOwners(c.ctx, c.sb, c.sb.stack.View(head), head.Version, p)
 	if errors.Is(err, fs.ErrNotExist) {
 		nf := fileNotFound(p)
 		if rec, rerr := s.store.latestAudit(c.ctx, c.sb.rec.ID, p, head.Version); rerr == nil && rec != nil {
@@ -484,6 +484,13 @@ func (s *Supervisor) blameHead(c *call, p string) (any, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if c.args.String("format") == "agent-trace" {
+		var lines []string
+		if text {
+			lines = textLines(content)
+		}
+		return s.blameTrace(c, p, nil, head.Revision(), owners, lines, wholesale), nil
 	}
 	return blameResult(p, "head", nil, head.Revision(), owners, wholesale), nil
 }
@@ -525,6 +532,13 @@ func (s *Supervisor) blameSession(c *call, p string) (any, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if c.args.String("format") == "agent-trace" {
+		var lines []string
+		if b, err := v.readFile(c.ctx, p, attrTextMax); err == nil && isText(b) {
+			lines = textLines(b)
+		}
+		return s.blameTrace(c, p, ss.id(), rec.BaseRevision, owners, lines, wholesale), nil
 	}
 	return blameResult(p, "session", ss.id(), rec.BaseRevision, owners, wholesale), nil
 }
@@ -596,3 +610,17 @@ func isInvalidRequest(err error) bool {
 
 // rfc3339ms formats t as the contract's timestamps.
 func rfc3339ms(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
+
+// blameTrace is file_blame's Agent Trace form: one record with the file's
+// ranges grouped by owner; vcs.revision is the sandbox's recorded git HEAD
+// (the view itself is no commit), metadata names the view.
+func (s *Supervisor) blameTrace(c *call, p string, ws any, rev layers.Revision, owners []lineOwner, lines []string, wholesale bool) atRecord {
+	view := "head"
+	if ws != nil {
+		view = "session"
+	}
+	rec := newTraceRecord(gitHeadRevision(c.sb), nowRFC3339(), map[string]any{"sandbox_id": c.sb.rec.ID, "view": view,
+		"workspace_session_id": ws, "revision": rev})
+	rec.Files = append(rec.Files, traceFile(p, owners, lines, wholesale))
+	return rec
+}

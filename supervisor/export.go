@@ -136,6 +136,12 @@ func (s *Supervisor) exportChanges(c *call) (any, error) {
 	if format == "" {
 		format = "dir"
 	}
+	if format == "git" {
+		return s.exportGit(c)
+	}
+	if !c.args.Has("dest") {
+		return nil, catalog.Errorf(catalog.InvalidRequest, "format %s needs dest", format).With("argument", "dest")
+	}
 	dest, err := s.checkExportDest(c.args.String("dest"), format)
 	if err != nil {
 		return nil, err

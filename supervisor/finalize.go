@@ -50,6 +50,7 @@ func (s *Supervisor) publishSession(ctx context.Context, sb *sandbox, ss *sessio
 	if drain != nil {
 		owner.CommandSessionID = drain.rec.CommandSessionID
 	}
+	s.recordLayerOrigin(ctx, sb, res, owner)
 	files := make([]auditFile, 0, len(plan.Committed))
 	for _, cf := range plan.Committed {
 		if cf.Kind != layers.ChangeWrite {

@@ -41,7 +41,10 @@ type sandboxRecord struct {
 	SharedBase            sharedBase         `json:"shared_base"`
 	ResourceProfile       resourceProfileRec `json:"resource_profile"`
 	RecoveryArtifacts     []recoveryArtifact `json:"recovery_artifacts"`
-	Error                 string             `json:"error,omitempty"`
+	// Git is where the snapshot came from when the workspace is a git work
+	// tree (A5); absent otherwise.
+	Git   *gitOrigin `json:"git,omitempty"`
+	Error string     `json:"error,omitempty"`
 }
 
 type sharedBase struct {
@@ -178,6 +181,18 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 		name = &n
 	}
 
+	// The git origin is read before the snapshot: a commit made meanwhile
+	// is then newer than the recorded HEAD, never silently included in it.
+	snapRoot, origin := root, probeGit(c.ctx, root)
+	if c.args.Has("git_ref") {
+		tmp, o, err := gitRefSnapshot(c.ctx, root, c.args.String("git_ref"), s.dirs.Data)
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(tmp)
+		snapRoot, origin = filepath.Join(tmp, "tree"), o
+	}
+
 	img, releaseImage, err := s.acquireImage(c, image, int(count))
 	if err != nil {
 		return nil, err
@@ -201,6 +216,7 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 			OverlayDriver: driver, State: stateCreating, CreatedAt: nowRFC3339(),
 			LiveWorkspaceSessions: []string{}, RecoveryArtifacts: []recoveryArtifact{},
 			ResourceProfile: resourceProfileRec{Name: s.cfg.Sandbox.ResourceProfile, ResourceProfile: s.cfg.ResourceProfiles[s.cfg.Sandbox.ResourceProfile]},
+			Git:             origin,
 		}, s.sandboxDir(id))
 		sb.imageEnv = imageEnv
 		// The record is persisted as creating first so a crash mid-snapshot is rolled back at start.
@@ -219,7 +235,7 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 			c.progress(fmt.Sprintf("snapshotting %s into %s", root, id))
 			var stats layers.SnapshotStats
 			sp, _ := s.spanCtx(c.ctx, nil, "", "workspace.snapshot", map[string]any{"sandbox_id": id, "workspace_root": root})
-			st, stats, serr = layers.Create(c.ctx, stackDir, root, layers.SnapshotOptions{
+			st, stats, serr = layers.Create(c.ctx, stackDir, snapRoot, layers.SnapshotOptions{
 				MaxEntries: s.cfg.Manager.MaxWorkspaceEntries,
 				Progress:   throttledProgress(c.progress),
 			})

@@ -23,6 +23,8 @@ const (
 	kindSession = "session"
 	kindCommand = "command"
 	kindEvicted = "evicted_command" // IDs remembered after eviction (§6.7)
+	// kindLayerOrigin records who published a layer (id <sandbox>/<layer>).
+	kindLayerOrigin = "layer_origin"
 )
 
 func openStore(ctx context.Context, dataDir string) (*store, error) {
