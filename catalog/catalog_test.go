@@ -96,6 +96,13 @@ func TestValidate(t *testing.T) {
 		{"file_edit", `{"path":"a","edits":"not json"}`, "edits must be an array", nil},
 		{"file_write", `{"path":"a","content":true}`, "content must be a string", nil},
 	}
+	// What a client holds before it encodes: strings that are not UTF-8.
+	op, _ := Lookup("file_write")
+	for _, raw := range []map[string]any{{"path": "a\xff", "content": "x"}, {"path": "a", "content": "\xc3("}} {
+		if _, err := op.Validate(raw); err == nil || err.Kind != InvalidRequest || !strings.HasSuffix(err.Message, " must be valid UTF-8") {
+			t.Errorf("Validate(%q): %v, want invalid_request ... must be valid UTF-8", raw, err)
+		}
+	}
 	for _, tc := range cases {
 		op, ok := Lookup(tc.op)
 		if !ok {
@@ -142,6 +149,9 @@ func TestWorkspacePath(t *testing.T) {
 		{"/", true, "", false},
 		{"/workspace", true, "", false},
 		{"a\x00b", false, "", true},
+		{"a\xffb", false, "", true},
+		{"\xed\xa0\x80", true, "", true},
+		{"\ufffd/é", false, "\ufffd/é", false},
 		{strings.Repeat("a", 256), false, "", true},
 		{strings.Repeat("a/", 2049), false, "", true},
 	}

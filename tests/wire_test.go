@@ -359,6 +359,12 @@ func TestWireStrictJSON(t *testing.T) {
 			t.Errorf("%s = %q after refused requests, want %q", p, got, content)
 		}
 	}
+	// A CLI refuses such a path itself instead of letting its JSON encoder
+	// send U+FFFD in its place.
+	body := e.rtFail(id, 2, "invalid_request", "file_read", "--path", "\xff.txt")
+	if body["message"] != "path must be valid UTF-8" {
+		t.Errorf("CLI with a non-UTF-8 path: %v", body)
+	}
 	// The same requests written plainly still work.
 	ok := e.raw([]byte(`{"op":"file_read",` + sb + `,"args":{"path":"\ufffd.txt"}}` + "\n"))
 	if len(ok) != 1 || !strings.Contains(ok[0], `"content":"replacement"`) {
