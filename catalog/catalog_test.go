@@ -3,6 +3,7 @@ package catalog
 import (
 	"encoding/json"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -95,6 +96,13 @@ func TestValidate(t *testing.T) {
 		{"file_edit", `{"path":"a","edits":"not json"}`, "edits must be an array", nil},
 		{"file_write", `{"path":"a","content":true}`, "content must be a string", nil},
 	}
+	// What a client holds before it encodes: strings that are not UTF-8.
+	op, _ := Lookup("file_write")
+	for _, raw := range []map[string]any{{"path": "a\xff", "content": "x"}, {"path": "a", "content": "\xc3("}} {
+		if _, err := op.Validate(raw); err == nil || err.Kind != InvalidRequest || !strings.HasSuffix(err.Message, " must be valid UTF-8") {
+			t.Errorf("Validate(%q): %v, want invalid_request ... must be valid UTF-8", raw, err)
+		}
+	}
 	for _, tc := range cases {
 		op, ok := Lookup(tc.op)
 		if !ok {
@@ -141,6 +149,9 @@ func TestWorkspacePath(t *testing.T) {
 		{"/", true, "", false},
 		{"/workspace", true, "", false},
 		{"a\x00b", false, "", true},
+		{"a\xffb", false, "", true},
+		{"\xed\xa0\x80", true, "", true},
+		{"\ufffd/é", false, "\ufffd/é", false},
 		{strings.Repeat("a", 256), false, "", true},
 		{strings.Repeat("a/", 2049), false, "", true},
 	}
@@ -179,9 +190,81 @@ func TestDecodeRequest(t *testing.T) {
 			t.Errorf("%s: got %q, want %q", tc.line, got, tc.want)
 		}
 	}
-	for _, bad := range []string{`not json`, `[1]`, `"s"`, `{"a":1} {"b":2}`} {
+	for _, bad := range []string{`not json`, `[1]`, `"s"`, `{"a":1} {"b":2}`, ``, `{"a":1,}`, `{"a":[1,]}`} {
 		if _, err := ParseLine([]byte(bad)); err == nil || err.Kind != BadJSON {
 			t.Errorf("%s: want bad_json, got %v", bad, err)
+		}
+	}
+}
+
+// TestParseLineStrict: what encoding/json would take silently (the last of
+// duplicate keys, U+FFFD for invalid UTF-8) is refused with bad_json at any
+// depth, and a line that only looks similar is accepted unchanged.
+func TestParseLineStrict(t *testing.T) {
+	const head = `{"op":"file_read","scope":{"kind":"sandbox","sandbox_id":"s"},`
+	for _, tc := range []struct{ line, want string }{ // want "" = accepted
+		{`{"op":"health","op":"destroy_sandbox","scope":{"kind":"system"}}`, `request is not valid JSON: duplicate key "op" in the request`},
+		{`{"op":"health","scope":{"kind":"system","kind":"sandbox"}}`, `request is not valid JSON: duplicate key "kind" in scope`},
+		{head + `"args":{"path":"a","path":"b"}}`, `request is not valid JSON: duplicate key "path" in args`},
+		{head + `"args":{"edits":[{"old_string":"a","old_string":"b"}]}}`, `request is not valid JSON: duplicate key "old_string" in args.edits[0]`},
+		{head + `"args":{"x":[[{"k":{"d":1,"d":1}}]]}}`, `request is not valid JSON: duplicate key "d" in args.x[0][0].k`},
+		{head + `"args":{"path":"a\u0070","pat\u0068":"b"}}`, `request is not valid JSON: duplicate key "path" in args`},
+		{head + "\"args\":{\"path\":\"bad\xffname\"}}", `request is not valid JSON: string at args.path is not valid UTF-8`},
+		{head + "\"args\":{\"path\":\"\xc3\"}}", `request is not valid JSON: string at args.path is not valid UTF-8`},
+		{head + "\"args\":{\"path\":\"\xed\xa0\x80\"}}", `request is not valid JSON: string at args.path is not valid UTF-8`},
+		{head + `"args":{"path":"x\udc80"}}`, `request is not valid JSON: string at args.path is not valid UTF-8`},
+		{head + `"args":{"path":"\ud800"}}`, `request is not valid JSON: string at args.path is not valid UTF-8`},
+		{head + `"args":{"path":"\ud800\u0041"}}`, `request is not valid JSON: string at args.path is not valid UTF-8`},
+		{head + `"args":{"path":"\ud800\ud800"}}`, `request is not valid JSON: string at args.path is not valid UTF-8`},
+		{head + `"args":{"edits":[{"old_string":"a","new_string":"\udfff"}]}}`, `request is not valid JSON: string at args.edits[0].new_string is not valid UTF-8`},
+		{head + "\"args\":{\"p\xffth\":\"a\"}}", `request is not valid JSON: an object key in args is not valid UTF-8`},
+		{`{"op":"\udc80","scope":{"kind":"system"}}`, `request is not valid JSON: string at op is not valid UTF-8`},
+		// Accepted: distinct keys, valid text that merely contains U+FFFD or
+		// escapes, a surrogate pair, the same key in sibling objects.
+		{head + `"args":{"path":"a","Path":"b"}}`, ""},
+		{head + `"args":{"path":"\ud83d\ude00 \ufffd \u00e9 \\udc80"}}`, ""},
+		{head + "\"args\":{\"path\":\"\xef\xbf\xbd\xf0\x9f\x98\x80\"}}", ""},
+		{head + `"args":{"edits":[{"old_string":"a"},{"old_string":"b"}]}}`, ""},
+		// Flagged by the fast scan (an escaped key), then accepted by the
+		// token parser with the same value encoding/json builds.
+		{head + `"args":{"p\u0061th":"\ufffd\ud83d\ude00","edits":[{"x":[1,2.5e3,true,null,{}]},[]]}}`, ""},
+	} {
+		m, err := ParseLine([]byte(tc.line))
+		got := ""
+		if err != nil {
+			got = err.Message
+			if err.Kind != BadJSON {
+				t.Errorf("%q: kind %s, want bad_json", tc.line, err.Kind)
+			}
+		}
+		if got != tc.want {
+			t.Errorf("%q:\n got %q\nwant %q", tc.line, got, tc.want)
+			continue
+		}
+		if tc.want == "" { // accepted exactly as encoding/json reads it
+			var std map[string]any
+			d := json.NewDecoder(strings.NewReader(tc.line))
+			d.UseNumber()
+			if derr := d.Decode(&std); derr != nil || !reflect.DeepEqual(std, m) {
+				t.Errorf("%q: built %v, encoding/json reads %v (%v)", tc.line, m, std, derr)
+			}
+		}
+	}
+}
+
+// BenchmarkParseLine16MiB: a file_write of (almost) the largest request,
+// content heavy with escapes and multi-byte text.
+func BenchmarkParseLine16MiB(b *testing.B) {
+	text := strings.Repeat("line \"quoted\" \\ tab\t é ü 😀 \ufffd\n", (15<<20)/40)
+	content, err := json.Marshal(text)
+	if err != nil {
+		b.Fatal(err)
+	}
+	line := []byte(`{"op":"file_write","scope":{"kind":"sandbox","sandbox_id":"s"},"args":{"path":"a","content":` + string(content) + `}}` + "\n")
+	b.SetBytes(int64(len(line)))
+	for b.Loop() {
+		if _, err := ParseLine(line); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

@@ -36,12 +36,24 @@ func FuzzParseRequest(f *testing.F) {
 		`{"op":"\ud800","scope":{"kind":"system"}}`,
 		`{"op":"health","scope":{"kind":"system"}}` + "\n",
 		`{"op":"health","op":"file_read","scope":{"kind":"system"}}`,
+		`{"op":"file_read","scope":{"kind":"sandbox","sandbox_id":"s"},"args":{"path":"a","pa\u0074h":"b"}}`,
+		`{"op":"file_edit","scope":{"kind":"sandbox","sandbox_id":"s"},"args":{"path":"a","edits":[{"old_string":"x","old_string":"y","new_string":"z"}]}}`,
+		"{\"op\":\"file_read\",\"scope\":{\"kind\":\"sandbox\",\"sandbox_id\":\"s\"},\"args\":{\"path\":\"a\xff\"}}",
+		`{"op":"file_read","scope":{"kind":"sandbox","sandbox_id":"s"},"args":{"path":"a\udc80"}}`,
+		`{"op":"file_read","scope":{"kind":"sandbox","sandbox_id":"s"},"args":{"path":"\ud83d\ude00\ufffd\\ud800"}}`,
 		`{"op":"health","scope":{"kind":"system"},"args":{"a":` + strings.Repeat("[", 20000) + strings.Repeat("]", 20000) + `}}`,
 		`{"op":"file_write","scope":{"kind":"sandbox","sandbox_id":"x"},"args":{"path":"/workspace/../x","content":"","mode":18446744073709551616}}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, line []byte) {
+		// The fast scan may over-report but must never miss what the
+		// token parser refuses.
+		if json.Valid(line) {
+			if _, e := parseStrict(line); e != nil && !mayBeAmbiguous(line) {
+				t.Fatalf("fast scan missed %v in %q", e, line)
+			}
+		}
 		m, perr := ParseLine(line)
 		if perr != nil {
 			if perr.Kind != BadJSON {
@@ -51,6 +63,9 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		if trailingGarbage(line) {
 			t.Fatalf("ParseLine accepted a line that is not exactly one JSON value: %q", line)
+		}
+		if !utf8.Valid(line) {
+			t.Fatalf("ParseLine accepted a line that is not UTF-8: %q", line)
 		}
 		delete(m, TokenField)
 		req, derr := DecodeRequest(m)

@@ -5,7 +5,7 @@ package catalog
 var families = []Family{
 	{Group: Management, Name: "management", Help: "Sandboxes: create, inspect, destroy, squash and export."},
 	{Group: Runtime, Name: "command", Help: "Shell commands inside workspace sessions."},
-	{Group: Runtime, Name: "file", Help: "File operations on the published head (sessionless) or inside a session."},
+	{Group: Runtime, Name: "file", Help: "File operations on the published head (sessionless) or inside a session. Symlinks are never followed: a path with a symlink as any component but the last is refused by every file operation, with or without a session, with invalid_request `path \"P\": component \"C\" is a symlink` (details.path, details.component); a symlink as the last component is reported as its kind (not a regular file / not a directory (Symlink))."},
 	{Group: Runtime, Name: "workspace_session", Help: "Private copy-on-write views and their publication."},
 	{Group: Runtime, Name: "network", Help: "Port forwarding into sessions."},
 	{Group: Runtime, Name: "supervisor_http", Capability: true, Help: "The optional loopback HTTP listener: UI, /api/rpc and /forward/… routes."},

@@ -85,6 +85,12 @@ func (a *Arg) check(v any) (any, *Error) {
 		if !ok {
 			return nil, Errorf(InvalidRequest, "%s must be a string", a.Name)
 		}
+		// A request line never carries such a string (ParseLine refuses it);
+		// this is for clients, whose JSON encoder would otherwise send
+		// U+FFFD in place of what the user typed.
+		if !utf8.ValidString(s) {
+			return nil, Errorf(InvalidRequest, "%s must be valid UTF-8", a.Name)
+		}
 		return s, a.checkString(s)
 	case Integer:
 		n, ok := toUint(v)

@@ -29,6 +29,19 @@ const (
 // regular files.
 var ErrNotRegular = errors.New("path is not a regular file")
 
+// SymlinkError says that Path is not in a view because one of its parent
+// components, Component (a workspace-relative prefix of Path), is a symlink
+// there: views never follow symlinks. It matches fs.ErrNotExist, since the
+// path is absent from the view, but callers that report to a user name the
+// symlink rather than "not found".
+type SymlinkError struct{ Path, Component string }
+
+func (e *SymlinkError) Error() string {
+	return fmt.Sprintf("path %q: component %q is a symlink", e.Path, e.Component)
+}
+
+func (e *SymlinkError) Is(target error) bool { return target == fs.ErrNotExist }
+
 // ErrLayerMissing is wrapped by view reads when a layer of the manifest has no
 // directory (the manifest and the disk disagree).
 var ErrLayerMissing = errors.New("layer directory missing")
@@ -104,6 +117,8 @@ type probeResult struct {
 	cut  bool
 	host string
 	fi   fs.FileInfo
+	// viaSymlink: blocked by a symlink at a parent component.
+	viaSymlink bool
 }
 
 // probe resolves comps inside one layer, component by component with lstat,
@@ -144,7 +159,7 @@ func probe(root string, comps []string) (probeResult, error) {
 			return probeResult{state: probeFound, cut: cut, host: p, fi: fi}, nil
 		}
 		if !fi.IsDir() {
-			return probeResult{state: probeBlocked}, nil
+			return probeResult{state: probeBlocked, viaSymlink: fi.Mode()&fs.ModeSymlink != 0}, nil
 		}
 		if isOpaqueDir(p) {
 			cut = true
@@ -158,7 +173,9 @@ func notExist(op, p string) error {
 	return &fs.PathError{Op: op, Path: p, Err: fs.ErrNotExist}
 }
 
-// lookup returns the winning layer's probe result and the layer index.
+// lookup returns the winning layer's probe result and the layer index. A
+// path absent because a visible parent component is a symlink is a
+// *SymlinkError naming that component.
 func (v *View) lookup(op, p string) (probeResult, int, error) {
 	comps, err := splitViewPath(p)
 	if err != nil {
@@ -169,22 +186,67 @@ func (v *View) lookup(op, p string) (probeResult, int, error) {
 			return probeResult{}, -1, notExist(op, p)
 		}
 	}
-	for i, l := range v.layers {
-		r, err := probe(l.root, comps)
+	r, i, viaSymlink, err := v.find(comps)
+	switch {
+	case err != nil:
+		return probeResult{}, -1, fmt.Errorf("%s %q: %w", op, p, err)
+	case i >= 0:
+		return r, i, nil
+	case viaSymlink:
+		// Some layer has a symlink above p; it decides only if it is the
+		// visible entry at its prefix (a newer directory may hide it).
+		c, err := v.symlinkParent(comps)
 		if err != nil {
 			return probeResult{}, -1, fmt.Errorf("%s %q: %w", op, p, err)
 		}
+		if c != "" {
+			return probeResult{}, -1, &SymlinkError{Path: p, Component: c}
+		}
+	}
+	return probeResult{}, -1, notExist(op, p)
+}
+
+// find resolves comps across the layers, newest first: the winning probe
+// and its layer index, or index -1 when the path is absent (viaSymlink:
+// a layer's probe stopped at a symlink parent on the way).
+func (v *View) find(comps []string) (probeResult, int, bool, error) {
+	viaSymlink := false
+	for i, l := range v.layers {
+		r, err := probe(l.root, comps)
+		if err != nil {
+			return probeResult{}, -1, false, err
+		}
+		viaSymlink = viaSymlink || r.viaSymlink
 		switch r.state {
 		case probeFound:
-			return r, i, nil
+			return r, i, false, nil
 		case probeBlocked:
-			return probeResult{}, -1, notExist(op, p)
+			return probeResult{}, -1, viaSymlink, nil
 		}
 		if r.cut {
 			break
 		}
 	}
-	return probeResult{}, -1, notExist(op, p)
+	return probeResult{}, -1, viaSymlink, nil
+}
+
+// symlinkParent returns the shortest proper prefix of comps whose visible
+// entry is a symlink, or "" when the first prefix that is not a directory
+// is absent or something else.
+func (v *View) symlinkParent(comps []string) (string, error) {
+	for j := 1; j < len(comps); j++ {
+		r, i, _, err := v.find(comps[:j])
+		if err != nil || i < 0 {
+			return "", err
+		}
+		if r.fi.Mode()&fs.ModeSymlink != 0 {
+			return strings.Join(comps[:j], "/"), nil
+		}
+		if !r.fi.IsDir() {
+			return "", nil
+		}
+	}
+	return "", nil
 }
 
 func makeEntry(rel, layerID, host string, fi fs.FileInfo) (Entry, error) {

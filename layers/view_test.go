@@ -231,3 +231,70 @@ func TestViewEmptyAndMissingLayer(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestViewSymlinkParent: a path behind a visible symlink is a
+// *SymlinkError naming the shortest such prefix (still "not exist" for
+// callers that only ask whether the path is there); a symlink hidden by a
+// newer directory or a whiteout decides nothing.
+func TestViewSymlinkParent(t *testing.T) {
+	dir := tempDir(t)
+	b, l1 := filepath.Join(dir, "layers", BaseLayerID), filepath.Join(dir, "layers", "L000002-00000001")
+	writeFile(t, filepath.Join(b, "a", "x"), "x", 0o644)
+	writeFile(t, filepath.Join(b, "a", "sub", "y"), "y", 0o644)
+	symlink(t, "a", filepath.Join(b, "sl"))
+	symlink(t, ".", filepath.Join(b, "a", "self"))
+	symlink(t, "a", filepath.Join(b, "hid")) // a directory in l1 hides it
+	symlink(t, "a", filepath.Join(b, "gone"))
+	writeFile(t, filepath.Join(b, "became", "f"), "f", 0o644) // a symlink in l1 replaces it
+	writeFile(t, filepath.Join(b, "file"), "file", 0o644)
+	writeFile(t, filepath.Join(l1, "hid", "own"), "own", 0o644)
+	ociWhiteout(t, l1, "gone")
+	symlink(t, "a", filepath.Join(l1, "became"))
+	m := Manifest{SchemaVersion: 1, Version: 2, Layers: []LayerRef{
+		{"L000002-00000001", "layers/L000002-00000001"},
+		{BaseLayerID, "layers/" + BaseLayerID},
+	}}
+	if err := writeManifest(dir, m, nil); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := s.View(mustHead(t, s))
+	for _, tc := range []struct {
+		path, component string // component "": absent without a symlink to name
+	}{
+		{"sl/x", "sl"},
+		{"sl/absent/deeper", "sl"},
+		{"a/self/x", "a/self"},
+		{"a/self/sub/y", "a/self"},
+		{"became/f", "became"},
+		{"hid/x", ""},
+		{"gone/x", ""},
+		{"file/x", ""},
+		{"absent/x", ""},
+	} {
+		_, err := v.Lstat(tc.path)
+		var se *SymlinkError
+		isSym := errors.As(err, &se)
+		switch {
+		case !isNotExist(err):
+			t.Errorf("lstat %q: %v, want an error matching fs.ErrNotExist", tc.path, err)
+		case tc.component == "" && isSym:
+			t.Errorf("lstat %q: %v, want plain not-exist", tc.path, err)
+		case tc.component != "" && (!isSym || se.Component != tc.component || se.Path != tc.path):
+			t.Errorf("lstat %q: %v, want component %q", tc.path, err, tc.component)
+		}
+	}
+	if _, err := v.ReadDir("sl/sub"); !errors.As(err, new(*SymlinkError)) {
+		t.Errorf("readdir sl/sub: %v", err)
+	}
+	// The last component is the entry itself: reported, not refused.
+	if e, err := v.Lstat("sl"); err != nil || e.Kind != KindSymlink {
+		t.Errorf("lstat sl = %+v, %v", e, err)
+	}
+	if got := readString(t, v, "hid/own"); got != "own" {
+		t.Errorf("hid/own = %q", got)
+	}
+}

@@ -2,6 +2,7 @@ package nsholder
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
 	"os"
 	"syscall"
@@ -158,6 +159,20 @@ var (
 )
 
 type opError struct{ msg string }
+
+// SymlinkError says that resolving Path met a symlink at Component (a
+// workspace-relative prefix of Path; Path itself when the last component
+// is the symlink and the operation needed a directory there). It matches
+// ErrSymlink with errors.Is. Naming the component is the point: the
+// supervisor reports it to the caller as the reason, on both overlay
+// drivers and for every file operation alike.
+type SymlinkError struct{ Path, Component string }
+
+func (e *SymlinkError) Error() string {
+	return fmt.Sprintf("path %q: component %q is a symlink", e.Path, e.Component)
+}
+
+func (e *SymlinkError) Is(target error) bool { return target == ErrSymlink }
 
 func (e *opError) Error() string { return e.msg }
 

@@ -40,7 +40,7 @@ func lstatAt(root *os.File, path string) (FileInfo, error) {
 	dir, name := splitPath(path)
 	dfd, err := openDir(root, dir, unix.O_PATH)
 	if err != nil {
-		return FileInfo{}, pathErr("lstat", path, err)
+		return FileInfo{}, resolveErr(root, "lstat", path, dir, err)
 	}
 	defer unix.Close(dfd)
 	var st unix.Stat_t
@@ -55,7 +55,7 @@ func readFileAt(root *os.File, path string, max int64) ([]byte, FileInfo, error)
 	dir, name := splitPath(path)
 	dfd, err := openDir(root, dir, unix.O_PATH)
 	if err != nil {
-		return nil, FileInfo{}, pathErr("read", path, err)
+		return nil, FileInfo{}, resolveErr(root, "read", path, dir, err)
 	}
 	defer unix.Close(dfd)
 	// Classify before opening so FIFOs and devices are never opened; the
@@ -102,7 +102,7 @@ func readFileAt(root *os.File, path string, max int64) ([]byte, FileInfo, error)
 func readDirAt(root *os.File, path string) ([]FileInfo, error) {
 	dfd, err := openDir(root, path, unix.O_RDONLY)
 	if err != nil {
-		return nil, pathErr("readdir", path, err)
+		return nil, resolveErr(root, "readdir", path, path, err)
 	}
 	f := os.NewFile(uintptr(dfd), path)
 	defer f.Close()
@@ -134,7 +134,7 @@ func writeFileAt(root *os.File, path string, data []byte, mode *fs.FileMode) (cr
 		dfd, err = walkDir(root, dir, unix.O_PATH, true)
 	}
 	if err != nil {
-		return false, pathErr("write", path, err)
+		return false, resolveErr(root, "write", path, dir, err)
 	}
 	defer unix.Close(dfd)
 
@@ -277,6 +277,45 @@ func openComponent(dfd int, name string) (int, error) {
 	}
 	unix.Close(fd)
 	return -1, err
+}
+
+// resolveErr is pathErr for a failed resolution of dir (path's directory,
+// or path itself for a listing). A symlink met on the way becomes a
+// *SymlinkError naming the first symlink component: openat2 only says
+// ELOOP, so the component is found by walking dir again without following
+// anything.
+func resolveErr(root *os.File, op, path, dir string, err error) error {
+	if err != unix.ELOOP {
+		return pathErr(op, path, err)
+	}
+	return &SymlinkError{Path: path, Component: firstSymlink(root, dir)}
+}
+
+// firstSymlink returns the shortest prefix of dir that is a symlink, or dir
+// itself when the walk no longer meets one (the tree changed meanwhile).
+func firstSymlink(root *os.File, dir string) string {
+	defer runtime.KeepAlive(root)
+	fd, err := unix.Openat(int(root.Fd()), ".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil || dir == "" {
+		if err == nil {
+			unix.Close(fd)
+		}
+		return dir
+	}
+	comps := strings.Split(dir, "/")
+	for i, c := range comps {
+		next, err := openComponent(fd, c)
+		unix.Close(fd)
+		switch {
+		case err == unix.ELOOP:
+			return strings.Join(comps[:i+1], "/")
+		case err != nil:
+			return dir
+		}
+		fd = next
+	}
+	unix.Close(fd)
+	return dir
 }
 
 // statAt is fstatat without following a final symlink; name "" is dfd itself.

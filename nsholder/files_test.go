@@ -535,3 +535,54 @@ func TestFilesKindError(t *testing.T) {
 		}
 	}
 }
+
+// TestFilesSymlinkComponent: every file operation that meets a symlink on
+// the way names the first symlink component in a *SymlinkError, and the
+// error keeps its type and fields across the control channel.
+func TestFilesSymlinkComponent(t *testing.T) {
+	root, rootPath, outside := filesFixture(t)
+	if err := os.Symlink(".", filepath.Join(rootPath, "dir", "self")); err != nil {
+		t.Fatal(err)
+	}
+	ops := map[string]func(p string) error{
+		"lstat": func(p string) error { _, err := lstatAt(root, p); return err },
+		"read":  func(p string) error { _, _, err := readFileAt(root, p, 100); return err },
+		"readdir": func(p string) error {
+			_, err := readDirAt(root, p+"/x")
+			return err
+		},
+		"write": func(p string) error { _, err := writeFileAt(root, p, []byte("x"), nil); return err },
+	}
+	for _, tc := range []struct{ path, component string }{
+		{"in/inner", "in"},
+		{"link/x", "link"},
+		{"out/canary", "out"},
+		{"outabs/x/y/new", "outabs"},
+		{"dir/self/inner", "dir/self"},
+		{"dir/self/self/new/deeper", "dir/self"},
+	} {
+		for name, op := range ops {
+			err := op(tc.path)
+			var se *SymlinkError
+			if !errors.As(err, &se) || !errors.Is(err, ErrSymlink) {
+				t.Errorf("%s %q: %v, want a SymlinkError", name, tc.path, err)
+				continue
+			}
+			want := tc.path
+			if name == "readdir" {
+				want += "/x"
+			}
+			if se.Component != tc.component || se.Path != want {
+				t.Errorf("%s %q: %+v, want component %q path %q", name, tc.path, se, tc.component, want)
+			}
+			var back *SymlinkError
+			if got := encodeError(err).decode(); !errors.As(got, &back) || *back != *se || !errors.Is(got, ErrSymlink) {
+				t.Errorf("%s %q: over the wire %#v, want %#v", name, tc.path, got, se)
+			}
+		}
+	}
+	checkOutside(t, outside)
+	if left := tempFiles(t, rootPath); len(left) > 0 {
+		t.Errorf("temp files left: %v", left)
+	}
+}

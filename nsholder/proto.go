@@ -105,7 +105,9 @@ type wireError struct {
 	Op    string `json:"op,omitempty"`   // *fs.PathError
 	Path  string `json:"path,omitempty"` // *fs.PathError
 	Kind  string `json:"kind,omitempty"` // *KindError
-	Stage string `json:"stage,omitempty"`
+	// Component is set for a *SymlinkError (Path is its Path).
+	Component string `json:"component,omitempty"`
+	Stage     string `json:"stage,omitempty"`
 }
 
 var errCodes = []struct {
@@ -132,6 +134,11 @@ func encodeError(err error) *wireError {
 	var se *stageError
 	if errors.As(err, &se) {
 		w.Stage, w.Msg = se.stage, se.err.Error()
+		return w
+	}
+	var sl *SymlinkError
+	if errors.As(err, &sl) {
+		w.Code, w.Path, w.Component = "symlink", sl.Path, sl.Component
 		return w
 	}
 	var ke *KindError
@@ -173,6 +180,9 @@ func (w *wireError) decode() error {
 	}
 	if w.Kind != "" {
 		return &KindError{Kind: w.Kind}
+	}
+	if w.Component != "" {
+		return &SymlinkError{Path: w.Path, Component: w.Component}
 	}
 	var inner error
 	re := &remoteError{msg: w.Msg, stage: w.Stage}

@@ -475,7 +475,7 @@ func (s *Supervisor) blameHead(c *call, p string) (any, error) {
 	}()
 	head := lease.Manifest()
 	owners, content, text, wholesale, err := s.viewOwners(c.ctx, c.sb, c.sb.stack.View(head), head.Version, p)
-	if errors.Is(err, fs.ErrNotExist) {
+	if absent(err) {
 		nf := fileNotFound(p)
 		if rec, rerr := s.store.latestAudit(c.ctx, c.sb.rec.ID, p, head.Version); rerr == nil && rec != nil {
 			nf = nf.With("last_record_layer_id", rec.LayerID)
@@ -510,7 +510,7 @@ func (s *Supervisor) blameSession(c *call, p string) (any, error) {
 	}
 	defer release()
 	e, err := v.lstat(c.ctx, p)
-	if errors.Is(err, fs.ErrNotExist) {
+	if absent(err) {
 		return nil, fileNotFound(p)
 	}
 	if err != nil {
@@ -527,7 +527,7 @@ func (s *Supervisor) blameSession(c *call, p string) (any, error) {
 		}
 		return b, err
 	})
-	if errors.Is(err, fs.ErrNotExist) {
+	if absent(err) {
 		return nil, fileNotFound(p)
 	}
 	if err != nil {

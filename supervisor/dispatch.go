@@ -169,6 +169,9 @@ func (s *Supervisor) toError(op string, err error) *catalog.Error {
 	if errors.As(err, &ie) {
 		return imageError(ie)
 	}
+	if ce := symlinkComponentError(err); ce != nil {
+		return ce
+	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return catalog.Errorf(catalog.NotFound, "%v", err)
 	}

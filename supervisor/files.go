@@ -85,8 +85,9 @@ func (h headFiles) readDir(_ context.Context, p string) ([]fileEntry, error) {
 	return out, err
 }
 
-// sessionFiles reads through the holder. A symlink or file as a parent
-// component makes the path absent, exactly as in the merged head view.
+// sessionFiles reads through the holder. A file as a parent component
+// makes the path absent, exactly as in the merged head view; a symlink is
+// reported (symlinkComponentError).
 type sessionFiles struct{ h nsholder.Holder }
 
 func holderEntry(fi nsholder.FileInfo) fileEntry {
@@ -94,7 +95,7 @@ func holderEntry(fi nsholder.FileInfo) fileEntry {
 }
 
 func holderReadErr(err error) error {
-	if errors.Is(err, nsholder.ErrSymlink) || errors.Is(err, nsholder.ErrNotDir) {
+	if errors.Is(err, nsholder.ErrNotDir) {
 		return fs.ErrNotExist
 	}
 	return err
@@ -150,6 +151,38 @@ func (s *Supervisor) viewFor(c *call) (fileView, *session, func(), error) {
 	}, nil
 }
 
+// symlinkComponentError is the one rule for a path that leads through a
+// symlink (§7.3: file operations never follow one): every file operation,
+// with or without a session and on either overlay driver, refuses it with
+// invalid_request naming the symlink component. The resolvers (layers'
+// merged view, the holder's descriptor walk) decide; this only words it.
+// It returns nil for any other error. A symlink as the last component is
+// not this case: each operation keeps the contract's message for the
+// target's kind ("path is not a regular file (Symlink)", "path is not a
+// directory (Symlink)").
+func symlinkComponentError(err error) *catalog.Error {
+	var path, comp string
+	var le *layers.SymlinkError
+	var he *nsholder.SymlinkError
+	switch {
+	case errors.As(err, &le):
+		path, comp = le.Path, le.Component
+	case errors.As(err, &he):
+		path, comp = he.Path, he.Component
+	default:
+		return nil
+	}
+	return catalog.Errorf(catalog.InvalidRequest, "path %q: component %q is a symlink", path, comp).
+		With("path", path).With("component", comp)
+}
+
+// absent reports whether err means that the path is not in the view. A
+// path behind a symlink is absent from the view too, but is reported as
+// such (symlinkComponentError), never as "not found".
+func absent(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) && symlinkComponentError(err) == nil
+}
+
 func fileNotFound(p string) *catalog.Error {
 	return catalog.Errorf(catalog.NotFound, "file not found: %s", p).With("path", p)
 }
@@ -169,7 +202,7 @@ func kindName(k layers.EntryKind) string {
 // lstatFile resolves p in the view and insists on a regular file.
 func lstatFile(ctx context.Context, v fileView, p string) (fileEntry, error) {
 	e, err := v.lstat(ctx, p)
-	if errors.Is(err, fs.ErrNotExist) {
+	if absent(err) {
 		return e, fileNotFound(p)
 	}
 	if err != nil {
@@ -191,7 +224,7 @@ func readText(ctx context.Context, v fileView, p string, max int64) ([]byte, fil
 		return nil, e, catalog.Errorf(catalog.InvalidRequest, "file is too large").With("path", p).With("size", e.size)
 	}
 	raw, err := v.readFile(ctx, p, max)
-	if errors.Is(err, fs.ErrNotExist) {
+	if absent(err) {
 		return nil, e, fileNotFound(p)
 	}
 	if errors.Is(err, nsholder.ErrTooLarge) {
@@ -279,7 +312,7 @@ func (s *Supervisor) fileList(c *call) (any, error) {
 	}
 	defer release()
 	e, err := v.lstat(c.ctx, p)
-	if errors.Is(err, fs.ErrNotExist) {
+	if absent(err) {
 		return nil, catalog.Errorf(catalog.NotFound, "directory not found: %s", p).With("path", p)
 	}
 	if err != nil {
@@ -323,11 +356,21 @@ func (s *Supervisor) fileList(c *call) (any, error) {
 // every ancestor is a directory (or absent) and p itself is absent or a
 // regular file. It returns the existing entry, if any.
 func writeTarget(v *layers.View, p string) (*layers.Entry, error) {
+	e, err := v.Lstat(p)
+	switch {
+	case err == nil:
+		if e.Kind != layers.KindFile {
+			return nil, catalog.Errorf(catalog.InvalidRequest, "path is not a regular file (%s)", kindName(e.Kind)).With("path", p)
+		}
+		return &e, nil
+	case !absent(err): // including a symlink parent, which the view names
+		return nil, err
+	}
 	parts := strings.Split(p, "/")
 	for i := 1; i < len(parts); i++ {
 		anc := strings.Join(parts[:i], "/")
 		e, err := v.Lstat(anc)
-		if errors.Is(err, fs.ErrNotExist) {
+		if absent(err) {
 			break
 		}
 		if err != nil {
@@ -337,17 +380,7 @@ func writeTarget(v *layers.View, p string) (*layers.Entry, error) {
 			return nil, catalog.Errorf(catalog.InvalidRequest, "a parent component is a %s, not a directory: %s", strings.ToLower(kindName(e.Kind)), anc).With("path", p)
 		}
 	}
-	e, err := v.Lstat(p)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	if e.Kind != layers.KindFile {
-		return nil, catalog.Errorf(catalog.InvalidRequest, "path is not a regular file (%s)", kindName(e.Kind)).With("path", p)
-	}
-	return &e, nil
+	return nil, nil
 }
 
 // checkProtected refuses a sessionless write of a protected path with the
@@ -429,8 +462,6 @@ func (s *Supervisor) sessionWrite(ctx context.Context, ss *session, p string, da
 	switch {
 	case err == nil:
 		return created, nil
-	case errors.Is(err, nsholder.ErrSymlink):
-		return false, catalog.Errorf(catalog.InvalidRequest, "a parent component is a symlink: %s", p).With("path", p)
 	case errors.Is(err, nsholder.ErrNotDir):
 		return false, catalog.Errorf(catalog.InvalidRequest, "a parent component is a file, not a directory: %s", p).With("path", p)
 	case errors.Is(err, nsholder.ErrNotRegular):

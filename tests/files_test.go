@@ -197,7 +197,7 @@ func TestFileBadInput(t *testing.T) {
 		{1, "invalid_request", []string{"file_read", "--path", "bin.dat"}, "file is not valid UTF-8: bin.dat"},
 		{1, "invalid_request", []string{"file_read", "--path", "big.txt"}, "selected read output exceeds the maximum of 262144 bytes"},
 		{1, "not_found", []string{"file_read", "--path", "nope.txt"}, "file not found: nope.txt"},
-		{1, "not_found", []string{"file_read", "--path", "link/f.txt"}, "file not found"},
+		{1, "invalid_request", []string{"file_read", "--path", "link/f.txt"}, `component "link" is a symlink`},
 		{2, "invalid_request", []string{"file_read", "--path", "dir/f.txt", "--limit", "0"}, "limit must be between 1 and 2000"},
 		{2, "invalid_request", []string{"file_read", "--path", "dir/f.txt", "--limit", "2001"}, "limit must be between 1 and 2000"},
 		{2, "invalid_request", []string{"file_read"}, "path is required for file_read"},
@@ -205,7 +205,7 @@ func TestFileBadInput(t *testing.T) {
 		{1, "not_found", []string{"file_read", "--path", "dir/f.txt", "--workspace-session-id", "ws-nope"}, "workspace session not found: ws-nope"},
 		{1, "invalid_request", []string{"file_write", "--path", "dir", "--content", "x"}, "path is not a regular file (Directory)"},
 		{1, "invalid_request", []string{"file_write", "--path", "link", "--content", "x"}, "path is not a regular file (Symlink)"},
-		{1, "invalid_request", []string{"file_write", "--path", "link/new.txt", "--content", "x"}, "parent component"},
+		{1, "invalid_request", []string{"file_write", "--path", "link/new.txt", "--content", "x"}, `component "link" is a symlink`},
 		{1, "invalid_request", []string{"file_write", "--path", "dir/f.txt/new.txt", "--content", "x"}, "parent component"},
 		{1, "invalid_request", []string{"file_write", "--path", "a/../p", "--content", "x"}, "invalid path: a/../p"},
 		{1, "operation_failed", []string{"file_write", "--path", "x/.wh.secret", "--content", "x"}, "protected"},
@@ -246,4 +246,111 @@ func TestFileBadInput(t *testing.T) {
 	for _, p := range []string{".wh", ".whx", "x.wh.y", "wh.foo"} {
 		e.rt(id, "file_write", "--path", p, "--content", "ok\n")
 	}
+}
+
+// TestFileSymlinkParent: a path that leads through a symlink gets one
+// answer from every file operation, with and without a session, on both
+// overlay drivers: invalid_request naming the symlink component (§7.3:
+// symlinks are never followed). A symlink as the last component keeps the
+// operation's own "not a regular file / not a directory (Symlink)".
+func TestFileSymlinkParent(t *testing.T) {
+	forDrivers(t, func(t *testing.T) {
+		e := newEnv(t)
+		e.start()
+		root := e.project(map[string]string{"realdir/inner.txt": "inner\n", "realdir/sub/deep.txt": "deep\n"})
+		for link, target := range map[string]string{"linkdir": "realdir", "realdir/lnk": ".", "abslink": "/etc"} {
+			if err := os.Symlink(target, filepath.Join(root, link)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		id := e.createSandbox(root)
+		ws := e.session(id)
+		// A symlink the session made itself lives in its upper directory.
+		e.exec(id, "--workspace-session-id", ws, "ln -s realdir /workspace/madelink")
+		edits := `[{"old_string":"inner","new_string":"changed"}]`
+		type tc struct {
+			op        []string
+			component string // "" → final-component case, want contains
+			contains  string
+		}
+		cases := []tc{
+			{[]string{"file_read", "--path", "linkdir/inner.txt"}, "linkdir", ""},
+			{[]string{"file_read", "--path", "/workspace/linkdir/sub/deep.txt"}, "linkdir", ""},
+			{[]string{"file_read", "--path", "realdir/lnk/inner.txt"}, "realdir/lnk", ""},
+			{[]string{"file_read", "--path", "abslink/passwd"}, "abslink", ""},
+			{[]string{"file_read", "--path", "linkdir/absent.txt"}, "linkdir", ""},
+			{[]string{"file_write", "--path", "linkdir/inner.txt", "--content", "x\n"}, "linkdir", ""},
+			{[]string{"file_write", "--path", "linkdir/new.txt", "--content", "x\n"}, "linkdir", ""},
+			{[]string{"file_write", "--path", "linkdir/newdir/new.txt", "--content", "x\n"}, "linkdir", ""},
+			{[]string{"file_write", "--path", "realdir/lnk/new.txt", "--content", "x\n"}, "realdir/lnk", ""},
+			{[]string{"file_edit", "--path", "linkdir/inner.txt", "--edits", edits}, "linkdir", ""},
+			{[]string{"file_edit", "--path", "realdir/lnk/inner.txt", "--edits", edits}, "realdir/lnk", ""},
+			{[]string{"file_blame", "--path", "linkdir/inner.txt"}, "linkdir", ""},
+			{[]string{"file_blame", "--path", "realdir/lnk/sub/deep.txt"}, "realdir/lnk", ""},
+			{[]string{"file_list", "--path", "linkdir/sub"}, "linkdir", ""},
+			{[]string{"file_list", "--path", "realdir/lnk/sub"}, "realdir/lnk", ""},
+			// The last component itself: the contract's kind messages.
+			{[]string{"file_read", "--path", "linkdir"}, "", "path is not a regular file (Symlink)"},
+			{[]string{"file_write", "--path", "linkdir", "--content", "x"}, "", "path is not a regular file (Symlink)"},
+			{[]string{"file_edit", "--path", "linkdir", "--edits", edits}, "", "path is not a regular file (Symlink)"},
+			{[]string{"file_blame", "--path", "linkdir"}, "", "path is not a regular file (Symlink)"},
+			{[]string{"file_list", "--path", "linkdir"}, "", "path is not a directory (Symlink)"},
+		}
+		sessionOnly := []tc{
+			{[]string{"file_read", "--path", "madelink/inner.txt"}, "madelink", ""},
+			{[]string{"file_write", "--path", "madelink/new.txt", "--content", "x\n"}, "madelink", ""},
+			{[]string{"file_list", "--path", "madelink/sub"}, "madelink", ""},
+		}
+		before := manifestLayers(t, e, id)
+		for _, view := range []string{"sessionless", "session"} {
+			list := cases
+			if view == "session" {
+				list = append(append([]tc{}, cases...), sessionOnly...)
+			}
+			for _, c := range list {
+				args := c.op
+				if view == "session" {
+					args = append(append([]string{}, c.op...), "--workspace-session-id", ws)
+				}
+				r := e.run("sandbox-runtime-cli", append([]string{"--sandbox-id", id}, args...)...)
+				if r.code == 0 {
+					t.Errorf("%s %v: succeeded: %s", view, c.op, r.stdout)
+					continue
+				}
+				body, _ := r.obj(t)["error"].(map[string]any)
+				msg, _ := body["message"].(string)
+				details, _ := body["details"].(map[string]any)
+				path, _ := catalogPath(c.op)
+				want := c.contains
+				if c.component != "" {
+					want = `path "` + path + `": component "` + c.component + `" is a symlink`
+				}
+				if body["kind"] != "invalid_request" || msg != want && !(c.component == "" && strings.Contains(msg, want)) {
+					t.Errorf("%s %v: got %s %q, want invalid_request %q", view, c.op, body["kind"], msg, want)
+					continue
+				}
+				if c.component != "" && (details["component"] != c.component || details["path"] != path) {
+					t.Errorf("%s %v: details %v, want component %q and path %q", view, c.op, details, c.component, path)
+				}
+			}
+		}
+		if after := manifestLayers(t, e, id); strings.Join(after, ",") != strings.Join(before, ",") {
+			t.Errorf("a refused operation changed the stack: %v → %v", before, after)
+		}
+		// Refused session writes left nothing behind in the session either.
+		got := e.exec(id, "--workspace-session-id", ws, "cat /workspace/realdir/inner.txt; ls -1 /workspace/realdir")
+		if out, _ := got["output"].(string); strings.TrimSpace(out) != "inner\ninner.txt\nlnk\nsub" {
+			t.Errorf("session view after refused writes: %q", out)
+		}
+	})
+}
+
+// catalogPath is the workspace-relative form of a test case's --path.
+func catalogPath(args []string) (string, bool) {
+	for i, a := range args {
+		if a == "--path" && i+1 < len(args) {
+			return strings.TrimPrefix(args[i+1], "/workspace/"), true
+		}
+	}
+	return "", false
 }

@@ -404,7 +404,7 @@ func TestSessionFileOperations(t *testing.T) {
 			contains string
 		}{
 			{1, "invalid_request", []string{"file_read", "--path", "lnk"}, "path is not a regular file (Symlink)"},
-			{1, "not_found", []string{"file_read", "--path", "lnk/app.py"}, "file not found"},
+			{1, "invalid_request", []string{"file_read", "--path", "lnk/app.py"}, `path "lnk/app.py": component "lnk" is a symlink`},
 			{1, "invalid_request", []string{"file_read", "--path", "d/pipe"}, "path is not a regular file (Other)"},
 			{1, "invalid_request", []string{"file_read", "--path", "d"}, "path is not a regular file (Directory)"},
 			{1, "invalid_request", []string{"file_write", "--path", "lnk/x", "--content", "x"}, "symlink"},

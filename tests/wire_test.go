@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -341,5 +342,90 @@ func TestConfig(t *testing.T) {
 	body := e.fail(1, "invalid_request", "sandbox-manager-cli", "create_sandbox", "--workspace-bind-root", root, "--count", "3")
 	if body["message"] != "count must be between 1 and 2" {
 		t.Fatalf("configured max_create_count: %v", body)
+	}
+}
+
+// TestWireStrictJSON sends raw request bytes that encoding/json alone
+// would read leniently — the last of duplicate keys wins, invalid UTF-8
+// becomes U+FFFD — on the Unix socket and over TCP: each is refused with
+// bad_json and changes nothing.
+func TestWireStrictJSON(t *testing.T) {
+	e := newEnv(t)
+	e.start("--listen", "tcp://127.0.0.1:0")
+	// A file whose name is what a replaced byte would look up.
+	id := e.createSandbox(e.project(map[string]string{"a.txt": "a\n", "\uFFFD.txt": "replacement\n", "secret.txt": "s\n"}))
+	addr, tok := e.tcpAddr(), e.token()
+	sb := `"scope":{"kind":"sandbox","sandbox_id":"` + id + `"}`
+	cases := []struct{ name, line, msg string }{
+		{"duplicate op", `{"op":"list_sandboxes","op":"destroy_sandbox","scope":{"kind":"system"},"args":{"sandbox_id":"` + id + `"}}`,
+			`duplicate key "op" in the request`},
+		{"duplicate arg", `{"op":"file_write",` + sb + `,"args":{"path":"a.txt","content":"x\n","path":"secret.txt"}}`,
+			`duplicate key "path" in args`},
+		{"duplicate arg, escaped", `{"op":"file_write",` + sb + `,"args":{"path":"a.txt","content":"x\n","p\u0061th":"secret.txt"}}`,
+			`duplicate key "path" in args`},
+		{"duplicate in an edit", `{"op":"file_edit",` + sb + `,"args":{"path":"a.txt","edits":[{"old_string":"a","new_string":"b","new_string":"c"}]}}`,
+			`duplicate key "new_string" in args.edits[0]`},
+		{"duplicate scope kind", `{"op":"file_write","scope":{"kind":"system","kind":"sandbox","sandbox_id":"` + id + `"},"args":{"path":"a.txt","content":"x\n"}}`,
+			`duplicate key "kind" in scope`},
+		{"raw invalid byte in a path", `{"op":"file_read",` + sb + `,"args":{"path":"` + "\xff" + `.txt"}}`,
+			`string at args.path is not valid UTF-8`},
+		{"lone surrogate in a path", `{"op":"file_read",` + sb + `,"args":{"path":"\udcff.txt"}}`,
+			`string at args.path is not valid UTF-8`},
+		{"invalid byte in content", `{"op":"file_write",` + sb + `,"args":{"path":"a.txt","content":"` + "\xc3(" + `"}}`,
+			`string at args.content is not valid UTF-8`},
+		{"invalid byte in a key", `{"op":"file_read",` + sb + `,"args":{"path":"a.txt","` + "\xfe" + `":1}}`,
+			`an object key in args is not valid UTF-8`},
+	}
+	want := func(name, via, line string) {
+		t.Helper()
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Errorf("%s via %s: response %q: %v", name, via, line, err)
+			return
+		}
+		for _, tc := range cases {
+			if tc.name == name && (errKind(m) != "bad_json" || errMsg(m) != "request is not valid JSON: "+tc.msg) {
+				t.Errorf("%s via %s: got %s, want bad_json %q", name, via, line, tc.msg)
+			}
+		}
+	}
+	for _, tc := range cases {
+		lines := e.raw([]byte(tc.line + "\n"))
+		if len(lines) != 1 {
+			t.Errorf("%s: %d response lines", tc.name, len(lines))
+			continue
+		}
+		want(tc.name, "unix", lines[0])
+		// Over TCP with the right token: the token does not excuse it.
+		tcpLine := strings.Replace(tc.line, `{"op":`, `{"_sandbox_gateway_auth_token":"`+tok+`","op":`, 1)
+		c, err := net.Dial("tcp", strings.TrimPrefix(addr, "tcp://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		_, _ = c.Write([]byte(tcpLine + "\n"))
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		c.Close()
+		want(tc.name, "tcp", line)
+	}
+	// Nothing happened: the sandbox is there, its files as they were.
+	if got := e.mgr("list_sandboxes")["sandboxes"].([]any); len(got) != 1 {
+		t.Fatalf("sandboxes after refused requests: %v", got)
+	}
+	for p, content := range map[string]string{"a.txt": "a", "secret.txt": "s"} {
+		if got := e.rt(id, "file_read", "--path", p)["content"]; got != content {
+			t.Errorf("%s = %q after refused requests, want %q", p, got, content)
+		}
+	}
+	// A CLI refuses such a path itself instead of letting its JSON encoder
+	// send U+FFFD in its place.
+	body := e.rtFail(id, 2, "invalid_request", "file_read", "--path", "\xff.txt")
+	if body["message"] != "path must be valid UTF-8" {
+		t.Errorf("CLI with a non-UTF-8 path: %v", body)
+	}
+	// The same requests written plainly still work.
+	ok := e.raw([]byte(`{"op":"file_read",` + sb + `,"args":{"path":"\ufffd.txt"}}` + "\n"))
+	if len(ok) != 1 || !strings.Contains(ok[0], `"content":"replacement"`) {
+		t.Errorf("reading \\ufffd.txt by its real name: %q", ok)
 	}
 }
