@@ -198,8 +198,8 @@ func TestDecodeRequest(t *testing.T) {
 }
 
 // TestParseLineStrict: what encoding/json would take silently (the last of
-// duplicate keys, U+FFFD for invalid UTF-8) is refused with bad_json at any
-// depth, and a line that only looks similar is accepted unchanged.
+// duplicate keys, U+FFFD for invalid UTF-8) is refused at any depth (bad_json; invalid_request for invalid UTF-8
+// in an argument's value), and a line that only looks similar is accepted unchanged.
 func TestParseLineStrict(t *testing.T) {
 	const head = `{"op":"file_read","scope":{"kind":"sandbox","sandbox_id":"s"},`
 	for _, tc := range []struct{ line, want string }{ // want "" = accepted
@@ -209,14 +209,14 @@ func TestParseLineStrict(t *testing.T) {
 		{head + `"args":{"edits":[{"old_string":"a","old_string":"b"}]}}`, `request is not valid JSON: duplicate key "old_string" in args.edits[0]`},
 		{head + `"args":{"x":[[{"k":{"d":1,"d":1}}]]}}`, `request is not valid JSON: duplicate key "d" in args.x[0][0].k`},
 		{head + `"args":{"path":"a\u0070","pat\u0068":"b"}}`, `request is not valid JSON: duplicate key "path" in args`},
-		{head + "\"args\":{\"path\":\"bad\xffname\"}}", `request is not valid JSON: string at args.path is not valid UTF-8`},
-		{head + "\"args\":{\"path\":\"\xc3\"}}", `request is not valid JSON: string at args.path is not valid UTF-8`},
-		{head + "\"args\":{\"path\":\"\xed\xa0\x80\"}}", `request is not valid JSON: string at args.path is not valid UTF-8`},
-		{head + `"args":{"path":"x\udc80"}}`, `request is not valid JSON: string at args.path is not valid UTF-8`},
-		{head + `"args":{"path":"\ud800"}}`, `request is not valid JSON: string at args.path is not valid UTF-8`},
-		{head + `"args":{"path":"\ud800\u0041"}}`, `request is not valid JSON: string at args.path is not valid UTF-8`},
-		{head + `"args":{"path":"\ud800\ud800"}}`, `request is not valid JSON: string at args.path is not valid UTF-8`},
-		{head + `"args":{"edits":[{"old_string":"a","new_string":"\udfff"}]}}`, `request is not valid JSON: string at args.edits[0].new_string is not valid UTF-8`},
+		{head + "\"args\":{\"path\":\"bad\xffname\"}}", `string at args.path is not valid UTF-8`},
+		{head + "\"args\":{\"path\":\"\xc3\"}}", `string at args.path is not valid UTF-8`},
+		{head + "\"args\":{\"path\":\"\xed\xa0\x80\"}}", `string at args.path is not valid UTF-8`},
+		{head + `"args":{"path":"x\udc80"}}`, `string at args.path is not valid UTF-8`},
+		{head + `"args":{"path":"\ud800"}}`, `string at args.path is not valid UTF-8`},
+		{head + `"args":{"path":"\ud800\u0041"}}`, `string at args.path is not valid UTF-8`},
+		{head + `"args":{"path":"\ud800\ud800"}}`, `string at args.path is not valid UTF-8`},
+		{head + `"args":{"edits":[{"old_string":"a","new_string":"\udfff"}]}}`, `string at args.edits[0].new_string is not valid UTF-8`},
 		{head + "\"args\":{\"p\xffth\":\"a\"}}", `request is not valid JSON: an object key in args is not valid UTF-8`},
 		{`{"op":"\udc80","scope":{"kind":"system"}}`, `request is not valid JSON: string at op is not valid UTF-8`},
 		// Accepted: distinct keys, valid text that merely contains U+FFFD or
@@ -233,8 +233,12 @@ func TestParseLineStrict(t *testing.T) {
 		got := ""
 		if err != nil {
 			got = err.Message
-			if err.Kind != BadJSON {
-				t.Errorf("%q: kind %s, want bad_json", tc.line, err.Kind)
+			want := BadJSON
+			if !strings.HasPrefix(tc.want, "request is not valid JSON") {
+				want = InvalidRequest // invalid UTF-8 in an argument's value
+			}
+			if err.Kind != want {
+				t.Errorf("%q: kind %s, want %s", tc.line, err.Kind, want)
 			}
 		}
 		if got != tc.want {

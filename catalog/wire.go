@@ -37,7 +37,9 @@ type Request struct {
 // exact. It is stricter than encoding/json, which takes the last of
 // duplicate keys and silently turns invalid UTF-8 (raw bytes or a lone
 // surrogate escape such as "\udc80") into U+FFFD: a request with either, at
-// any depth, is refused with bad_json (§2.4 step 3), because such a line is
+// any depth, is refused — with bad_json (§2.4 step 3), except that invalid
+// UTF-8 in a string value under args is invalid_request, the kind of every
+// other argument a handler cannot use (issue 13 item 9) — because such a line is
 // not the JSON text of RFC 8259 (§8.1 text is UTF-8; §4 names should be
 // unique) and I-JSON (RFC 7493) forbids both. Refusing matters:
 // {"op":"health","op":"destroy_sandbox"} must not run destroy, and a path
@@ -215,7 +217,14 @@ func (p *lineParser) next(depth int) (any, error) {
 	}
 	switch t := tok.(type) {
 	case string:
-		if err := p.checkString(t, start, "string at "+p.where()); err != nil {
+		// An argument's value is the caller's data, not the JSON's shape:
+		// invalid UTF-8 there is a bad argument (invalid_request, as for any
+		// other argument a handler cannot use), elsewhere a bad line.
+		kind := BadJSON
+		if len(p.at) > 0 && p.at[0] == "args" {
+			kind = InvalidRequest
+		}
+		if err := p.checkString(t, start, "string at "+p.where(), kind); err != nil {
 			return nil, err
 		}
 		return t, nil
@@ -243,7 +252,7 @@ func (p *lineParser) object(depth int) (any, error) {
 		if !ok { // Token reports misplaced delimiters itself; this is a guard
 			return nil, Errorf(BadJSON, "request is not valid JSON: object key at %s is not a string", p.where())
 		}
-		if err := p.checkString(k, start, "an object key in "+p.where()); err != nil {
+		if err := p.checkString(k, start, "an object key in "+p.where(), BadJSON); err != nil {
 			return nil, err
 		}
 		if _, dup := m[k]; dup {
@@ -284,13 +293,16 @@ func (p *lineParser) array(depth int) (any, error) {
 // replacement: only when the decoded text holds U+FFFD is the token's raw
 // text (from start, just after the previous token) looked at, so ordinary
 // strings cost nothing extra.
-func (p *lineParser) checkString(s string, start int64, what string) *Error {
+func (p *lineParser) checkString(s string, start int64, what, kind string) *Error {
 	if !strings.ContainsRune(s, utf8.RuneError) {
 		return nil
 	}
 	raw := p.line[start:p.d.InputOffset()]
 	if i := bytes.IndexByte(raw, '"'); i >= 0 && validJSONString(raw[i+1:]) {
 		return nil
+	}
+	if kind == InvalidRequest {
+		return Errorf(InvalidRequest, "%s is not valid UTF-8", what)
 	}
 	return Errorf(BadJSON, "request is not valid JSON: %s is not valid UTF-8", what)
 }

@@ -384,8 +384,12 @@ func TestWireStrictJSON(t *testing.T) {
 			return
 		}
 		for _, tc := range cases {
-			if tc.name == name && (errKind(m) != "bad_json" || errMsg(m) != "request is not valid JSON: "+tc.msg) {
-				t.Errorf("%s via %s: got %s, want bad_json %q", name, via, line, tc.msg)
+			kind, msg := "bad_json", "request is not valid JSON: "+tc.msg
+			if strings.HasPrefix(tc.msg, "string at args.") {
+				kind, msg = "invalid_request", tc.msg // a bad argument value
+			}
+			if tc.name == name && (errKind(m) != kind || errMsg(m) != msg) {
+				t.Errorf("%s via %s: got %s, want %s %q", name, via, line, kind, msg)
 			}
 		}
 	}
