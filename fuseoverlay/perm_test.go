@@ -199,6 +199,7 @@ func mkChain(t *testing.T, dir string, c byte, depth int) int {
 	for i := range depth {
 		name := longName(c, i)
 		if err := unix.Mkdirat(fd, name, 0o755); err != nil && err != unix.EEXIST {
+			unix.Close(fd) // an open descriptor would keep the mount busy
 			t.Fatalf("mkdir at depth %d: %v", i, err)
 		}
 		next, err := unix.Openat(fd, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
