@@ -255,6 +255,7 @@ func (r *runner) entry(rel string) Entry {
 		e.Target = t
 	case unix.S_IFIFO:
 		e.Type, e.Nlink = "fifo", uint64(st.Nlink)
+		e.Mode = fmt.Sprintf("%04o", st.Mode&0o7777)
 	default:
 		e.Type = "other"
 	}
@@ -392,6 +393,8 @@ func runAll(dir, out string) error {
 	r.whiteoutsAndOpaque()
 	r.copyUp()
 	r.createAndRemove()
+	r.modes()
+	r.longPaths()
 	r.renames()
 	r.links()
 	r.xattrs()
@@ -594,6 +597,154 @@ func (r *runner) createAndRemove() {
 		return unix.Rmdir(r.p("newdir-rm"))
 	})
 	r.step("mknod-fifo", []string{"fifo"}, func(map[string]any) error { return unix.Mkfifo(r.p("fifo"), 0o644) })
+}
+
+// modes creates under other umasks than the probe's 022 (the FUSE server
+// must not apply its own on top) and reports mode 0000 (go-fuse would show
+// 0644/0755 unless told not to).
+func (r *runner) modes() {
+	withUmask := func(mask int, f func() error) error {
+		old := unix.Umask(mask)
+		defer unix.Umask(old)
+		return f()
+	}
+	r.step("umask-002-touch-mkdir", []string{"um2.txt", "um2-dir"}, func(map[string]any) error {
+		return withUmask(0o002, func() error {
+			fd, err := unix.Open(r.p("um2.txt"), unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o666) // as touch does
+			if err != nil {
+				return err
+			}
+			unix.Close(fd)
+			return unix.Mkdir(r.p("um2-dir"), 0o777)
+		})
+	})
+	r.step("umask-0-create-mkdir-mknod", []string{"um0-0620.txt", "um0-dir", "um0-fifo", "um0-sticky"}, func(map[string]any) error {
+		return withUmask(0, func() error {
+			fd, err := unix.Open(r.p("um0-0620.txt"), unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o620)
+			if err != nil {
+				return err
+			}
+			unix.Close(fd)
+			if err := unix.Mkdir(r.p("um0-dir"), 0o777); err != nil {
+				return err
+			}
+			if err := unix.Mkfifo(r.p("um0-fifo"), 0o666); err != nil {
+				return err
+			}
+			return unix.Mkdir(r.p("um0-sticky"), 0o1777)
+		})
+	})
+	// Reading or listing a mode-0000 entry depends on who asks (the probe
+	// is root in a session, an ordinary user natively), so the step reports
+	// lstat modes only and restores the modes before the tree is walked.
+	r.step("chmod-0000", nil, func(f map[string]any) error {
+		if err := os.WriteFile(r.p("zero.txt"), []byte("zero\n"), 0o644); err != nil {
+			return err
+		}
+		if err := unix.Mkdir(r.p("zero-dir"), 0o755); err != nil {
+			return err
+		}
+		// New upper entries, a copied-up lower file and a lower directory.
+		for _, p := range []string{"zero.txt", "zero-dir", "chmod.txt", "dir-lower/sub"} {
+			var st unix.Stat_t
+			if err := unix.Lstat(r.p(p), &st); err != nil {
+				return err
+			}
+			if err := unix.Chmod(r.p(p), 0); err != nil {
+				return err
+			}
+			var zst unix.Stat_t
+			err := unix.Lstat(r.p(p), &zst)
+			if rerr := unix.Chmod(r.p(p), st.Mode&0o7777); err == nil {
+				err = rerr
+			}
+			if err != nil {
+				return err
+			}
+			f[p+" mode"] = fmt.Sprintf("%04o", zst.Mode&0o7777)
+		}
+		return nil
+	})
+}
+
+// longPaths works below a chain of directories whose path is longer than
+// PATH_MAX (pjdfstest */03.t, rename/02): every call is relative to a
+// descriptor of a deep directory, as a process working down there would
+// make it. The chain is removed again: the final walk uses whole paths.
+func (r *runner) longPaths() {
+	const depth = 20 // 20 names of 255 bytes: about 5,100 bytes
+	r.step("long-path", []string{"deep"}, func(f map[string]any) error {
+		if err := unix.Mkdir(r.p("deep"), 0o755); err != nil {
+			return err
+		}
+		fds := []int{}
+		defer func() {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+		}()
+		cur, err := unix.Open(r.p("deep"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		fds = append(fds, cur)
+		name := func(i int) string { return fmt.Sprintf("%03d", i) + strings.Repeat("d", 252) }
+		for i := range depth {
+			if err := unix.Mkdirat(cur, name(i), 0o755); err != nil {
+				return fmt.Errorf("mkdir at depth %d: %w", i, err)
+			}
+			next, err := unix.Openat(cur, name(i), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("open at depth %d: %w", i, err)
+			}
+			fds = append(fds, next)
+			cur = next
+		}
+		fd, err := unix.Openat(cur, "file", unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o644)
+		if err != nil {
+			return fmt.Errorf("create at the bottom: %w", err)
+		}
+		_, err = unix.Write(fd, []byte("deep\n"))
+		unix.Close(fd)
+		if err != nil {
+			return err
+		}
+		if err := unix.Mkdirat(cur, "sub", 0o755); err != nil {
+			return err
+		}
+		if err := unix.Renameat(cur, "file", cur, "sub/renamed"); err != nil {
+			return fmt.Errorf("rename at the bottom: %w", err)
+		}
+		if err := unix.Symlinkat("sub/renamed", cur, "link"); err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(cur, "link", &st, 0); err != nil {
+			return fmt.Errorf("stat through a symlink at the bottom: %w", err)
+		}
+		f["size"] = st.Size
+		f["mode"] = fmt.Sprintf("%04o", st.Mode&0o7777)
+		names, err := listNames(fmt.Sprintf("/proc/self/fd/%d", cur))
+		if err != nil {
+			return err
+		}
+		f["names"] = names
+		// Remove bottom-up, each directory relative to its parent's descriptor.
+		for _, n := range []string{"sub/renamed", "link"} {
+			if err := unix.Unlinkat(cur, n, 0); err != nil {
+				return err
+			}
+		}
+		if err := unix.Unlinkat(cur, "sub", unix.AT_REMOVEDIR); err != nil {
+			return err
+		}
+		for i := depth - 1; i >= 0; i-- {
+			if err := unix.Unlinkat(fds[i], name(i), unix.AT_REMOVEDIR); err != nil {
+				return fmt.Errorf("rmdir at depth %d: %w", i, err)
+			}
+		}
+		return nil
+	})
 }
 
 func (r *runner) renames() {
