@@ -11,6 +11,10 @@
 //	fssem prepare DIR          lower content, layer 1 (the sandbox's workspace root)
 //	fssem prepare2 DIR         layer 2: deletions, an opaque replacement, a rewrite
 //	fssem run DIR OUT          the scripted operations; the report goes to OUT ("-": stdout)
+//	fssem otheruid DIR OUT     mode-0000 entries made by this user, then opened by
+//	                           another: uid/gid 65534 (root in a subordinate-ID
+//	                           session), or $FSSEM_OTHER_SUDO through sudo (natively)
+//	fssem access DIR           (internal) the other user's side of otheruid
 //
 // It is built static (CGO_ENABLED=0) so it runs inside any session root.
 package main
@@ -31,6 +35,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -56,6 +61,14 @@ func main() {
 			break
 		}
 		err = runAll(dir, os.Args[3])
+	case "otheruid":
+		if len(os.Args) != 4 {
+			err = errors.New("otheruid needs DIR and OUT")
+			break
+		}
+		err = otherUID(dir, os.Args[3])
+	case "access":
+		err = access(dir)
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
@@ -1252,4 +1265,118 @@ func (r *runner) racingReaddir(step, rel, prefix string, base []string) {
 		f["final count"] = len(names)
 		return err
 	})
+}
+
+// ---------------------------------------------------------------- another uid
+
+// otherPaths are what the other user tries, with what it tries.
+var otherPaths = []struct{ path, how string }{
+	{"open.txt", "open"},      // the control: mode 0644, readable by all
+	{"zero.txt", "open"},      // mode 0000
+	{"zdir", "opendir"},       // mode 0000
+	{"zdir/in.txt", "open"},   // 0644, but in a mode-0000 directory
+	{"zdir/in.txt", "stat"},   // search permission is needed for stat too
+	{"zero.txt", "write"},     // mode 0000, for writing
+	{"rdir/in.txt", "unlink"}, // a directory of mode 0555 (no write)
+}
+
+// otherUID makes DIR with mode-0000 entries, has another user try them, and
+// writes {"modes": the lstat modes, "other": path how → result} to OUT.
+func otherUID(dir, out string) error {
+	if err := os.MkdirAll(filepath.Join(dir, "zdir"), 0o755); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "rdir"), 0o755); err != nil {
+		return err
+	}
+	for p, m := range map[string]os.FileMode{"open.txt": 0o644, "zero.txt": 0o644, "zdir/in.txt": 0o644, "rdir/in.txt": 0o644} {
+		if err := os.WriteFile(filepath.Join(dir, p), []byte(p+"\n"), m); err != nil {
+			return err
+		}
+	}
+	modes := map[string]uint32{"zero.txt": 0, "zdir": 0, "rdir": 0o555, ".": 0o755}
+	for p, m := range modes {
+		if err := os.Chmod(filepath.Join(dir, p), os.FileMode(m)); err != nil {
+			return err
+		}
+	}
+	// Restored afterwards, so the tree can be removed.
+	defer func() {
+		_ = os.Chmod(filepath.Join(dir, "zdir"), 0o755)
+		_ = os.Chmod(filepath.Join(dir, "rdir"), 0o755)
+	}()
+	rep := map[string]any{}
+	got := map[string]string{}
+	for p := range modes {
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(dir, p), &st); err != nil {
+			return err
+		}
+		got[p] = fmt.Sprintf("%04o", st.Mode&0o7777)
+	}
+	rep["modes"] = got
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	var cmd *exec.Cmd
+	if u := os.Getenv("FSSEM_OTHER_SUDO"); u != "" {
+		cmd = exec.Command("sudo", "-n", "-u", u, self, "access", abs)
+	} else {
+		cmd = exec.Command(self, "access", abs)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	}
+	var stdout bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("run the other user's side: %w", err)
+	}
+	var other map[string]string
+	if err := json.Unmarshal(stdout.Bytes(), &other); err != nil {
+		return fmt.Errorf("other user's report %q: %w", stdout.String(), err)
+	}
+	rep["other"] = other
+	data, err := json.Marshal(rep)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(out, append(data, '\n'), 0o644)
+}
+
+// access is the other user's side: it tries each of otherPaths in DIR and
+// prints "path how" → result as JSON.
+func access(dir string) error {
+	res := map[string]string{"not root": fmt.Sprint(os.Getuid() != 0)}
+	for _, c := range otherPaths {
+		p := filepath.Join(dir, c.path)
+		var err error
+		switch c.how {
+		case "open", "opendir", "write":
+			flags := unix.O_RDONLY
+			if c.how == "write" {
+				flags = unix.O_WRONLY
+			}
+			var fd int
+			fd, err = unix.Open(p, flags|unix.O_CLOEXEC, 0)
+			if err == nil {
+				unix.Close(fd)
+			}
+		case "stat":
+			var st unix.Stat_t
+			err = unix.Lstat(p, &st)
+		case "unlink":
+			err = unix.Unlink(p)
+		}
+		res[c.path+" "+c.how] = errName(err)
+	}
+	data, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	_, err = os.Stdout.Write(data)
+	return err
 }
