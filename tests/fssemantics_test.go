@@ -373,7 +373,8 @@ func TestFilesystemPermissionsOtherUID(t *testing.T) {
 		}
 		id := e.createSandbox(root)
 		ws := e.session(id)
-		if out := e.exec(id, "--workspace-session-id", ws, "--yield-time-ms", "60000", "./fssem otheruid t report.json"); out["status"] != "ok" {
+		// A layer's root is mode 0700: open it so uid 65534 reaches t/ and can run the probe.
+		if out := e.exec(id, "--workspace-session-id", ws, "--yield-time-ms", "60000", "chmod 755 . && ./fssem otheruid t report.json"); out["status"] != "ok" {
 			t.Fatalf("fssem otheruid: %v", out)
 		}
 		rep := e.rt(id, "file_read", "--workspace-session-id", ws, "--path", "report.json")
