@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -290,7 +291,7 @@ func TestPathsLongerThanPathMax(t *testing.T) {
 		must(t, err)
 		return ns
 	}
-	if got := strings.Join(sortedCopy(names(ufd)), ","); got != "fifo,hard.txt,sub,sym" {
+	if got := strings.Join(slices.Sorted(slices.Values(names(ufd))), ","); got != "fifo,hard.txt,sub,sym" {
 		t.Fatalf("readdir at depth: %s", got)
 	}
 
@@ -319,16 +320,4 @@ func TestPathsLongerThanPathMax(t *testing.T) {
 	if err := unix.Fstatat(lfd, "lower.txt", &st, unix.AT_SYMLINK_NOFOLLOW); err != unix.ENOENT {
 		t.Fatalf("unlinked lower file at depth: %v", err)
 	}
-}
-
-func sortedCopy(s []string) []string {
-	c := append([]string(nil), s...)
-	for i := range c {
-		for j := i + 1; j < len(c); j++ {
-			if c[j] < c[i] {
-				c[i], c[j] = c[j], c[i]
-			}
-		}
-	}
-	return c
 }
