@@ -69,27 +69,27 @@ func (n *node) copyUpDir() syscall.Errno {
 	o := n.o
 	src := o.fds[n.layer]
 	var st unix.Stat_t
-	if err := unix.Fstatat(src, p, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	if err := fstatat(src, p, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return errnoOf(err)
 	}
 	up := o.fds[0]
-	if err := unix.Mkdirat(up, p, 0o700); err != nil {
+	if err := mkdirat(up, p, 0o700); err != nil {
 		return errnoOf(err)
 	}
-	_ = unix.Fchownat(up, p, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
-	if sfd, err := unix.Openat(src, p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
-		if dfd, err := unix.Openat(up, p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
+	_ = fchownat(up, p, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
+	if sfd, err := openat(src, p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
+		if dfd, err := openat(up, p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
 			copyXattrs(sfd, dfd)
 			unix.Close(dfd)
 		}
 		unix.Close(sfd)
 	}
-	if err := unix.Fchmodat(up, p, st.Mode&07777, 0); err != nil {
+	if err := fchmodat(up, p, st.Mode&07777, 0); err != nil {
 		return errnoOf(err)
 	}
-	_ = unix.UtimesNanoAt(up, p, []unix.Timespec{st.Atim, st.Mtim}, unix.AT_SYMLINK_NOFOLLOW)
+	_ = utimesNanoAt(up, p, []unix.Timespec{st.Atim, st.Mtim}, unix.AT_SYMLINK_NOFOLLOW)
 	var nst unix.Stat_t
-	if err := unix.Fstatat(up, p, &nst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	if err := fstatat(up, p, &nst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return errnoOf(err)
 	}
 	o.originMu.Lock()
@@ -111,10 +111,10 @@ func (o *ofs) stagingAcquire() (int, syscall.Errno) {
 	defer o.stageMu.Unlock()
 	if o.stageRefs == 0 {
 		up := o.fds[0]
-		if err := unix.Mkdirat(up, stagingName, 0o700); err != nil && err != unix.EEXIST {
+		if err := mkdirat(up, stagingName, 0o700); err != nil && err != unix.EEXIST {
 			return -1, errnoOf(err)
 		}
-		fd, err := unix.Openat(up, stagingName, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		fd, err := openat(up, stagingName, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return -1, errnoOf(err)
 		}
@@ -134,7 +134,7 @@ func (o *ofs) stagingRelease() {
 	if o.stageRefs == 0 {
 		unix.Close(o.stageFd)
 		o.stageFd = -1
-		_ = unix.Unlinkat(o.fds[0], stagingName, unix.AT_REMOVEDIR)
+		_ = unlinkat(o.fds[0], stagingName, unix.AT_REMOVEDIR)
 	}
 }
 
@@ -144,19 +144,19 @@ func (o *ofs) stagingRelease() {
 func (o *ofs) stageEntry(wd, layer int, p string) (string, syscall.Errno) {
 	src := o.fds[layer]
 	var st unix.Stat_t
-	if err := unix.Fstatat(src, p, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	if err := fstatat(src, p, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return "", errnoOf(err)
 	}
 	tmp := o.tmpName()
 	times := []unix.Timespec{st.Atim, st.Mtim}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
-		sfd, err := unix.Openat(src, p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		sfd, err := openat(src, p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return "", errnoOf(err)
 		}
 		defer unix.Close(sfd)
-		dfd, err := unix.Openat(wd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		dfd, err := openat(wd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if err != nil {
 			return "", errnoOf(err)
 		}
@@ -171,26 +171,31 @@ func (o *ofs) stageEntry(wd, layer int, p string) (string, syscall.Errno) {
 		}
 		unix.Close(dfd)
 		if err != nil {
-			_ = unix.Unlinkat(wd, tmp, 0)
+			_ = unlinkat(wd, tmp, 0)
 			return "", errnoOf(err)
 		}
 	case unix.S_IFLNK:
 		buf := make([]byte, 4096)
-		sz, err := unix.Readlinkat(src, p, buf)
+		sz, err := readlinkat(src, p, buf)
 		if err != nil {
 			return "", errnoOf(err)
 		}
-		if err := unix.Symlinkat(string(buf[:sz]), wd, tmp); err != nil {
+		if err := symlinkat(string(buf[:sz]), wd, tmp); err != nil {
 			return "", errnoOf(err)
 		}
-		_ = unix.Fchownat(wd, tmp, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
-		_ = unix.UtimesNanoAt(wd, tmp, times, unix.AT_SYMLINK_NOFOLLOW)
+		_ = fchownat(wd, tmp, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
+		_ = utimesNanoAt(wd, tmp, times, unix.AT_SYMLINK_NOFOLLOW)
 	default:
-		if err := unix.Mknodat(wd, tmp, st.Mode, int(st.Rdev)); err != nil {
+		if err := mknodat(wd, tmp, st.Mode, int(st.Rdev)); err != nil {
 			return "", errnoOf(err)
 		}
-		_ = unix.Fchownat(wd, tmp, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
-		_ = unix.UtimesNanoAt(wd, tmp, times, unix.AT_SYMLINK_NOFOLLOW)
+		_ = fchownat(wd, tmp, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
+		// mknod applied this process's umask; the copy keeps the lower's bits.
+		if err := fchmodat(wd, tmp, st.Mode&07777, 0); err != nil {
+			_ = unlinkat(wd, tmp, 0)
+			return "", errnoOf(err)
+		}
+		_ = utimesNanoAt(wd, tmp, times, unix.AT_SYMLINK_NOFOLLOW)
 	}
 	return tmp, 0
 }
@@ -198,12 +203,12 @@ func (o *ofs) stageEntry(wd, layer int, p string) (string, syscall.Errno) {
 // install renames the staged entry into the upper at p and returns the
 // upper inode number (caller holds ofs.mu exclusively).
 func (o *ofs) install(wd int, tmp, p string) (uint64, syscall.Errno) {
-	if err := unix.Renameat(wd, tmp, o.fds[0], p); err != nil {
-		_ = unix.Unlinkat(wd, tmp, 0)
+	if err := renameat(wd, tmp, o.fds[0], p); err != nil {
+		_ = unlinkat(wd, tmp, 0)
 		return 0, errnoOf(err)
 	}
 	var nst unix.Stat_t
-	if err := unix.Fstatat(o.fds[0], p, &nst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	if err := fstatat(o.fds[0], p, &nst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return 0, errnoOf(err)
 	}
 	return nst.Ino, 0
@@ -255,17 +260,17 @@ func (n *node) copyUpOpen() syscall.Errno {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if n.layer == 0 { // copied up meanwhile (rename, link, setattr)
-		_ = unix.Unlinkat(wd, tmp, 0)
+		_ = unlinkat(wd, tmp, 0)
 		return 0
 	}
 	parent := n.parentNode()
 	p, ok = n.path()
 	if parent == nil || !ok {
-		_ = unix.Unlinkat(wd, tmp, 0)
+		_ = unlinkat(wd, tmp, 0)
 		return syscall.ESTALE
 	}
 	if errno := parent.copyUpDir(); errno != 0 {
-		_ = unix.Unlinkat(wd, tmp, 0)
+		_ = unlinkat(wd, tmp, 0)
 		return errno
 	}
 	upIno, errno := o.install(wd, tmp, p)

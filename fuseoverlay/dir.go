@@ -21,7 +21,7 @@ func (o *ofs) merged(layers []int, p string, root bool) ([]fuse.DirEntry, syscal
 	buf := make([]byte, 64<<10)
 	for _, l := range layers {
 		lfd := o.fds[l]
-		fd, err := unix.Openat(lfd, rel(p), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		fd, err := openat(lfd, rel(p), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return nil, errnoOf(err)
 		}
@@ -68,7 +68,6 @@ func (o *ofs) merged(layers []int, p string, root bool) ([]fuse.DirEntry, syscal
 				if root && o.hideTmp && name == stagingName {
 					continue
 				}
-				cp := join(p, name)
 				var mode uint32
 				switch typ {
 				case unix.DT_DIR:
@@ -82,11 +81,13 @@ func (o *ofs) merged(layers []int, p string, root bool) ([]fuse.DirEntry, syscal
 				case unix.DT_BLK:
 					mode = unix.S_IFBLK
 				default: // DT_REG, DT_CHR, DT_UNKNOWN: may be whiteouts
+					// Relative to the open directory: one short name, however
+					// deep the directory is.
 					var st unix.Stat_t
-					if err := unix.Fstatat(lfd, cp, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+					if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 						continue
 					}
-					if isWhiteout(lfd, cp, &st) {
+					if isWhiteout(fd, name, &st) {
 						continue
 					}
 					mode = st.Mode & unix.S_IFMT
@@ -212,7 +213,7 @@ func (h *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
 	if !ok {
 		return 0
 	}
-	fd, err := unix.Openat(h.n.o.fds[h.n.layer], rel(p), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	fd, err := openat(h.n.o.fds[h.n.layer], rel(p), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return errnoOf(err)
 	}

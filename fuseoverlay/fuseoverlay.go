@@ -30,6 +30,13 @@
 //     refused). Renaming a directory that has lower content fails with
 //     EXDEV, so tools fall back to copy and delete; RENAME_EXCHANGE is
 //     EINVAL.
+//   - modes: a new entry gets exactly the mode of the request (the kernel
+//     applied the caller's umask; the server's own umask is undone), and
+//     attributes carry the real mode, 0000 included, since the mount's
+//     default_permissions makes the kernel check access against them.
+//   - paths longer than PATH_MAX from a layer root are resolved by walking
+//     directory descriptors without following symlinks (at.go); shorter
+//     ones still take a single *at() call.
 //   - copy-up stages in Options.Work, or else in a directory ".esbx-tmp" in
 //     the upper root that exists only while one copy-up runs, is hidden
 //     from lookup and readdir, and is removed at mount if a crash left it.

@@ -59,7 +59,7 @@ func isOverlayXattr(name string) bool {
 // fifos, sockets, symlinks) is reported as unsupported.
 func openForXattr(dirfd int, p string) (int, error) {
 	var st unix.Stat_t
-	if err := unix.Fstatat(dirfd, rel(p), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	if err := fstatat(dirfd, rel(p), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return -1, err
 	}
 	switch st.Mode & unix.S_IFMT {
@@ -67,7 +67,7 @@ func openForXattr(dirfd int, p string) (int, error) {
 	default:
 		return -1, unix.ENOTSUP
 	}
-	return unix.Openat(dirfd, rel(p), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	return openat(dirfd, rel(p), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 }
 
 // fgetxattrAll reads a whole xattr value from fd.
@@ -118,7 +118,7 @@ func isWhiteout(dirfd int, p string, st *unix.Stat_t) bool {
 // isOpaque reports whether the directory at p is opaque: an overlay opaque
 // xattr "y" (user or trusted) or an OCI .wh..wh..opq entry inside.
 func isOpaque(dirfd int, p string) bool {
-	fd, err := unix.Openat(dirfd, rel(p), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := openat(dirfd, rel(p), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return false
 	}
@@ -129,24 +129,24 @@ func isOpaque(dirfd int, p string) bool {
 		}
 	}
 	var st unix.Stat_t
-	return unix.Fstatat(fd, opaqueMarker, &st, unix.AT_SYMLINK_NOFOLLOW) == nil
+	return fstatat(fd, opaqueMarker, &st, unix.AT_SYMLINK_NOFOLLOW) == nil
 }
 
 // makeWhiteout writes a whiteout for p in the upper: a 0:0 character device
 // (allowed for the root of a user namespace since Linux 5.8), else an empty
 // file with user.overlay.whiteout=y — the two forms the kernel reads.
 func makeWhiteout(upper int, p string) error {
-	err := unix.Mknodat(upper, p, unix.S_IFCHR, 0)
+	err := mknodat(upper, p, unix.S_IFCHR, 0)
 	if err == nil || err == unix.EEXIST {
 		return err
 	}
-	fd, ferr := unix.Openat(upper, p, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o000)
+	fd, ferr := openat(upper, p, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o000)
 	if ferr != nil {
 		return ferr
 	}
 	defer unix.Close(fd)
 	if xerr := unix.Fsetxattr(fd, xUserWhiteout, []byte("y"), 0); xerr != nil {
-		_ = unix.Unlinkat(upper, p, 0)
+		_ = unlinkat(upper, p, 0)
 		return xerr
 	}
 	return nil
@@ -156,7 +156,7 @@ func makeWhiteout(upper int, p string) error {
 // userxattr mode (user.overlay.opaque=y); only where user xattrs are refused
 // does it fall back to the OCI marker entry.
 func setOpaque(upper int, p string) error {
-	fd, err := unix.Openat(upper, rel(p), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := openat(upper, rel(p), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}

@@ -75,6 +75,9 @@ func mount(ctx context.Context, mountpoint string, opts Options) (*Server, error
 		EntryTimeout:    &to,
 		AttrTimeout:     &to,
 		NegativeTimeout: &to,
+		// Report mode 0000 as it is: go-fuse would otherwise show 0644/0755,
+		// and default_permissions makes the kernel grant access by that.
+		NullPermissions: true,
 		MountOptions: fuse.MountOptions{
 			DirectMountStrict: true,
 			// No passthrough: it hides writes from the recorder. No

@@ -142,11 +142,11 @@ func (o *ofs) probe(layers []int, dp, name string) (probe, syscall.Errno) {
 	for _, l := range layers {
 		fd := o.fds[l]
 		var st unix.Stat_t
-		err := unix.Fstatat(fd, p, &st, unix.AT_SYMLINK_NOFOLLOW)
+		err := fstatat(fd, p, &st, unix.AT_SYMLINK_NOFOLLOW)
 		if err == unix.ENOENT || err == unix.ENOTDIR {
 			if l > 0 {
 				var wst unix.Stat_t
-				if unix.Fstatat(fd, join(dp, whPrefix+name), &wst, unix.AT_SYMLINK_NOFOLLOW) == nil {
+				if fstatat(fd, join(dp, whPrefix+name), &wst, unix.AT_SYMLINK_NOFOLLOW) == nil {
 					break
 				}
 			}
@@ -209,10 +209,10 @@ func (o *ofs) lowerOrigin(lowers []int, dp, name string) uint64 {
 	p := join(dp, name)
 	for _, l := range lowers {
 		var st unix.Stat_t
-		err := unix.Fstatat(o.fds[l], p, &st, unix.AT_SYMLINK_NOFOLLOW)
+		err := fstatat(o.fds[l], p, &st, unix.AT_SYMLINK_NOFOLLOW)
 		if err != nil {
 			var wst unix.Stat_t
-			if unix.Fstatat(o.fds[l], join(dp, whPrefix+name), &wst, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			if fstatat(o.fds[l], join(dp, whPrefix+name), &wst, unix.AT_SYMLINK_NOFOLLOW) == nil {
 				return 0
 			}
 			continue
@@ -322,7 +322,7 @@ func (n *node) stat(st *unix.Stat_t) syscall.Errno {
 	if !ok {
 		return syscall.ESTALE
 	}
-	return errnoOf(unix.Fstatat(n.o.fds[n.layer], rel(p), st, unix.AT_SYMLINK_NOFOLLOW))
+	return errnoOf(fstatat(n.o.fds[n.layer], rel(p), st, unix.AT_SYMLINK_NOFOLLOW))
 }
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
@@ -383,14 +383,59 @@ func (o *ofs) chownToCaller(ctx context.Context, p string) {
 	if !ok || (int(c.Uid) == o.euid && int(c.Gid) == o.egid) {
 		return
 	}
-	_ = unix.Fchownat(o.fds[0], p, int(c.Uid), int(c.Gid), unix.AT_SYMLINK_NOFOLLOW)
+	_ = fchownat(o.fds[0], p, int(c.Uid), int(c.Gid), unix.AT_SYMLINK_NOFOLLOW)
+}
+
+// settleNew gives the entry just created at p (fd, or -1 to go by path)
+// the caller's ids and exactly the permission bits of the request. The
+// kernel has applied the caller's umask to mode already (the mount does not
+// ask for FUSE_CAP_DONT_MASK), but creating in the upper applies this
+// process's umask a second time, and chown clears set-id bits. Setting the
+// server's umask to 0 instead would change it for the whole process (umask
+// is per process, and the holder creates files of its own), so the bits are
+// put right here, after the chown.
+func (o *ofs) settleNew(ctx context.Context, p string, fd int, mode uint32) error {
+	var st unix.Stat_t
+	var err error
+	if fd >= 0 {
+		err = unix.Fstat(fd, &st)
+	} else {
+		err = fstatat(o.fds[0], p, &st, unix.AT_SYMLINK_NOFOLLOW)
+	}
+	if err != nil {
+		return err
+	}
+	chowned := false
+	if c, ok := fuse.FromContext(ctx); ok && (int(c.Uid) != o.euid || int(c.Gid) != o.egid) {
+		gid := int(c.Gid)
+		if st.Gid != uint32(o.egid) {
+			gid = -1 // inherited from a set-group-ID directory, as the kernel does
+		}
+		if fd >= 0 {
+			err = unix.Fchown(fd, int(c.Uid), gid)
+		} else {
+			err = fchownat(o.fds[0], p, int(c.Uid), gid, unix.AT_SYMLINK_NOFOLLOW)
+		}
+		chowned = err == nil // best effort, like chownToCaller
+	}
+	want := mode & 07777
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		want |= st.Mode & unix.S_ISGID // a set-group-ID parent passes it on
+	}
+	if st.Mode&07777 == want && !(chowned && want&(unix.S_ISUID|unix.S_ISGID) != 0) {
+		return nil
+	}
+	if fd >= 0 {
+		return unix.Fchmod(fd, want)
+	}
+	return fchmodat(o.fds[0], p, want, 0)
 }
 
 // clearWhiteout removes a whiteout at p in the upper; it reports whether
 // there was one. Any other entry there is EEXIST.
 func (o *ofs) clearWhiteout(p string) (bool, syscall.Errno) {
 	var st unix.Stat_t
-	err := unix.Fstatat(o.fds[0], p, &st, unix.AT_SYMLINK_NOFOLLOW)
+	err := fstatat(o.fds[0], p, &st, unix.AT_SYMLINK_NOFOLLOW)
 	if err == unix.ENOENT {
 		return false, 0
 	}
@@ -400,7 +445,7 @@ func (o *ofs) clearWhiteout(p string) (bool, syscall.Errno) {
 	if !isWhiteout(o.fds[0], p, &st) {
 		return false, syscall.EEXIST
 	}
-	return true, errnoOf(unix.Unlinkat(o.fds[0], p, 0))
+	return true, errnoOf(unlinkat(o.fds[0], p, 0))
 }
 
 // makeNew creates the new upper entry name in n with mk: the parent is
@@ -433,7 +478,7 @@ func (n *node) makeNew(name string, mk func(p string, hadWhiteout bool) error) (
 // newUpperChild registers the freshly created upper entry at p.
 func (n *node) newUpperChild(ctx context.Context, p string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	pr := probe{found: true, layer: 0}
-	if err := unix.Fstatat(n.o.fds[0], p, &pr.st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	if err := fstatat(n.o.fds[0], p, &pr.st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return nil, errnoOf(err)
 	}
 	if pr.st.Mode&unix.S_IFMT == unix.S_IFDIR {
@@ -452,13 +497,19 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	defer o.mu.Unlock()
 	fd := -1
 	p, errno := n.makeNew(name, func(p string, _ bool) (err error) {
-		fd, err = unix.Openat(o.fds[0], p, openFlags(flags)|unix.O_CREAT|unix.O_EXCL, mode&07777)
+		fd, err = openat(o.fds[0], p, openFlags(flags)|unix.O_CREAT|unix.O_EXCL, mode&07777)
+		if err != nil {
+			return err
+		}
+		if err = o.settleNew(ctx, p, fd, mode); err != nil {
+			unix.Close(fd)
+			_ = unlinkat(o.fds[0], p, 0)
+		}
 		return err
 	})
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
-	o.chownToCaller(ctx, p)
 	ch, errno := n.newUpperChild(ctx, p, out)
 	if errno != 0 {
 		unix.Close(fd)
@@ -503,7 +554,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	if !ok {
 		return nil, 0, syscall.ESTALE
 	}
-	fd, err := unix.Openat(o.fds[n.layer], p, openFlags(flags), 0)
+	fd, err := openat(o.fds[n.layer], p, openFlags(flags), 0)
 	if err != nil {
 		return nil, 0, errnoOf(err)
 	}
@@ -540,7 +591,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		if h != nil {
 			err = unix.Fchmod(h.fd, m&07777)
 		} else {
-			err = unix.Fchmodat(up, rel(p), m&07777, 0)
+			err = fchmodat(up, rel(p), m&07777, 0)
 		}
 		if err != nil {
 			return errnoOf(err)
@@ -561,7 +612,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		if h != nil {
 			err = unix.Fchown(h.fd, u, g)
 		} else {
-			err = unix.Fchownat(up, rel(p), u, g, unix.AT_SYMLINK_NOFOLLOW)
+			err = fchownat(up, rel(p), u, g, unix.AT_SYMLINK_NOFOLLOW)
 		}
 		if err != nil {
 			return errnoOf(err)
@@ -573,7 +624,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 			err = unix.Ftruncate(h.fd, int64(sz))
 		} else {
 			var fd int
-			fd, err = unix.Openat(up, p, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			fd, err = openat(up, p, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			if err == nil {
 				err = unix.Ftruncate(fd, int64(sz))
 				unix.Close(fd)
@@ -602,7 +653,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		if h != nil {
 			err = unix.UtimesNanoAt(h.fd, "", ts, unix.AT_EMPTY_PATH)
 		} else {
-			err = unix.UtimesNanoAt(up, rel(p), ts, unix.AT_SYMLINK_NOFOLLOW)
+			err = utimesNanoAt(up, rel(p), ts, unix.AT_SYMLINK_NOFOLLOW)
 		}
 		if err != nil {
 			return errnoOf(err)
@@ -613,7 +664,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	if h != nil {
 		err = unix.Fstat(h.fd, &st)
 	} else {
-		err = unix.Fstatat(up, rel(p), &st, unix.AT_SYMLINK_NOFOLLOW)
+		err = fstatat(up, rel(p), &st, unix.AT_SYMLINK_NOFOLLOW)
 	}
 	if err != nil {
 		return errnoOf(err)
@@ -631,14 +682,18 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	p, errno := n.makeNew(name, func(p string, hadWhiteout bool) error {
-		if err := unix.Mkdirat(o.fds[0], p, mode&07777); err != nil {
+		if err := mkdirat(o.fds[0], p, mode&07777); err != nil {
+			return err
+		}
+		if err := o.settleNew(ctx, p, -1, mode); err != nil {
+			_ = unlinkat(o.fds[0], p, unix.AT_REMOVEDIR)
 			return err
 		}
 		// A directory created where a whiteout hid lower content must not
 		// let that content show through again: opaque, as the kernel does.
 		if hadWhiteout {
 			if err := setOpaque(o.fds[0], p); err != nil {
-				_ = unix.Unlinkat(o.fds[0], p, unix.AT_REMOVEDIR)
+				_ = unlinkat(o.fds[0], p, unix.AT_REMOVEDIR)
 				return err
 			}
 		}
@@ -647,7 +702,6 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	if errno != 0 {
 		return nil, errno
 	}
-	o.chownToCaller(ctx, p)
 	ch, errno := n.newUpperChild(ctx, p, out)
 	if errno != 0 {
 		return nil, errno
@@ -667,11 +721,19 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 	if mode&unix.S_IFMT == unix.S_IFCHR && dev == 0 {
 		return nil, syscall.EPERM // would read back as a whiteout
 	}
-	p, errno := n.makeNew(name, func(p string, _ bool) error { return unix.Mknodat(o.fds[0], p, mode, int(dev)) })
+	p, errno := n.makeNew(name, func(p string, _ bool) error {
+		if err := mknodat(o.fds[0], p, mode, int(dev)); err != nil {
+			return err
+		}
+		err := o.settleNew(ctx, p, -1, mode)
+		if err != nil {
+			_ = unlinkat(o.fds[0], p, 0)
+		}
+		return err
+	})
 	if errno != 0 {
 		return nil, errno
 	}
-	o.chownToCaller(ctx, p)
 	ch, errno := n.newUpperChild(ctx, p, out)
 	if errno != 0 {
 		return nil, errno
@@ -688,7 +750,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	cmd := o.command(ctx)
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	p, errno := n.makeNew(name, func(p string, _ bool) error { return unix.Symlinkat(target, o.fds[0], p) })
+	p, errno := n.makeNew(name, func(p string, _ bool) error { return symlinkat(target, o.fds[0], p) })
 	if errno != 0 {
 		return nil, errno
 	}
@@ -710,7 +772,7 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	}
 	buf := make([]byte, 4096)
 	for {
-		sz, err := unix.Readlinkat(n.o.fds[n.layer], p, buf)
+		sz, err := readlinkat(n.o.fds[n.layer], p, buf)
 		if err != nil {
 			return nil, errnoOf(err)
 		}
@@ -740,12 +802,12 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if !ok {
 		return nil, syscall.ENOENT
 	}
-	p, errno := n.makeNew(name, func(p string, _ bool) error { return unix.Linkat(o.fds[0], tp, o.fds[0], p, 0) })
+	p, errno := n.makeNew(name, func(p string, _ bool) error { return linkat(o.fds[0], tp, o.fds[0], p, 0) })
 	if errno != 0 {
 		return nil, errno
 	}
 	var st unix.Stat_t
-	if err := unix.Fstatat(o.fds[0], p, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	if err := fstatat(o.fds[0], p, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return nil, errnoOf(err)
 	}
 	fillAttr(&st, &out.Attr)
@@ -816,7 +878,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 		if isDir {
 			flag = unix.AT_REMOVEDIR
 		}
-		if err := unix.Unlinkat(o.fds[0], p, flag); err != nil {
+		if err := unlinkat(o.fds[0], p, flag); err != nil {
 			return errnoOf(err)
 		}
 		if pr.st.Nlink <= 1 || isDir {
@@ -839,7 +901,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 // clearDir removes the whiteouts (and an OCI opaque marker) left in an
 // upper directory whose merged view is empty, so it can be removed.
 func (o *ofs) clearDir(p string) syscall.Errno {
-	fd, err := unix.Openat(o.fds[0], p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := openat(o.fds[0], p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return errnoOf(err)
 	}
@@ -852,13 +914,13 @@ func (o *ofs) clearDir(p string) syscall.Errno {
 	for _, nm := range names {
 		cp := join(p, nm)
 		var st unix.Stat_t
-		if err := unix.Fstatat(o.fds[0], cp, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if err := fstatat(o.fds[0], cp, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return errnoOf(err)
 		}
 		if !isWhiteout(o.fds[0], cp, &st) && nm != opaqueMarker {
 			return syscall.ENOTEMPTY
 		}
-		if err := unix.Unlinkat(o.fds[0], cp, 0); err != nil {
+		if err := unlinkat(o.fds[0], cp, 0); err != nil {
 			return errnoOf(err)
 		}
 	}
@@ -952,10 +1014,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	up := o.fds[0]
 	// Clear what the upper holds at the target so rename(2) can replace it.
 	var dstUpper unix.Stat_t
-	if err := unix.Fstatat(up, p, &dstUpper, unix.AT_SYMLINK_NOFOLLOW); err == nil {
+	if err := fstatat(up, p, &dstUpper, unix.AT_SYMLINK_NOFOLLOW); err == nil {
 		switch {
 		case isWhiteout(up, p, &dstUpper):
-			if err := unix.Unlinkat(up, p, 0); err != nil {
+			if err := unlinkat(up, p, 0); err != nil {
 				return errnoOf(err)
 			}
 		case dstUpper.Mode&unix.S_IFMT == unix.S_IFDIR:
@@ -966,7 +1028,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	}
 	dstLowerHas := o.lowerHas(np.dirLayers, ndp, newName)
 	srcLowerHas := o.lowerHas(n.dirLayers, dp, name)
-	if err := unix.Renameat(up, op, up, p); err != nil {
+	if err := renameat(up, op, up, p); err != nil {
 		return errnoOf(err)
 	}
 	if dst.found && dst.layer == 0 && (dst.st.Nlink <= 1 || dst.st.Mode&unix.S_IFMT == unix.S_IFDIR) && dstUpper.Ino != 0 {

@@ -293,3 +293,102 @@ func js(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
 }
+
+// otherUIDWant is what `fssem otheruid` must report everywhere: entries of
+// mode 0000 (and the entries below a mode-0000 directory) refuse a user
+// who is neither their owner nor root, whoever made them.
+var otherUIDWant = map[string]any{
+	"modes": map[string]any{".": "0755", "zero.txt": "0000", "zdir": "0000", "rdir": "0555"},
+	"other": map[string]any{
+		"not root":           "true",
+		"open.txt open":      "ok",
+		"zero.txt open":      "EACCES",
+		"zero.txt write":     "EACCES",
+		"zdir opendir":       "EACCES",
+		"zdir/in.txt open":   "EACCES",
+		"zdir/in.txt stat":   "EACCES",
+		"rdir/in.txt unlink": "EACCES",
+	},
+}
+
+// TestFilesystemPermissionsOtherUID: in a subordinate-ID session, uid 65534
+// is refused root's mode-0000 file and whatever is below root's mode-0000
+// directory, on both drivers, as another local user is natively. (The FUSE
+// driver once reported mode 0000 as 0644/0755 and the kernel's
+// default_permissions check let uid 65534 in.)
+func TestFilesystemPermissionsOtherUID(t *testing.T) {
+	probe := buildFssemProbe(t)
+	t.Run("native", func(t *testing.T) {
+		other := os.Getenv("ESBX_OTHER_USER")
+		if other == "" {
+			skipOrFail(t, "ESBX_OTHER_USER is not set: no second local user for the native baseline")
+		}
+		if out, err := exec.Command("sudo", "-n", "-u", other, "true").CombinedOutput(); err != nil {
+			skipOrFail(t, "sudo -n -u %s: %v %s", other, err, out)
+		}
+		// The other user must reach the directory and run the probe: a
+		// directory of its own below the temporary directory, open to all.
+		dir, err := os.MkdirTemp("", "fssem-other-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		data, err := os.ReadFile(probe)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bin := filepath.Join(dir, "fssem")
+		if err := os.WriteFile(bin, data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		report := filepath.Join(dir, "report.json")
+		cmd := exec.Command(bin, "otheruid", filepath.Join(dir, "t"), report)
+		cmd.Env = append(os.Environ(), "FSSEM_OTHER_SUDO="+other)
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("fssem otheruid: %v\n%s", err, b)
+		}
+		got, err := os.ReadFile(report)
+		if err != nil {
+			t.Fatal(err)
+		}
+		compareOtherUID(t, "native", got)
+	})
+	forDrivers(t, func(t *testing.T) {
+		if _, err := exec.LookPath("newuidmap"); err != nil {
+			skipOrFail(t, "newuidmap is not installed (package uidmap): sandbox.id_mapping subid cannot work")
+		}
+		e := newEnv(t)
+		writeConfig(t, e, "sandbox:\n  id_mapping: subid\n")
+		e.start()
+		root := e.project(map[string]string{})
+		data, err := os.ReadFile(probe)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, "fssem"), data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		id := e.createSandbox(root)
+		ws := e.session(id)
+		// A layer's root is mode 0700: open it so uid 65534 reaches t/ and can run the probe.
+		if out := e.exec(id, "--workspace-session-id", ws, "--yield-time-ms", "60000", "chmod 755 . && ./fssem otheruid t report.json"); out["status"] != "ok" {
+			t.Fatalf("fssem otheruid: %v", out)
+		}
+		rep := e.rt(id, "file_read", "--workspace-session-id", ws, "--path", "report.json")
+		compareOtherUID(t, driverOf(t), []byte(rep["content"].(string)))
+	})
+}
+
+func compareOtherUID(t *testing.T, where string, data []byte) {
+	t.Helper()
+	var got map[string]any
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatalf("%s report: %v\n%s", where, err, data)
+	}
+	if !reflect.DeepEqual(got, otherUIDWant) {
+		t.Errorf("%s:\n  got:  %s\n  want: %s", where, js(got), js(otherUIDWant))
+	}
+}

@@ -11,6 +11,10 @@
 //	fssem prepare DIR          lower content, layer 1 (the sandbox's workspace root)
 //	fssem prepare2 DIR         layer 2: deletions, an opaque replacement, a rewrite
 //	fssem run DIR OUT          the scripted operations; the report goes to OUT ("-": stdout)
+//	fssem otheruid DIR OUT     mode-0000 entries made by this user, then opened by
+//	                           another: uid/gid 65534 (root in a subordinate-ID
+//	                           session), or $FSSEM_OTHER_SUDO through sudo (natively)
+//	fssem access DIR           (internal) the other user's side of otheruid
 //
 // It is built static (CGO_ENABLED=0) so it runs inside any session root.
 package main
@@ -31,6 +35,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -56,6 +61,14 @@ func main() {
 			break
 		}
 		err = runAll(dir, os.Args[3])
+	case "otheruid":
+		if len(os.Args) != 4 {
+			err = errors.New("otheruid needs DIR and OUT")
+			break
+		}
+		err = otherUID(dir, os.Args[3])
+	case "access":
+		err = access(dir)
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
@@ -255,6 +268,7 @@ func (r *runner) entry(rel string) Entry {
 		e.Target = t
 	case unix.S_IFIFO:
 		e.Type, e.Nlink = "fifo", uint64(st.Nlink)
+		e.Mode = fmt.Sprintf("%04o", st.Mode&0o7777)
 	default:
 		e.Type = "other"
 	}
@@ -392,6 +406,8 @@ func runAll(dir, out string) error {
 	r.whiteoutsAndOpaque()
 	r.copyUp()
 	r.createAndRemove()
+	r.modes()
+	r.longPaths()
 	r.renames()
 	r.links()
 	r.xattrs()
@@ -594,6 +610,154 @@ func (r *runner) createAndRemove() {
 		return unix.Rmdir(r.p("newdir-rm"))
 	})
 	r.step("mknod-fifo", []string{"fifo"}, func(map[string]any) error { return unix.Mkfifo(r.p("fifo"), 0o644) })
+}
+
+// modes creates under other umasks than the probe's 022 (the FUSE server
+// must not apply its own on top) and reports mode 0000 (go-fuse would show
+// 0644/0755 unless told not to).
+func (r *runner) modes() {
+	withUmask := func(mask int, f func() error) error {
+		old := unix.Umask(mask)
+		defer unix.Umask(old)
+		return f()
+	}
+	r.step("umask-002-touch-mkdir", []string{"um2.txt", "um2-dir"}, func(map[string]any) error {
+		return withUmask(0o002, func() error {
+			fd, err := unix.Open(r.p("um2.txt"), unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o666) // as touch does
+			if err != nil {
+				return err
+			}
+			unix.Close(fd)
+			return unix.Mkdir(r.p("um2-dir"), 0o777)
+		})
+	})
+	r.step("umask-0-create-mkdir-mknod", []string{"um0-0620.txt", "um0-dir", "um0-fifo", "um0-sticky"}, func(map[string]any) error {
+		return withUmask(0, func() error {
+			fd, err := unix.Open(r.p("um0-0620.txt"), unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o620)
+			if err != nil {
+				return err
+			}
+			unix.Close(fd)
+			if err := unix.Mkdir(r.p("um0-dir"), 0o777); err != nil {
+				return err
+			}
+			if err := unix.Mkfifo(r.p("um0-fifo"), 0o666); err != nil {
+				return err
+			}
+			return unix.Mkdir(r.p("um0-sticky"), 0o1777)
+		})
+	})
+	// Reading or listing a mode-0000 entry depends on who asks (the probe
+	// is root in a session, an ordinary user natively), so the step reports
+	// lstat modes only and restores the modes before the tree is walked.
+	r.step("chmod-0000", nil, func(f map[string]any) error {
+		if err := os.WriteFile(r.p("zero.txt"), []byte("zero\n"), 0o644); err != nil {
+			return err
+		}
+		if err := unix.Mkdir(r.p("zero-dir"), 0o755); err != nil {
+			return err
+		}
+		// New upper entries, a copied-up lower file and a lower directory.
+		for _, p := range []string{"zero.txt", "zero-dir", "chmod.txt", "dir-lower/sub"} {
+			var st unix.Stat_t
+			if err := unix.Lstat(r.p(p), &st); err != nil {
+				return err
+			}
+			if err := unix.Chmod(r.p(p), 0); err != nil {
+				return err
+			}
+			var zst unix.Stat_t
+			err := unix.Lstat(r.p(p), &zst)
+			if rerr := unix.Chmod(r.p(p), st.Mode&0o7777); err == nil {
+				err = rerr
+			}
+			if err != nil {
+				return err
+			}
+			f[p+" mode"] = fmt.Sprintf("%04o", zst.Mode&0o7777)
+		}
+		return nil
+	})
+}
+
+// longPaths works below a chain of directories whose path is longer than
+// PATH_MAX (pjdfstest */03.t, rename/02): every call is relative to a
+// descriptor of a deep directory, as a process working down there would
+// make it. The chain is removed again: the final walk uses whole paths.
+func (r *runner) longPaths() {
+	const depth = 20 // 20 names of 255 bytes: about 5,100 bytes
+	r.step("long-path", []string{"deep"}, func(f map[string]any) error {
+		if err := unix.Mkdir(r.p("deep"), 0o755); err != nil {
+			return err
+		}
+		fds := []int{}
+		defer func() {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+		}()
+		cur, err := unix.Open(r.p("deep"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		fds = append(fds, cur)
+		name := func(i int) string { return fmt.Sprintf("%03d", i) + strings.Repeat("d", 252) }
+		for i := range depth {
+			if err := unix.Mkdirat(cur, name(i), 0o755); err != nil {
+				return fmt.Errorf("mkdir at depth %d: %w", i, err)
+			}
+			next, err := unix.Openat(cur, name(i), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("open at depth %d: %w", i, err)
+			}
+			fds = append(fds, next)
+			cur = next
+		}
+		fd, err := unix.Openat(cur, "file", unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o644)
+		if err != nil {
+			return fmt.Errorf("create at the bottom: %w", err)
+		}
+		_, err = unix.Write(fd, []byte("deep\n"))
+		unix.Close(fd)
+		if err != nil {
+			return err
+		}
+		if err := unix.Mkdirat(cur, "sub", 0o755); err != nil {
+			return err
+		}
+		if err := unix.Renameat(cur, "file", cur, "sub/renamed"); err != nil {
+			return fmt.Errorf("rename at the bottom: %w", err)
+		}
+		if err := unix.Symlinkat("sub/renamed", cur, "link"); err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(cur, "link", &st, 0); err != nil {
+			return fmt.Errorf("stat through a symlink at the bottom: %w", err)
+		}
+		f["size"] = st.Size
+		f["mode"] = fmt.Sprintf("%04o", st.Mode&0o7777)
+		names, err := listNames(fmt.Sprintf("/proc/self/fd/%d", cur))
+		if err != nil {
+			return err
+		}
+		f["names"] = names
+		// Remove bottom-up, each directory relative to its parent's descriptor.
+		for _, n := range []string{"sub/renamed", "link"} {
+			if err := unix.Unlinkat(cur, n, 0); err != nil {
+				return err
+			}
+		}
+		if err := unix.Unlinkat(cur, "sub", unix.AT_REMOVEDIR); err != nil {
+			return err
+		}
+		for i := depth - 1; i >= 0; i-- {
+			if err := unix.Unlinkat(fds[i], name(i), unix.AT_REMOVEDIR); err != nil {
+				return fmt.Errorf("rmdir at depth %d: %w", i, err)
+			}
+		}
+		return nil
+	})
 }
 
 func (r *runner) renames() {
@@ -1101,4 +1265,118 @@ func (r *runner) racingReaddir(step, rel, prefix string, base []string) {
 		f["final count"] = len(names)
 		return err
 	})
+}
+
+// ---------------------------------------------------------------- another uid
+
+// otherPaths are what the other user tries, with what it tries.
+var otherPaths = []struct{ path, how string }{
+	{"open.txt", "open"},      // the control: mode 0644, readable by all
+	{"zero.txt", "open"},      // mode 0000
+	{"zdir", "opendir"},       // mode 0000
+	{"zdir/in.txt", "open"},   // 0644, but in a mode-0000 directory
+	{"zdir/in.txt", "stat"},   // search permission is needed for stat too
+	{"zero.txt", "write"},     // mode 0000, for writing
+	{"rdir/in.txt", "unlink"}, // a directory of mode 0555 (no write)
+}
+
+// otherUID makes DIR with mode-0000 entries, has another user try them, and
+// writes {"modes": the lstat modes, "other": path how → result} to OUT.
+func otherUID(dir, out string) error {
+	if err := os.MkdirAll(filepath.Join(dir, "zdir"), 0o755); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "rdir"), 0o755); err != nil {
+		return err
+	}
+	for p, m := range map[string]os.FileMode{"open.txt": 0o644, "zero.txt": 0o644, "zdir/in.txt": 0o644, "rdir/in.txt": 0o644} {
+		if err := os.WriteFile(filepath.Join(dir, p), []byte(p+"\n"), m); err != nil {
+			return err
+		}
+	}
+	modes := map[string]uint32{"zero.txt": 0, "zdir": 0, "rdir": 0o555, ".": 0o755}
+	for p, m := range modes {
+		if err := os.Chmod(filepath.Join(dir, p), os.FileMode(m)); err != nil {
+			return err
+		}
+	}
+	// Restored afterwards, so the tree can be removed.
+	defer func() {
+		_ = os.Chmod(filepath.Join(dir, "zdir"), 0o755)
+		_ = os.Chmod(filepath.Join(dir, "rdir"), 0o755)
+	}()
+	rep := map[string]any{}
+	got := map[string]string{}
+	for p := range modes {
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(dir, p), &st); err != nil {
+			return err
+		}
+		got[p] = fmt.Sprintf("%04o", st.Mode&0o7777)
+	}
+	rep["modes"] = got
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	var cmd *exec.Cmd
+	if u := os.Getenv("FSSEM_OTHER_SUDO"); u != "" {
+		cmd = exec.Command("sudo", "-n", "-u", u, self, "access", abs)
+	} else {
+		cmd = exec.Command(self, "access", abs)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	}
+	var stdout bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("run the other user's side: %w", err)
+	}
+	var other map[string]string
+	if err := json.Unmarshal(stdout.Bytes(), &other); err != nil {
+		return fmt.Errorf("other user's report %q: %w", stdout.String(), err)
+	}
+	rep["other"] = other
+	data, err := json.Marshal(rep)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(out, append(data, '\n'), 0o644)
+}
+
+// access is the other user's side: it tries each of otherPaths in DIR and
+// prints "path how" → result as JSON.
+func access(dir string) error {
+	res := map[string]string{"not root": fmt.Sprint(os.Getuid() != 0)}
+	for _, c := range otherPaths {
+		p := filepath.Join(dir, c.path)
+		var err error
+		switch c.how {
+		case "open", "opendir", "write":
+			flags := unix.O_RDONLY
+			if c.how == "write" {
+				flags = unix.O_WRONLY
+			}
+			var fd int
+			fd, err = unix.Open(p, flags|unix.O_CLOEXEC, 0)
+			if err == nil {
+				unix.Close(fd)
+			}
+		case "stat":
+			var st unix.Stat_t
+			err = unix.Lstat(p, &st)
+		case "unlink":
+			err = unix.Unlink(p)
+		}
+		res[c.path+" "+c.how] = errName(err)
+	}
+	data, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	_, err = os.Stdout.Write(data)
+	return err
 }
