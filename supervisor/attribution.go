@@ -260,7 +260,6 @@ func identityOf(st *unix.Stat_t) ckIdentity {
 	return ckIdentity{Size: st.Size, MtimeNs: st.Mtim.Nano(), CtimeNs: st.Ctim.Nano(), Ino: st.Ino}
 }
 
-
 // isUpperWhiteout reports whether the upper-dir entry rel is a whiteout
 // (0:0 character device, or an empty file with an overlay whiteout xattr),
 // reading its xattrs beneath root.
