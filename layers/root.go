@@ -535,6 +535,9 @@ func openBeneath(rootfd int, rel string, flags int) (int, error) {
 			noOpenat2.Store(true) // walk instead
 		case errors.Is(err, unix.EXDEV) || errors.Is(err, unix.ELOOP):
 			return -1, fmt.Errorf("%w: %w", ErrSymlink, unix.ELOOP)
+		case errors.Is(err, unix.ENOTDIR):
+			// A file on the way, or a final symlink with O_DIRECTORY: the
+			// walk below (as safe) tells which.
 		default:
 			return -1, err
 		}
