@@ -480,20 +480,38 @@ func (d *Dir) getxattr(name, attr string) (string, bool) {
 		if name != "." {
 			p, get = p+"/"+name, unix.Lgetxattr
 		}
-		buf := make([]byte, 64)
-		for {
-			n, err := get(p, attr, buf)
-			if errors.Is(err, unix.ERANGE) && len(buf) < 1<<16 {
-				buf = make([]byte, len(buf)*4)
-				continue
+		var err error
+		val, err = readXattr(func(buf []byte) (int, error) { return get(p, attr, buf) })
+		if errors.Is(err, unix.ENOENT) {
+			// The entry is gone, or there is no /proc: read through a
+			// descriptor of the entry instead (a symlink has none to give).
+			efd, oerr := unix.Openat(fd, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if oerr != nil {
+				return nil
 			}
-			if err == nil {
-				val, ok = string(buf[:n]), true
-			}
-			return nil
+			defer unix.Close(efd)
+			val, err = readXattr(func(buf []byte) (int, error) { return unix.Fgetxattr(efd, attr, buf) })
 		}
+		ok = err == nil
+		return nil
 	})
 	return val, ok
+}
+
+// readXattr calls get with a buffer that grows until the value fits.
+func readXattr(get func(buf []byte) (int, error)) (string, error) {
+	buf := make([]byte, 64)
+	for {
+		n, err := get(buf)
+		if errors.Is(err, unix.ERANGE) && len(buf) < 1<<16 {
+			buf = make([]byte, len(buf)*4)
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
+	}
 }
 
 // symlinkErr turns the ELOOP or ENOTDIR that an O_NOFOLLOW open gives for
