@@ -341,11 +341,15 @@ func (d *Dir) control(fn func(fd int) error) error {
 	return ferr
 }
 
+// dup opens the same directory again, with its own offset (a dup(2)
+// would share the offset, and reading the entries of one would empty the
+// listing of the other). "." relative to the descriptor is that directory
+// wherever it has been moved.
 func (d *Dir) dup() (*Dir, error) {
 	fd := -1
 	err := d.control(func(dfd int) error {
 		var derr error
-		fd, derr = unix.FcntlInt(uintptr(dfd), unix.F_DUPFD_CLOEXEC, 0)
+		fd, derr = unix.Openat(dfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		return derr
 	})
 	if err != nil {
@@ -364,7 +368,7 @@ func validName(name string) error {
 
 // Names lists the directory's entry names sorted by bytes.
 func (d *Dir) Names() ([]string, error) {
-	// Read through a duplicate: reading moves the offset of the descriptor.
+	// Read through a second open: reading moves the offset of the descriptor.
 	dd, err := d.dup()
 	if err != nil {
 		return nil, err

@@ -167,6 +167,12 @@ func TestRootNeverFollowsSymlinks(t *testing.T) {
 		if err != nil || !slices.Equal(seen, want) {
 			t.Errorf("walk: %v\n got  %q\n want %q", err, seen, want)
 		}
+		// One Root serves any number of listings of its top.
+		for range 2 {
+			if got, err := readDir(""); err != nil || got != "f,in,out,real" {
+				t.Errorf("readdir of the root: %q %v", got, err)
+			}
+		}
 	})
 
 	// The root itself must not be a symlink; a closed Root refuses.
