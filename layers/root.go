@@ -91,17 +91,17 @@ func (r *Root) pathErr(op, rel string, err error) error {
 // openFD opens rel beneath the root with flags (O_NOFOLLOW and O_CLOEXEC
 // are added).
 func (r *Root) openFD(op, rel string, flags int) (int, error) {
-	rel, err := cleanRel(rel)
+	clean, err := cleanRel(rel)
 	if err != nil {
 		return -1, r.pathErr(op, rel, err)
 	}
-	if rel == "" {
-		rel = "."
+	if clean == "" {
+		clean = "."
 	}
 	fd := -1
 	err = r.dir.control(func(rootfd int) error {
 		var oerr error
-		fd, oerr = openBeneath(rootfd, rel, flags)
+		fd, oerr = openBeneath(rootfd, clean, flags)
 		return oerr
 	})
 	if err != nil {
@@ -156,13 +156,14 @@ func (r *Root) ReadFile(rel string) ([]byte, error) {
 
 // OpenDir opens the directory rel.
 func (r *Root) OpenDir(rel string) (*Dir, error) {
-	rel, err := cleanRel(rel)
+	clean, err := cleanRel(rel)
 	if err != nil {
 		return nil, r.pathErr("open", rel, err)
 	}
-	if rel == "" {
+	if clean == "" {
 		return r.dir.dup()
 	}
+	rel = clean
 	fd, err := r.openFD("open", rel, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return nil, err
@@ -173,14 +174,14 @@ func (r *Root) OpenDir(rel string) (*Dir, error) {
 // parent opens the directory holding rel and returns it with rel's last
 // component. rel must not be the root.
 func (r *Root) parent(op, rel string) (*Dir, string, error) {
-	rel, err := cleanRel(rel)
+	clean, err := cleanRel(rel)
 	if err != nil {
 		return nil, "", r.pathErr(op, rel, err)
 	}
-	if rel == "" {
+	if clean == "" {
 		return nil, "", r.pathErr(op, rel, fs.ErrInvalid)
 	}
-	dir, name := path.Split(rel)
+	dir, name := path.Split(clean)
 	d, err := r.OpenDir(strings.TrimSuffix(dir, "/"))
 	if err != nil {
 		return nil, "", err
