@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -42,16 +41,28 @@ type Drop struct {
 // Changeset is the result of Capture. Every slice is sorted by path bytes.
 //
 //   - Changes are the counted changes (routed, validated, planned). Writes
-//     carry Source = the upper file's absolute host path (its content is read
-//     at publish), Mode and MTime; symlinks carry Target (and MTime).
+//     carry Root = the upper dir and Source = the file's path beneath it
+//     (its content is read at publish, through the Root), Mode and MTime;
+//     symlinks carry Target (and MTime).
 //   - Carriers are directory changes whose path is a directory with the same
 //     mode in the base view: written to the layer, never counted, validated,
 //     planned or diffed.
 //   - Drops are the protected drops.
+//
+// Close releases Root once the changes' content is no longer needed.
 type Changeset struct {
 	Changes  []Change
 	Carriers []Change
 	Drops    []Drop
+	Root     *Root
+}
+
+// Close releases the changeset's Root (nil-safe).
+func (cs *Changeset) Close() error {
+	if cs == nil || cs.Root == nil {
+		return nil
+	}
+	return cs.Root.Close()
 }
 
 // All returns Changes and Carriers merged in path-byte order: what a layer
@@ -67,10 +78,13 @@ func (cs *Changeset) All() []Change {
 // Capture walks a session's upper directory (kernel overlay or FUSE overlay,
 // both in the kernel's userxattr on-disk format, §8.4) and returns its
 // changeset against base, the session's leased view (§9.1). base may be nil:
-// then no directory is a carrier.
+// then no directory is a carrier. The caller closes the changeset.
 //
 // Each directory is read in sorted order, its non-directories first, then its
-// subdirectories are recursed into. Symlinks are never followed. Whiteouts (a
+// subdirectories are recursed into. The walk is descriptor-relative (each
+// directory is opened from its parent's descriptor) and symlinks are never
+// followed (see Root): a directory that turns into a symlink during the
+// walk is ErrChanged, never a way out of the upper dir. Whiteouts (a
 // 0:0 character device, or an empty regular file with an overlay whiteout
 // xattr) become deletes; a directory with user.overlay.opaque=y (or
 // trusted.overlay.opaque=y where readable) an opaque_dir, any other directory
@@ -81,23 +95,36 @@ func (cs *Changeset) All() []Change {
 // are dropped as unsupported_special_file, entries with a non-UTF-8 name as
 // invalid_layer_path (never descended into). Files keep the 0o777 bits,
 // directories 0o777 and the sticky bit; ownership, xattrs and the kernel's
-// origin/impure/redirect/uuid xattrs are ignored. The upper dir must not
-// change during the walk (the session is frozen or quiesced).
+// origin/impure/redirect/uuid xattrs are ignored. The upper dir should not
+// change during the walk (the session is frozen or quiesced); when it does,
+// the result may mix states but holds nothing from outside it.
 func Capture(ctx context.Context, upper string, base *View) (*Changeset, error) {
 	abs, err := filepath.Abs(upper)
 	if err != nil {
 		return nil, fmt.Errorf("capture %s: %w", upper, err)
 	}
-	fi, err := os.Lstat(abs)
+	root, err := OpenRoot(abs)
 	if err != nil {
 		return nil, fmt.Errorf("capture: %w", err)
 	}
-	if !fi.IsDir() {
-		return nil, fmt.Errorf("capture %s: upper is not a directory", abs)
+	cs, err := CaptureRoot(ctx, root, base)
+	if err != nil {
+		root.Close()
+		return nil, err
 	}
-	w := &captureWalker{ctx: ctx, base: base, cs: &Changeset{}}
-	if err := w.walkDir(abs, "", false); err != nil {
-		return nil, fmt.Errorf("capture %s: %w", abs, err)
+	return cs, nil
+}
+
+// CaptureRoot is Capture of an upper dir already open as root; the
+// changeset's Root is root (closing the changeset closes it).
+func CaptureRoot(ctx context.Context, root *Root, base *View) (*Changeset, error) {
+	top, err := root.OpenDir("")
+	if err != nil {
+		return nil, fmt.Errorf("capture %s: %w", root.Name(), err)
+	}
+	w := &captureWalker{ctx: ctx, base: base, root: root, cs: &Changeset{Root: root}}
+	if err := w.walkDir(top, false); err != nil {
+		return nil, fmt.Errorf("capture %s: %w", root.Name(), err)
 	}
 	sortChanges(w.cs.Changes)
 	sortChanges(w.cs.Carriers)
@@ -108,6 +135,7 @@ func Capture(ctx context.Context, upper string, base *View) (*Changeset, error) 
 type captureWalker struct {
 	ctx  context.Context
 	base *View
+	root *Root
 	cs   *Changeset
 }
 
@@ -121,84 +149,94 @@ func invalidLayerPath(rawRel string) string {
 	return InvalidLayerPathPrefix + hex.EncodeToString([]byte(rawRel))
 }
 
-// hasOpaqueXattr reports whether the directory at path carries an overlay
-// opaque xattr set to "y" (the name-based .wh..wh..opq marker is not
-// consulted: capture never interprets names).
-func hasOpaqueXattr(path string) bool {
-	if v, ok := getxattr(path, xattrUserOpq); ok && v == "y" {
+// hasOpaqueXattr reports whether the directory d carries an overlay opaque
+// xattr set to "y" (the name-based .wh..wh..opq marker is not consulted:
+// capture never interprets names).
+func hasOpaqueXattr(d *Dir) bool {
+	if v, ok := d.getxattr(".", xattrUserOpq); ok && v == "y" {
 		return true
 	}
-	v, ok := getxattr(path, xattrTrustedOpq)
+	v, ok := d.getxattr(".", xattrTrustedOpq)
 	return ok && v == "y"
 }
 
-// readDirNamesNoFollow lists the directory at path (opened with O_NOFOLLOW),
-// sorted by name bytes.
-func readDirNamesNoFollow(path string) ([]string, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+// isWhiteoutAt is isWhiteoutFile for the entry name of d.
+func isWhiteoutAt(d *Dir, name string, fi fs.FileInfo) bool {
+	m := fi.Mode()
+	if m&fs.ModeCharDevice != 0 {
+		st, ok := fi.Sys().(*unix.Stat_t)
+		return ok && st.Rdev == 0
 	}
-	d := os.NewFile(uintptr(fd), path)
-	defer d.Close()
-	names, err := d.Readdirnames(-1)
-	if err != nil {
-		return nil, fmt.Errorf("read dir %s: %w", path, err)
+	if m.IsRegular() && fi.Size() == 0 {
+		if _, ok := d.Getxattr(name, xattrUserWh); ok {
+			return true
+		}
+		if _, ok := d.Getxattr(name, xattrTrustedWh); ok {
+			return true
+		}
 	}
-	slices.Sort(names)
-	return names, nil
+	return false
+}
+
+// changed maps what a raced walk meets (an entry gone, a directory replaced
+// by a symlink or a file) to ErrChanged.
+func changed(err error) error {
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, ErrSymlink) || errors.Is(err, unix.ENOTDIR) {
+		return fmt.Errorf("%w: %w", ErrChanged, err)
+	}
+	return err
 }
 
 type captureSubdir struct {
-	host, rel string
-	fi        fs.FileInfo
+	name string
 }
 
-// walkDir captures the entries of the upper directory host (workspace path
-// rel, "" for the root). opaque tells whether host itself is opaque.
-func (w *captureWalker) walkDir(host, rel string, opaque bool) error {
-	names, err := readDirNamesNoFollow(host)
+// walkDir captures the entries of the upper directory d (closed on
+// return). opaque tells whether d itself is opaque.
+func (w *captureWalker) walkDir(d *Dir, opaque bool) error {
+	defer d.Close()
+	names, err := d.Names()
 	if err != nil {
-		return err
+		return changed(err)
 	}
+	rel := d.Rel()
 	var subdirs []captureSubdir
 	for _, name := range names {
 		if err := w.ctx.Err(); err != nil {
 			return err
 		}
-		p := filepath.Join(host, name)
 		childRel := joinRel(rel, name)
 		if !utf8.ValidString(childRel) {
 			w.cs.Drops = append(w.cs.Drops, Drop{Path: invalidLayerPath(childRel), Reason: DropInvalidLayerPath})
 			continue
 		}
-		fi, err := os.Lstat(p)
+		fi, err := d.Lstat(name)
 		if err != nil {
-			return err
+			return changed(err)
 		}
 		m := fi.Mode()
 		switch {
 		case m.IsDir():
-			subdirs = append(subdirs, captureSubdir{host: p, rel: childRel, fi: fi})
-		case isWhiteoutFile(p, fi):
+			subdirs = append(subdirs, captureSubdir{name: name})
+		case isWhiteoutAt(d, name, fi):
 			if opaque && name == opaqueMarker {
-				continue // the second half of the opaque encoding of host
+				continue // the second half of the opaque encoding of d
 			}
 			w.cs.Changes = append(w.cs.Changes, Change{Kind: ChangeDelete, Path: childRel})
 		case m&fs.ModeSymlink != 0:
-			target, err := os.Readlink(p)
+			target, err := d.Readlink(name)
 			if err != nil {
-				return err
+				return changed(err)
 			}
 			w.cs.Changes = append(w.cs.Changes, Change{Kind: ChangeSymlink, Path: childRel, Target: target, MTime: fi.ModTime()})
 		case m.IsRegular():
-			if _, ok := getxattr(p, xattrUserMetacopy); ok {
+			if _, ok := d.Getxattr(name, xattrUserMetacopy); ok {
 				return fmt.Errorf("%s: metacopy upper files are not supported", childRel)
 			}
-			if _, ok := getxattr(p, xattrTrustedMetacopy); ok {
+			if _, ok := d.Getxattr(name, xattrTrustedMetacopy); ok {
 				return fmt.Errorf("%s: metacopy upper files are not supported", childRel)
 			}
-			w.cs.Changes = append(w.cs.Changes, Change{Kind: ChangeWrite, Path: childRel, Source: p, Mode: m.Perm(), MTime: fi.ModTime()})
+			w.cs.Changes = append(w.cs.Changes, Change{Kind: ChangeWrite, Path: childRel, Root: w.root, Source: childRel, Mode: m.Perm(), MTime: fi.ModTime()})
 		default: // FIFO, socket, device other than the 0:0 whiteout
 			w.cs.Drops = append(w.cs.Drops, Drop{Path: childRel, Reason: DropUnsupportedSpecialFile})
 		}
@@ -207,24 +245,37 @@ func (w *captureWalker) walkDir(host, rel string, opaque bool) error {
 		if err := w.ctx.Err(); err != nil {
 			return err
 		}
-		mode := dirMode(sd.fi.Mode())
-		subOpaque := hasOpaqueXattr(sd.host)
+		sub, err := d.OpenDir(sd.name)
+		if err != nil {
+			return changed(err)
+		}
+		// The mode and opaque xattr of the directory opened, which is the
+		// one walked even if the name was swapped meanwhile.
+		fi, err := sub.stat()
+		if err != nil {
+			sub.Close()
+			return err
+		}
+		childRel := sub.Rel()
+		mode := dirMode(fi.Mode())
+		subOpaque := hasOpaqueXattr(sub)
 		switch {
 		case subOpaque:
-			w.cs.Changes = append(w.cs.Changes, Change{Kind: ChangeOpaqueDir, Path: sd.rel, Mode: mode})
+			w.cs.Changes = append(w.cs.Changes, Change{Kind: ChangeOpaqueDir, Path: childRel, Mode: mode})
 		default:
-			carrier, err := w.isCarrier(sd.rel, mode)
+			carrier, err := w.isCarrier(childRel, mode)
 			if err != nil {
+				sub.Close()
 				return err
 			}
-			c := Change{Kind: ChangeDirectory, Path: sd.rel, Mode: mode}
+			c := Change{Kind: ChangeDirectory, Path: childRel, Mode: mode}
 			if carrier {
 				w.cs.Carriers = append(w.cs.Carriers, c)
 			} else {
 				w.cs.Changes = append(w.cs.Changes, c)
 			}
 		}
-		if err := w.walkDir(sd.host, sd.rel, subOpaque); err != nil {
+		if err := w.walkDir(sub, subOpaque); err != nil {
 			return err
 		}
 	}

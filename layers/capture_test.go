@@ -103,11 +103,10 @@ func checkWriteSources(t *testing.T, upper string, cs *Changeset) {
 			}
 			continue
 		}
-		want := filepath.Join(upper, filepath.FromSlash(c.Path))
-		if c.Source != want {
-			t.Errorf("write %s: Source = %q, want %q", c.Path, c.Source, want)
+		if c.Source != c.Path || c.Root == nil || c.Root != cs.Root {
+			t.Errorf("write %s: Source = %q (Root %v), want the path beneath the changeset's Root", c.Path, c.Source, c.Root)
 		}
-		fi, err := os.Lstat(want)
+		fi, err := os.Lstat(filepath.Join(upper, filepath.FromSlash(c.Path)))
 		if err != nil {
 			t.Fatal(err)
 		}

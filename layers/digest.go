@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -31,8 +30,13 @@ const (
 
 // Change is one entry of a changeset. Path is clean and workspace-relative.
 //
-//   - write: the file gets Data, or the content of the host file Source when
+//   - write: the file gets Data, or the content of the file Source when
 //     Source is set; Mode (permission bits) and MTime (when non-zero) are kept.
+//     With Root set (a capture of a session's upper dir, which the session
+//     controls) Source is relative to Root and opened beneath it without
+//     following any symlink; without, Source is a host path of a file the
+//     supervisor wrote (a published layer's) and only its last component
+//     is not followed. Read it with OpenSource.
 //   - symlink: a symbolic link to Target (never validated).
 //   - delete: a whiteout.
 //   - directory / opaque_dir: a directory with Mode (0o777 and sticky); an
@@ -43,8 +47,18 @@ type Change struct {
 	Mode   fs.FileMode
 	Data   []byte
 	Source string
+	Root   *Root
 	Target string
 	MTime  time.Time
+}
+
+// OpenSource opens the regular file a write's content comes from (Source,
+// beneath Root when set); anything but a regular file is ErrNotRegular.
+func (c Change) OpenSource() (*os.File, fs.FileInfo, error) {
+	if c.Root != nil {
+		return c.Root.OpenFile(c.Source)
+	}
+	return openHostFile(c.Source)
 }
 
 // aggregateChanges keeps the last change per path and sorts by path bytes.
@@ -103,14 +117,14 @@ func digestChange(h hash.Hash, c Change) error {
 	switch c.Kind {
 	case ChangeWrite:
 		if c.Source != "" {
-			f, err := os.OpenFile(c.Source, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+			f, _, err := c.OpenSource()
 			if err != nil {
 				return fmt.Errorf("digest %s: %w", c.Path, err)
 			}
 			_, err = io.Copy(h, f)
 			f.Close()
 			if err != nil {
-				return fmt.Errorf("digest %s: read %s: %w", c.Path, c.Source, err)
+				return fmt.Errorf("digest %s: read %s: %w", c.Path, f.Name(), err)
 			}
 		} else {
 			h.Write(c.Data)

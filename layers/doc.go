@@ -40,4 +40,18 @@
 //     published layers fsync every file and directory as §8.8 requires.
 //   - Garbage collection and Sweep never run without a parsable manifest; the
 //     in-memory leases of the Stack are honoured by Sweep as well.
+//   - Trees a session controls (its upper dir, a recovery artifact) are read
+//     only through a Root (root.go), the one resolver for them: paths are
+//     resolved descriptor-relative with openat2(RESOLVE_BENEATH|
+//     RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS), or one O_NOFOLLOW openat
+//     per component where openat2 is missing, and a symlink is never
+//     followed in any component, even one pointing elsewhere inside the
+//     root (os.Root would follow that one): the upper-dir format records a
+//     symlink as a symlink, and a session can swap any directory for a link
+//     at any moment. Capture walks by directory descriptor; its writes carry
+//     the Root and a Root-relative Source, read with Change.OpenSource.
+//     Published layers are written by the supervisor alone and are read by
+//     host path (last component not followed).
+//
+// It must never read a session-controlled tree by a joined host path.
 package layers

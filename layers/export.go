@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -447,56 +446,6 @@ func (fo *folder) decide(p string, nd *foldNode) bool {
 		w.opaque = true // cuts the layers below this one (after this walk)
 	}
 	return true
-}
-
-// ---------------------------------------------------------------------------
-// Opening below a root without following symlinks.
-
-var noOpenat2 atomic.Bool
-
-// openBeneath opens rel (slash-separated, clean, relative) below the
-// directory open at rootfd without following any symlink. A symlink on the
-// way gives ELOOP.
-func openBeneath(rootfd int, rel string, flags int) (int, error) {
-	flags |= unix.O_CLOEXEC | unix.O_NOFOLLOW
-	if !noOpenat2.Load() {
-		how := unix.OpenHow{Flags: uint64(flags), Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS}
-		fd, err := unix.Openat2(rootfd, rel, &how)
-		switch {
-		case err == nil:
-			return fd, nil
-		case errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM):
-			noOpenat2.Store(true) // no openat2 (old kernel, seccomp): walk instead
-		case errors.Is(err, unix.EXDEV):
-			return -1, unix.ELOOP
-		default:
-			return -1, err
-		}
-	}
-	comps := strings.Split(rel, "/")
-	cur := rootfd
-	for j, c := range comps {
-		fl := unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
-		if j == len(comps)-1 {
-			fl = flags
-		}
-		nfd, err := unix.Openat(cur, c, fl, 0)
-		if err != nil && errors.Is(err, unix.ENOTDIR) {
-			// O_DIRECTORY|O_NOFOLLOW on a symlink gives ENOTDIR.
-			var st unix.Stat_t
-			if unix.Fstatat(cur, c, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
-				err = unix.ELOOP
-			}
-		}
-		if cur != rootfd {
-			unix.Close(cur)
-		}
-		if err != nil {
-			return -1, err
-		}
-		cur = nfd
-	}
-	return cur, nil
 }
 
 // layerRoots opens the layer roots of a fold; close with closeFDs.

@@ -268,8 +268,9 @@ type CommittedFile struct {
 	// Merged: the content is the 3-way merge of base, head and session
 	// (not the session's bytes).
 	Merged bool
-	// SessionSource is the session's upper file of a write ("" when the
-	// change had in-memory Data or is not a write).
+	// SessionSource is the session's upper file of a write, relative to the
+	// changeset's Root ("" when the change had in-memory Data or is not a
+	// write).
 	SessionSource string
 	PreviousHead  Fingerprint
 }
@@ -597,7 +598,7 @@ func (s *Stack) plan(ctx context.Context, base, head Manifest, hv *View, cs *Cha
 			w := e.writes[0]
 			cf := CommittedFile{Path: e.path(), Kind: w.Kind, Route: e.pp.Route, Outcome: e.pp.Outcome,
 				Merged: e.merged, PreviousHead: e.hSide.fp}
-			if w.Kind == ChangeWrite && w.Source != "" && w.Source == e.change.Source {
+			if w.Kind == ChangeWrite && w.Source != "" && w.Root == e.change.Root && w.Source == e.change.Source {
 				cf.SessionSource = w.Source
 			}
 			pr.committed = append(pr.committed, cf)
@@ -965,10 +966,11 @@ func (p *planner) merge3(e *planEntry) error {
 
 	sessionSize := int64(len(c.Data))
 	if c.Source != "" {
-		fi, err := os.Lstat(c.Source)
+		f, fi, err := c.OpenSource()
 		if err != nil {
 			return fmt.Errorf("publish %s: session file: %w", c.Path, err)
 		}
+		f.Close()
 		sessionSize = fi.Size()
 	}
 	var res MergeResult
@@ -989,7 +991,7 @@ func (p *planner) merge3(e *planEntry) error {
 		}
 		sessionBytes := c.Data
 		if c.Source != "" {
-			if sessionBytes, err = readHostFile(c.Source); err != nil {
+			if sessionBytes, err = readSource(c); err != nil {
 				return fmt.Errorf("publish %s: session file: %w", c.Path, err)
 			}
 		}
@@ -1331,7 +1333,7 @@ func sessionFingerprint(c Change) (Fingerprint, error) {
 		var d string
 		if c.Source != "" {
 			var err error
-			if d, err = hashHostFile(c.Source); err != nil {
+			if d, err = hashSource(c); err != nil {
 				return Fingerprint{}, fmt.Errorf("publish %s: session file: %w", c.Path, err)
 			}
 		} else {
@@ -1350,23 +1352,34 @@ func sessionFingerprint(c Change) (Fingerprint, error) {
 	return Fingerprint{}, fmt.Errorf("publish %s: unknown change kind %q", c.Path, c.Kind)
 }
 
-func openHostFile(p string) (*os.File, error) {
+// openHostFile opens the regular file p of a published layer (written by
+// the supervisor, not by a session: only the last component is not
+// followed). Files of a session's upper dir are opened with
+// Change.OpenSource, beneath their Root.
+func openHostFile(p string) (*os.File, fs.FileInfo, error) {
 	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if fi, err := f.Stat(); err != nil {
+	fi, err := f.Stat()
+	if err != nil {
 		f.Close()
-		return nil, err
-	} else if !fi.Mode().IsRegular() {
-		f.Close()
-		return nil, fmt.Errorf("%s: %w", p, ErrNotRegular)
+		return nil, nil, err
 	}
-	return f, nil
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, nil, fmt.Errorf("%s: %w", p, ErrNotRegular)
+	}
+	return f, fi, nil
 }
 
-func hashHostFile(p string) (string, error) {
-	f, err := openHostFile(p)
+func hashHostFile(p string) (string, error) { return hashSource(Change{Source: p}) }
+
+func readHostFile(p string) ([]byte, error) { return readSource(Change{Source: p}) }
+
+// hashSource is the SHA-256 of a write's source file.
+func hashSource(c Change) (string, error) {
+	f, _, err := c.OpenSource()
 	if err != nil {
 		return "", err
 	}
@@ -1378,8 +1391,9 @@ func hashHostFile(p string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-func readHostFile(p string) ([]byte, error) {
-	f, err := openHostFile(p)
+// readSource is the content of a write's source file.
+func readSource(c Change) ([]byte, error) {
+	f, _, err := c.OpenSource()
 	if err != nil {
 		return nil, err
 	}

@@ -472,16 +472,11 @@ func (b *layerBuilder) writeFile(c Change) error {
 	defer f.Close()
 	var n int64
 	if c.Source != "" {
-		src, err := os.OpenFile(c.Source, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+		src, _, err := c.OpenSource()
 		if err != nil {
 			return fmt.Errorf("source: %w", err)
 		}
 		defer src.Close()
-		if fi, err := src.Stat(); err != nil {
-			return fmt.Errorf("source: %w", err)
-		} else if !fi.Mode().IsRegular() {
-			return fmt.Errorf("source %s: %w", c.Source, ErrNotRegular)
-		}
 		if unix.IoctlFileClone(int(f.Fd()), int(src.Fd())) == nil {
 			// Hash what was stored.
 			n, err = io.Copy(b.h, io.NewSectionReader(f, 0, 1<<62))
@@ -489,7 +484,7 @@ func (b *layerBuilder) writeFile(c Change) error {
 			n, err = io.Copy(io.MultiWriter(f, b.h), src)
 		}
 		if err != nil {
-			return fmt.Errorf("copy %s: %w", c.Source, err)
+			return fmt.Errorf("copy %s: %w", src.Name(), err)
 		}
 	} else {
 		if _, err := f.Write(c.Data); err != nil {

@@ -236,29 +236,38 @@ func loadUpperState(ss *session) map[string]upperState {
 	return st
 }
 
-// statUpper describes one upper-dir entry; ok is false for what capture
-// ignores (sockets, FIFOs, devices other than whiteouts).
-func statUpper(full string) (upperState, bool) {
-	var st unix.Stat_t
-	if unix.Lstat(full, &st) != nil {
+// statUpper describes the upper-dir entry rel, read beneath root (the
+// session controls the tree: nothing is followed); ok is false for what
+// capture ignores (sockets, FIFOs, devices other than whiteouts).
+func statUpper(root *layers.Root, rel string) (upperState, bool) {
+	fi, err := root.Lstat(rel)
+	if err != nil {
+		return upperState{}, false
+	}
+	return upperStateOf(root, rel, fi)
+}
+
+func upperStateOf(root *layers.Root, rel string, fi fs.FileInfo) (upperState, bool) {
+	st, ok := fi.Sys().(*unix.Stat_t)
+	if !ok {
 		return upperState{}, false
 	}
 	u := upperState{Mode: st.Mode & 0o7777, Size: st.Size, MtimeNs: st.Mtim.Nano(), Ino: st.Ino}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
-		if isUpperWhiteout(full, &st) {
+		if isUpperWhiteout(root, rel, st) {
 			return upperState{Kind: "whiteout"}, true
 		}
 		u.Kind = "file"
 	case unix.S_IFDIR:
 		u.Kind = "dir"
-		if isOpaqueDir(full) {
+		if isOpaqueDir(root, rel) {
 			u.Kind = "opaque"
 		}
 		u.Size, u.MtimeNs = 0, 0 // a directory's own size and mtime change with its entries
 	case unix.S_IFLNK:
 		u.Kind = "symlink"
-		u.Target, _ = os.Readlink(full)
+		u.Target, _ = root.Readlink(rel)
 		u.Mode = 0
 	case unix.S_IFCHR:
 		if st.Rdev != 0 {
@@ -271,10 +280,9 @@ func statUpper(full string) (upperState, bool) {
 	return u, true
 }
 
-func isOpaqueDir(full string) bool {
-	buf := make([]byte, 4)
+func isOpaqueDir(root *layers.Root, rel string) bool {
 	for _, name := range []string{"user.overlay.opaque", "trusted.overlay.opaque"} {
-		if n, err := unix.Lgetxattr(full, name, buf); err == nil && n == 1 && buf[0] == 'y' {
+		if v, ok := root.Getxattr(rel, name); ok && v == "y" {
 			return true
 		}
 	}
@@ -283,33 +291,16 @@ func isOpaqueDir(full string) bool {
 
 // walkUpper lists every entry of the upper dir (workspace-relative, slash
 // separated), skipping overlay metadata and the FUSE overlay's staging.
-func walkUpper(ctx context.Context, upper string) map[string]upperState {
+func walkUpper(ctx context.Context, root *layers.Root) map[string]upperState {
 	out := map[string]upperState{}
-	_ = filepath.WalkDir(upper, func(full string, d fs.DirEntry, err error) error {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if full == upper {
-			return nil
-		}
-		if err != nil {
-			if d != nil && d.IsDir() {
+	_ = root.Walk(ctx, func(rel string, fi fs.FileInfo) error {
+		if isStagingName(fi.Name()) || rel == fuseStagingDir {
+			if fi.IsDir() {
 				return fs.SkipDir
 			}
 			return nil
 		}
-		rel, rerr := filepath.Rel(upper, full)
-		if rerr != nil {
-			return nil
-		}
-		rel = filepath.ToSlash(rel)
-		if isStagingName(d.Name()) || rel == fuseStagingDir {
-			if d.IsDir() {
-				return fs.SkipDir
-			}
-			return nil
-		}
-		if u, ok := statUpper(full); ok {
+		if u, ok := upperStateOf(root, rel, fi); ok {
 			out[rel] = u
 		}
 		return nil
@@ -342,7 +333,11 @@ func (s *Supervisor) captureActivity(ctx context.Context, sb *sandbox, ss *sessi
 		return // destroyed
 	}
 	prev := loadUpperState(ss)
-	upper := ss.upper()
+	root, err := layers.OpenRoot(ss.upper())
+	if err != nil {
+		return
+	}
+	defer root.Close()
 	var cur map[string]upperState
 	if len(paths) > 0 {
 		cur = map[string]upperState{}
@@ -350,14 +345,14 @@ func (s *Supervisor) captureActivity(ctx context.Context, sb *sandbox, ss *sessi
 			cur[p] = u
 		}
 		for _, p := range paths {
-			if u, ok := statUpper(filepath.Join(upper, filepath.FromSlash(p))); ok {
+			if u, ok := statUpper(root, p); ok {
 				cur[p] = u
 			} else {
 				delete(cur, p)
 			}
 		}
 	} else {
-		cur = walkUpper(ctx, upper)
+		cur = walkUpper(ctx, root)
 		if ctx.Err() != nil {
 			return
 		}
@@ -431,7 +426,7 @@ func (s *Supervisor) captureActivity(ctx context.Context, sb *sandbox, ss *sessi
 				if inBase && baseEntry.Kind == layers.KindFile && (!inPrev || o.Kind != "whiteout") {
 					// Copied up from the base: changed content or only its mode.
 					switch {
-					case baseEntry.Size == c.Size && baseEntry.Mode.Perm() != fs.FileMode(c.Mode&0o777) && sameBaseContent(view, p, upper):
+					case baseEntry.Size == c.Size && baseEntry.Mode.Perm() != fs.FileMode(c.Mode&0o777) && sameBaseContent(view, p, root):
 						recs = append(recs, rec("chmod", p, nil))
 					case c.Size < baseEntry.Size:
 						recs = append(recs, rec("truncate", p, &size))
@@ -461,12 +456,12 @@ func (s *Supervisor) captureActivity(ctx context.Context, sb *sandbox, ss *sessi
 }
 
 // sameBaseContent reports whether the upper copy of p has the base's bytes.
-func sameBaseContent(view *layers.View, p, upper string) bool {
+func sameBaseContent(view *layers.View, p string, root *layers.Root) bool {
 	b, err := view.ReadFile(p)
 	if err != nil {
 		return false
 	}
-	u, err := os.ReadFile(filepath.Join(upper, filepath.FromSlash(p)))
+	u, err := root.ReadFile(p)
 	return err == nil && string(u) == string(b)
 }
 

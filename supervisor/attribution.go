@@ -260,35 +260,16 @@ func identityOf(st *unix.Stat_t) ckIdentity {
 	return ckIdentity{Size: st.Size, MtimeNs: st.Mtim.Nano(), CtimeNs: st.Ctim.Nano(), Ino: st.Ino}
 }
 
-func identityOfSys(st *syscall.Stat_t) ckIdentity {
-	return ckIdentity{Size: st.Size, MtimeNs: st.Mtim.Nano(), CtimeNs: st.Ctim.Nano(), Ino: st.Ino}
-}
-
-// openUpperFile opens rel below the upper dir without following any
-// symlink (the session's processes control that tree).
-func openUpperFile(root *os.File, upper, rel string) (*os.File, error) {
-	fd, err := unix.Openat2(int(root.Fd()), rel, &unix.OpenHow{
-		Flags:   unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC | unix.O_NONBLOCK,
-		Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
-	})
-	if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
-		return os.OpenFile(filepath.Join(upper, rel), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
-	}
-	if err != nil {
-		return nil, &fs.PathError{Op: "open", Path: rel, Err: err}
-	}
-	return os.NewFile(uintptr(fd), filepath.Join(upper, rel)), nil
-}
-
-// isUpperWhiteout reports whether an upper-dir entry is a whiteout (0:0
-// character device, or an empty file with an overlay whiteout xattr).
-func isUpperWhiteout(full string, st *unix.Stat_t) bool {
+// isUpperWhiteout reports whether the upper-dir entry rel is a whiteout
+// (0:0 character device, or an empty file with an overlay whiteout xattr),
+// reading its xattrs beneath root.
+func isUpperWhiteout(root *layers.Root, rel string, st *unix.Stat_t) bool {
 	if st.Mode&unix.S_IFMT == unix.S_IFCHR {
 		return st.Rdev == 0
 	}
 	if st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size == 0 {
 		for _, name := range []string{"user.overlay.whiteout", "trusted.overlay.whiteout"} {
-			if _, err := unix.Lgetxattr(full, name, nil); err == nil {
+			if _, ok := root.Getxattr(rel, name); ok {
 				return true
 			}
 		}
@@ -329,14 +310,15 @@ func (s *Supervisor) checkpointWith(ctx context.Context, sb *sandbox, ss *sessio
 		s.log.Warn("attribution.checkpoint_failed", "workspace_session_id", ss.id(), "err", err)
 		return
 	}
-	upper := ss.upper()
-	root, err := os.Open(upper)
+	// The session's processes control the upper dir: read it beneath a
+	// Root, never through a symlink.
+	root, err := layers.OpenRoot(ss.upper())
 	if err != nil {
 		return
 	}
 	defer root.Close()
 	base, _ := sessionBase(ss)
-	cp := &checkpointer{s: s, idx: ss.cachedIndex(dir), dir: dir, upper: upper, root: root, base: sb.stack.View(base),
+	cp := &checkpointer{s: s, idx: ss.cachedIndex(dir), dir: dir, root: root, base: sb.stack.View(base),
 		ts: nowRFC3339(), line: line, ranges: ranges}
 	cp.line.TS = cp.ts
 	if len(paths) > 0 {
@@ -345,30 +327,14 @@ func (s *Supervisor) checkpointWith(ctx context.Context, sb *sandbox, ss *sessio
 		}
 	} else {
 		seen := map[string]bool{}
-		_ = filepath.WalkDir(upper, func(full string, d fs.DirEntry, err error) error {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if err != nil || full == upper {
-				if err != nil && d != nil && d.IsDir() {
-					return fs.SkipDir
-				}
+		_ = root.Walk(ctx, func(rel string, fi fs.FileInfo) error {
+			if strings.HasPrefix(fi.Name(), ".wh.") || !fi.Mode().IsRegular() {
 				return nil
 			}
-			if strings.HasPrefix(d.Name(), ".wh.") || !d.Type().IsRegular() {
-				return nil
-			}
-			rel, err := filepath.Rel(upper, full)
-			if err != nil {
-				return nil
-			}
-			rel = filepath.ToSlash(rel)
 			seen[rel] = true
-			if fi, err := d.Info(); err == nil {
-				if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-					if e := cp.idx.Files[rel]; e != nil && e.ckIdentity == identityOfSys(st) {
-						return nil // unchanged: no need to open it
-					}
+			if st, ok := fi.Sys().(*unix.Stat_t); ok {
+				if e := cp.idx.Files[rel]; e != nil && e.ckIdentity == identityOf(st) {
+					return nil // unchanged: no need to open it
 				}
 			}
 			cp.visit(rel)
@@ -398,8 +364,7 @@ type checkpointer struct {
 	s       *Supervisor
 	idx     *ckIndex
 	dir     string
-	upper   string
-	root    *os.File
+	root    *layers.Root
 	base    *layers.View
 	ts      string
 	line    ckLine // the writer of new lines
@@ -418,9 +383,9 @@ func (cp *checkpointer) set(p string, e *ckEntry) {
 // visit checkpoints one path of the upper dir.
 func (cp *checkpointer) visit(p string) {
 	prev := cp.idx.Files[p]
-	f, err := openUpperFile(cp.root, cp.upper, p)
+	f, err := cp.root.Open(p)
 	if err != nil {
-		if prev != nil && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV)) {
+		if prev != nil && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, layers.ErrSymlink) || errors.Is(err, unix.ENOTDIR)) {
 			dropCheckpoint(cp.dir, prev)
 			delete(cp.idx.Files, p)
 			cp.changed = true
@@ -429,7 +394,7 @@ func (cp *checkpointer) visit(p string) {
 	}
 	defer f.Close()
 	var st unix.Stat_t
-	if unix.Fstat(int(f.Fd()), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || isUpperWhiteout(f.Name(), &st) {
+	if unix.Fstat(int(f.Fd()), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || isUpperWhiteout(cp.root, p, &st) {
 		return
 	}
 	id := identityOf(&st)

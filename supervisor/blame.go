@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
-	"path/filepath"
 	"time"
 	"unicode/utf8"
 
@@ -556,7 +554,7 @@ func (s *Supervisor) sessionBlameOwners(ctx context.Context, sb *sandbox, ss *se
 		return nil, false, berr
 	}
 	hasBase := berr == nil
-	upperInfo, uerr := os.Lstat(filepath.Join(ss.upper(), filepath.FromSlash(p)))
+	upperInfo, uerr := lstatUpper(ss, p)
 	if hasBase && errors.Is(uerr, fs.ErrNotExist) {
 		return baseOwners, baseWholesale, nil // not in the upper dir: the base's file
 	}
@@ -601,6 +599,17 @@ func (s *Supervisor) sessionBlameOwners(ctx context.Context, sb *sandbox, ss *se
 		out[i] = lo
 	}
 	return out, false, nil
+}
+
+// lstatUpper describes p in the session's upper dir, resolved beneath it
+// without following any symlink (the session controls that tree).
+func lstatUpper(ss *session, p string) (fs.FileInfo, error) {
+	root, err := layers.OpenRoot(ss.upper())
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	return root.Lstat(p)
 }
 
 func isInvalidRequest(err error) bool {

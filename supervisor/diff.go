@@ -205,11 +205,12 @@ func (d *wsDiffer) run(upper string, filters []string, headMoved bool) (map[stri
 	}
 	cs, err := layers.Capture(d.ctx, upper, d.base)
 	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, layers.ErrChanged) {
 			return nil, fmt.Errorf("%w: %v", errWsDiffUpperChanged, err)
 		}
 		return nil, err
 	}
+	defer cs.Close()
 	items, err := d.items(cs)
 	if err != nil {
 		return nil, err
@@ -367,18 +368,16 @@ func wsDiffSessionSide(it wsDiffItem) wsDiffSide {
 	ch := it.change
 	switch ch.Kind {
 	case layers.ChangeWrite:
-		src := ch.Source
+		src := *ch
 		return wsDiffSide{kind: "file", mode: ch.Mode, open: func() (*os.File, int64, error) {
-			f, err := os.OpenFile(src, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+			// Beneath the upper dir's Root: a directory the session swapped
+			// for a symlink since the capture is refused, never followed.
+			f, fi, err := src.OpenSource()
 			if err != nil {
-				if errors.Is(err, fs.ErrNotExist) {
+				if errors.Is(err, fs.ErrNotExist) || errors.Is(err, layers.ErrSymlink) ||
+					errors.Is(err, layers.ErrNotRegular) || errors.Is(err, syscall.ENOTDIR) {
 					err = fmt.Errorf("%w: %v", errWsDiffUpperChanged, err)
 				}
-				return nil, 0, err
-			}
-			fi, err := f.Stat()
-			if err != nil {
-				f.Close()
 				return nil, 0, err
 			}
 			return f, fi.Size(), nil

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -35,6 +36,7 @@ func (s *Supervisor) publishSession(ctx context.Context, sb *sandbox, ss *sessio
 	if err != nil {
 		return nil, layers.PublishResult{}, fmt.Errorf("capture: %w", err)
 	}
+	defer cs.Close()
 	sp = spanFrom(ctx).child("layerstack.publish", map[string]any{"base": base.Revision(), "dry_run": opt.DryRun})
 	plan, res, err := sb.stack.PublishChangeset(ctx, base, cs, opt)
 	added := 0
@@ -59,14 +61,9 @@ func (s *Supervisor) publishSession(ctx context.Context, sb *sandbox, ss *sessio
 		f := auditFile{Path: cf.Path, Wholesale: cf.Route == "ignored", Owner: owner}
 		// The session's own version of the file (for a merge it differs from
 		// what was committed) carries the per-line writers of §11.3.
-		src := cf.SessionSource
-		if src == "" {
-			src = filepath.Join(ss.upper(), cf.Path)
-		}
-		if st, lerr := os.Lstat(src); lerr == nil && st.Mode().IsRegular() {
-			if data, rerr := os.ReadFile(src); rerr == nil {
-				f.Session, f.SessionContent = s.sessionLineOwners(ss, cf.Path, data), data
-			}
+		// Read beneath the upper dir's Root, as capture did.
+		if data, rerr := cs.Root.ReadFile(cf.Path); rerr == nil {
+			f.Session, f.SessionContent = s.sessionLineOwners(ss, cf.Path, data), data
 		}
 		files = append(files, f)
 	}
@@ -216,8 +213,9 @@ func rejectionBody(r *layers.Rejection) map[string]any {
 	return m
 }
 
+// countEntries counts the entries below dir, a tree a session controls.
 func countEntries(dir string) int {
-	n := -1
-	_ = filepath.WalkDir(dir, func(string, os.DirEntry, error) error { n++; return nil })
-	return max(n, 0)
+	n := 0
+	_ = walkUpperTree(context.Background(), dir, func(string, fs.FileInfo) error { n++; return nil })
+	return n
 }

@@ -623,16 +623,28 @@ func removeTree(dir string) {
 	_ = os.RemoveAll(dir)
 }
 
-// dirBytes sums the sizes of the regular files below dir (best effort).
+// dirBytes sums the sizes of the regular files below dir, a tree a session
+// controls (best effort; symlinks are never followed, see walkUpperTree).
 func dirBytes(dir string) int64 {
 	var n int64
-	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
-			if fi, err := d.Info(); err == nil {
-				n += fi.Size()
-			}
+	_ = walkUpperTree(context.Background(), dir, func(_ string, fi fs.FileInfo) error {
+		if fi.Mode().IsRegular() {
+			n += fi.Size()
 		}
 		return nil
 	})
 	return n
+}
+
+// walkUpperTree walks a tree a session controls (its upper dir, a recovery
+// artifact) through a layers.Root: descriptor-relative, never following a
+// symlink, so a directory the session swaps for a symlink to a host
+// directory cannot lead the supervisor there.
+func walkUpperTree(ctx context.Context, dir string, fn layers.WalkFunc) error {
+	root, err := layers.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	return root.Walk(ctx, fn)
 }

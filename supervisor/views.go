@@ -478,7 +478,9 @@ type walkStats struct {
 }
 
 // boundedWalk sums a tree visiting at most maxNodes nodes and descending at
-// most maxDepth directory levels below root. It never follows symlinks.
+// most maxDepth directory levels below root. It never follows symlinks: the
+// tree may be a session's upper dir, so directories are opened beneath a
+// layers.Root.
 func boundedWalk(root string, maxNodes, maxDepth int) (walkStats, error) {
 	var w walkStats
 	var st unix.Stat_t
@@ -492,46 +494,54 @@ func boundedWalk(root string, maxNodes, maxDepth int) (walkStats, error) {
 		}
 		return w, nil
 	}
+	r, err := layers.OpenRoot(root)
+	if err != nil {
+		w.Truncated = true
+		return w, nil
+	}
+	defer r.Close()
 	type item struct {
-		path  string
+		rel   string
 		depth int
 	}
-	stack := []item{{root, 0}}
+	stack := []item{{"", 0}}
 	for len(stack) > 0 {
 		it := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		d, err := os.Open(it.path)
+		d, err := r.OpenDir(it.rel)
 		if err != nil {
 			w.Truncated = true // unreadable directory: its content is not counted
 			continue
 		}
-		for {
-			names, rerr := d.Readdirnames(256)
-			for _, name := range names {
-				if w.Nodes >= maxNodes {
-					w.Truncated = true
-					d.Close()
-					return w, nil
-				}
-				w.Nodes++
-				p := it.path + "/" + name
-				if unix.Lstat(p, &st) != nil {
-					continue
-				}
-				w.Allocated += st.Blocks * 512
-				switch st.Mode & unix.S_IFMT {
-				case unix.S_IFREG:
-					w.Logical += st.Size
-				case unix.S_IFDIR:
-					if it.depth+1 >= maxDepth {
-						w.Truncated = true
-					} else {
-						stack = append(stack, item{p, it.depth + 1})
-					}
-				}
+		names, err := d.Names()
+		if err != nil {
+			w.Truncated = true
+		}
+		for _, name := range names {
+			if w.Nodes >= maxNodes {
+				w.Truncated = true
+				d.Close()
+				return w, nil
 			}
-			if rerr != nil {
-				break
+			w.Nodes++
+			fi, err := d.Lstat(name)
+			if err != nil {
+				continue
+			}
+			st, ok := fi.Sys().(*unix.Stat_t)
+			if !ok {
+				continue
+			}
+			w.Allocated += st.Blocks * 512
+			switch st.Mode & unix.S_IFMT {
+			case unix.S_IFREG:
+				w.Logical += st.Size
+			case unix.S_IFDIR:
+				if it.depth+1 >= maxDepth {
+					w.Truncated = true
+				} else {
+					stack = append(stack, item{path.Join(it.rel, name), it.depth + 1})
+				}
 			}
 		}
 		d.Close()
