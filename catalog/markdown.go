@@ -45,7 +45,7 @@ func writeOp(b *strings.Builder, op *Op) {
 	if op.Help != "" {
 		fmt.Fprintf(b, " %s", op.Help)
 	}
-	fmt.Fprintf(b, "\n\nScope: `%s`. Result: %s.\n", op.Scope, op.Result)
+	fmt.Fprintf(b, "\n\nTitle: %s. Scope: `%s`. Effect: %s. Result: %s.\n", op.DisplayTitle(), op.Scope, op.EffectText(), op.Result)
 	if len(op.Args) == 0 {
 		b.WriteString("\nNo arguments.\n")
 		return
@@ -68,7 +68,11 @@ func writeOp(b *strings.Builder, op *Op) {
 		if def == "" {
 			def = "—"
 		}
-		fmt.Fprintf(b, "| `%s` | %s | %s | %s | %s | `%s` | %s |\n", a.Name, a.Kind, req, mdCell(def), mdCell(a.LimitsText()), cli, mdCell(a.Help))
+		help := a.Help
+		if a.ClientSide {
+			help += " (Applied by the client; never sent to the supervisor.)"
+		}
+		fmt.Fprintf(b, "| `%s` | %s | %s | %s | %s | `%s` | %s |\n", a.Name, a.Kind, req, mdCell(def), mdCell(a.LimitsText()), cli, mdCell(help))
 	}
 }
 

@@ -128,6 +128,7 @@ func OpHelp(g catalog.Group, op *catalog.Op) string {
 	if op.Result != "" {
 		fmt.Fprintf(&b, "\nResult: %s\n", op.Result)
 	}
+	fmt.Fprintf(&b, "\nEffect: %s.\n", op.EffectText())
 	fmt.Fprintf(&b, "\nScope: %s. Global flags: see `%s help`.\n", op.Scope, bin)
 	return trimRight(b.String())
 }
