@@ -245,6 +245,7 @@ func (r *runner) call(cmd *cobra.Command, op *catalog.Op, raw map[string]any) er
 	if id := ArgSandboxID(op, args); id != "" {
 		sandboxID = id
 	}
+	args, local := ClientArgs(op, args)
 	conn, cerr := NewConn(r.endpoint, cmd.Flags().Changed("endpoint") || cmd.Flags().Changed("gateway-endpoint"), r.authToken)
 	if cerr != nil {
 		return r.fail(cerr)
@@ -271,6 +272,9 @@ func (r *runner) call(cmd *cobra.Command, op *catalog.Op, raw map[string]any) er
 	case catalog.ErrorFromResponse(resp) != nil:
 		r.emit(r.stderr, resp, ExitError)
 	default:
+		if local.Has("max_output_tokens") {
+			BoundOutput(resp, local.Uint("max_output_tokens"))
+		}
 		r.emit(r.stdout, resp, ExitOK)
 	}
 	return nil
