@@ -27,7 +27,7 @@ var families = []Family{
 }
 
 var sessionIDArg = Arg{Name: "workspace_session_id", Kind: String, ID: true,
-	Help: "Work inside this workspace session; without it the operation is sessionless (reads see head, writes publish one layer)."}
+	Help: "Work inside this workspace session (its private view); without it the operation is sessionless: reads see the published state and writes publish one new layer immediately."}
 
 // maxOutputArg bounds the output text a command-output result returns; the
 // clients apply it (sandbox-mcp defaults it), the supervisor never sees it.
