@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/BurntSushi/toml"
 )
 
 // mcpClient speaks newline-delimited JSON-RPC to `sandbox-mcp` over stdio.
@@ -449,5 +452,81 @@ func TestMCPAgentFlow(t *testing.T) {
 
 	if isErr, obj := c.call("destroy_sandbox", map[string]any{"sandbox_id": id}); isErr || obj["state"] != "stopped" {
 		t.Fatalf("destroy: %v", obj)
+	}
+}
+
+// TestMCPReadmeSnippets parses the client configurations the README gives
+// (Claude Code's command line, Codex's TOML, Cursor's and VS Code's JSON)
+// and starts the server each names, as the client would, up to tools/list.
+func TestMCPReadmeSnippets(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "## Agents over MCP")
+	if !ok {
+		t.Fatal("README has no Agents over MCP section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	type server struct {
+		Type    string
+		Command string
+		Args    []string
+	}
+	found := map[string]server{}
+	blocks := regexp.MustCompile("(?s)```(\\w+)\n(.*?)```").FindAllStringSubmatch(section, -1)
+	for _, blk := range blocks {
+		lang, body := blk[1], blk[2]
+		switch lang {
+		case "sh":
+			if !strings.HasPrefix(body, "claude mcp add") {
+				continue
+			}
+			f := strings.Fields(strings.TrimSpace(body))
+			if len(f) < 6 || f[0] != "claude" || f[1] != "mcp" || f[2] != "add" || f[4] != "--" {
+				t.Fatalf("claude snippet: %q", body)
+			}
+			found["claude"] = server{Command: f[5], Args: f[6:]}
+		case "toml":
+			var cfg struct {
+				MCPServers map[string]server `toml:"mcp_servers"`
+			}
+			if _, err := toml.Decode(body, &cfg); err != nil {
+				t.Fatalf("codex snippet: %v", err)
+			}
+			found["codex"] = cfg.MCPServers["ephemeral-sandbox"]
+		case "json":
+			var cfg struct {
+				MCPServers map[string]server `json:"mcpServers"`
+				Servers    map[string]server `json:"servers"`
+			}
+			if err := json.Unmarshal([]byte(body), &cfg); err != nil {
+				t.Fatalf("json snippet %q: %v", body, err)
+			}
+			if s, ok := cfg.MCPServers["ephemeral-sandbox"]; ok {
+				found["cursor"] = s
+			}
+			if s, ok := cfg.Servers["ephemeral-sandbox"]; ok {
+				if s.Type != "stdio" {
+					t.Errorf("vscode snippet type %q", s.Type)
+				}
+				found["vscode"] = s
+			}
+		}
+	}
+	e := newEnv(t)
+	for _, client := range []string{"claude", "codex", "cursor", "vscode"} {
+		s, ok := found[client]
+		if !ok || s.Command != "sandbox-mcp" {
+			t.Fatalf("%s: no snippet naming sandbox-mcp: %+v", client, found)
+		}
+		c := e.mcpIn("", bin(s.Command), s.Args...)
+		if r := c.initialize(); r["result"] == nil {
+			t.Fatalf("%s: initialize %v", client, r)
+		}
+		tools := c.send("tools/list", nil, false)["result"].(map[string]any)["tools"].([]any)
+		if len(tools) != 32 {
+			t.Errorf("%s: %d tools", client, len(tools))
+		}
 	}
 }
