@@ -287,7 +287,9 @@ var ops = []Op{
 		Help: "Every changed path is resolved against the current published state with its strategy (merge, ours, theirs, reject); " +
 			"any conflict rejects the whole publish and keeps the session (fix it, or pass resolutions, and publish again). " +
 			"dry_run returns the plan and commits nothing. On success the session is closed; publish.summary counts what was published.",
-		Result: "{workspace_session_id, dry_run, publish:{no_op, revision, route_summary, outcome_summary, layer_id, resolved_paths}, destroyed, …}",
+		Result: "{workspace_session_id, dry_run, publish:{no_op, revision, route_summary, outcome_summary, summary, layer_id, resolved_paths}, destroyed, …}; " +
+			"publish.summary counts the session's changes by fate: {result: published|no_op (dry run: would_publish|would_reject|no_op), " +
+			"changed_paths, published_paths, merged_paths, kept_head_paths, conflict_paths}",
 		Args: []Arg{
 			{Name: "workspace_session_id", Kind: String, Required: true, ID: true, Help: "An explicit session."},
 			graceArg,

@@ -386,11 +386,17 @@ func TestMCPAgentFlow(t *testing.T) {
 		"edits": []any{map[string]any{"old_string": "two", "new_string": "TWO"}}}); isErr || obj["replacements"] != float64(1) {
 		t.Fatalf("file_edit: %v", obj)
 	}
-	if isErr, obj := rt.call("publish_workspace_session", map[string]any{"workspace_session_id": wsID, "dry_run": true}); isErr || obj["would_commit"] != true {
+	summary := func(obj map[string]any) string {
+		sum, _ := obj["publish"].(map[string]any)["summary"].(map[string]any)
+		return fmt.Sprintf("%v %v/%v", sum["result"], sum["published_paths"], sum["changed_paths"])
+	}
+	if isErr, obj := rt.call("publish_workspace_session", map[string]any{"workspace_session_id": wsID, "dry_run": true}); isErr || obj["would_commit"] != true || summary(obj) != "would_publish 1/1" {
 		t.Fatalf("dry run: %v", obj)
 	}
+	// A clean publish reads as one: the contract's outcome_summary says
+	// unchanged_head:1, applied:0; summary counts what was published.
 	isErr, pub := rt.call("publish_workspace_session", map[string]any{"workspace_session_id": wsID})
-	if isErr || pub["destroyed"] != true {
+	if isErr || pub["destroyed"] != true || summary(pub) != "published 1/1" {
 		t.Fatalf("publish: %v", pub)
 	}
 	isErr, blame := rt.call("file_blame", map[string]any{"path": "src/app.txt"})
