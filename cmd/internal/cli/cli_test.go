@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -564,5 +565,52 @@ func TestEndpointAndToken(t *testing.T) {
 	runCLI(catalog.Management, nil, "--endpoint", unix.Endpoint, "--auth-token", "flagtok", "list_sandboxes")
 	if _, sent := unix.Requests()[0][catalog.TokenField]; sent {
 		t.Fatal("token sent on a Unix endpoint")
+	}
+}
+
+// --max-output-tokens bounds the output the CLI prints (head, marker with
+// the omitted offsets, tail) and is never sent to the supervisor; without
+// it the output is printed whole.
+func TestMaxOutputTokens(t *testing.T) {
+	var rows []string
+	for i := range 100 {
+		rows = append(rows, fmt.Sprintf("row %02d", i))
+	}
+	b, _ := json.Marshal(map[string]any{"status": "ok", "command_session_id": "cmd-1", "start_offset": 10, "end_offset": 110,
+		"total_lines": 110, "output": strings.Join(rows, "\n")})
+	sup := clitest.NewUnix(t, clitest.Lines(string(b)))
+	isolate(t, sup.Path)
+	r := runCLI(catalog.Runtime, nil, "--sandbox-id", "sbx-1", "read_command_lines", "--command-session-id", "cmd-1", "--max-output-tokens", "20")
+	if r.code != 0 {
+		t.Fatalf("%+v", r)
+	}
+	m := decodeLine(t, r.stdout)
+	out := m["output"].(string)
+	tr, _ := m["output_truncated"].(map[string]any)
+	// 80 characters: 5 rows of 7 from each end, offsets shifted by start_offset.
+	if tr == nil || tr["omitted_start_offset"] != json.Number("15") || tr["omitted_end_offset"] != json.Number("105") ||
+		!strings.HasPrefix(out, "row 00\n") || !strings.HasSuffix(out, "\nrow 99") || !strings.Contains(out, "start_offset=15") {
+		t.Fatalf("bounded output: %v", m)
+	}
+	if a := sup.Requests()[0]["args"].(map[string]any); a["max_output_tokens"] != nil {
+		t.Fatalf("client-side argument sent: %v", a)
+	}
+	r = runCLI(catalog.Runtime, nil, "--sandbox-id", "sbx-1", "read_command_lines", "--command-session-id", "cmd-1")
+	if m := decodeLine(t, r.stdout); m["output"] != strings.Join(rows, "\n") || m["output_truncated"] != nil {
+		t.Fatalf("unbounded output: %v", m)
+	}
+}
+
+func TestStripANSI(t *testing.T) {
+	for in, want := range map[string]string{
+		"\x1b[31mred\x1b[0m":                    "red",
+		"a\x1b]8;;http://x\x07link\x1b]8;;\x07": "alink",
+		"\x1b[2K\x1b[1Gdone":                    "done",
+		"plain\ttext":                           "plain\ttext",
+		"lone \x1b":                             "lone ",
+	} {
+		if got := StripANSI(in); got != want {
+			t.Errorf("StripANSI(%q) = %q, want %q", in, got, want)
+		}
 	}
 }
