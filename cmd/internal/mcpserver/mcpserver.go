@@ -1,35 +1,47 @@
-// Package mcpserver projects one catalog group into an MCP server
-// (mark3labs/mcp-go): the implementation of `sandbox-mcp --set
-// management|runtime|observability` (contract §3.1).
+// Package mcpserver projects the catalog into an MCP server (mark3labs/mcp-go):
+// the implementation of `sandbox-mcp [--set all|management|runtime|observability]`
+// (contract §3.1 with amendment A2). Without --set it serves every tool.
 //
-// Tools are exactly the group's operations, named by operation ID, listed in
-// catalog order, with a raw JSON input schema derived from the catalog
-// (type object, additionalProperties false, required, the kinds of §2.6;
-// the runtime set adds a required sandbox_id string that travels in the
-// request scope). A call result carries the whole response object in
-// structuredContent and the same object as compact JSON in one text item;
-// isError is true iff the response has a top-level error.
+// Tools are the served operations, named by operation ID, listed in catalog
+// order, each with a title and the four annotations derived from the
+// catalog declaration (Op.Hints), and a raw JSON input schema derived from
+// the catalog (type object, additionalProperties false, required, the kinds
+// of §2.6, items on every array). Runtime tools add a sandbox_id string that
+// travels in the request scope; it is required unless --sandbox-id (or
+// $SANDBOX_MCP_SANDBOX_ID) names a default. A call result carries the whole
+// response object in structuredContent and the same object as compact JSON
+// in one text item; isError is true iff the response has a top-level error.
+// The command-output tools are the exception (see commandResult): one text
+// item, the output once, escapes stripped, bounded by max_output_tokens.
 //
 // Local validation and mcp-go. mcp-go's input-schema validation
 // (WithInputSchemaValidation, on) answers a schema violation with its own
 // text ("input schema validation failed: …") before any handler or
-// middleware runs, and answers a call of an unregistered tool with a
-// JSON-RPC error. The contract wants invalid_request envelopes with its exact
-// messages in both cases. So a before-call-tool hook (it runs before tool
-// lookup and schema validation, and receives the request by pointer)
-// validates every call against the catalog first — unknown operation,
-// sandbox_id, unknown argument, JSON kind, then op.Validate — and reroutes a
-// failing call to an internal tool whose handler returns the envelope. That
-// tool is hidden from tools/list by a tool filter and cannot be reached
-// directly (the hook reroutes every call to its name as an unknown
-// operation). Calls that pass go on to mcp-go's schema validation against the
-// advertised schema, which is never stricter than the catalog's checks
-// (clamped limits are not in the schema), and then to the handler. Nothing
-// that fails validation contacts the supervisor.
+// middleware runs. The contract wants invalid_request envelopes with its
+// exact messages. So a before-call-tool hook (it runs before tool lookup and
+// schema validation, and receives the request by pointer) validates every
+// call of a served tool against the catalog first — sandbox_id, unknown
+// argument, JSON kind, array items, then op.Validate — and reroutes a failing
+// call to an internal tool whose handler returns the envelope. That tool has
+// a random name, is hidden from tools/list by a tool filter and cannot be
+// reached directly. Calls that pass go on to mcp-go's schema validation
+// against the advertised schema, which is never stricter than the catalog's
+// checks (clamped limits are not in the schema), and then to the handler. A
+// tool this server does not serve is left to mcp-go: JSON-RPC error -32602.
+// Nothing that fails validation contacts the supervisor.
+//
+// Cancellation and progress. A notifications/cancelled makes mcp-go cancel
+// the handler's context, which closes the handler's supervisor connection
+// (the supervisor cancels the request); the answer mcp-go still writes is
+// dropped by the tracking writer, so a cancelled request gets no response.
+// exec_command and write_command_stdin are served as a series of short
+// yields (see yielding), which is what lets a cancel interrupt a command and
+// a progressToken receive the output as it comes.
 //
 // JSON null for an argument is a type error here ("<name> must be a
 // string", …), as the advertised schema says; numbers are decoded exactly
-// (json.Number), so integers above 2^53 are not rounded.
+// (json.Number), so integers above 2^53 are not rounded, and 2.0 is the
+// integer 2.
 package mcpserver
 
 import (
