@@ -82,6 +82,7 @@ type runner struct {
 
 	endpoint, authToken, requestID, sandboxID string
 	progress                                  bool
+	output                                    string
 }
 
 func (r *runner) lookup(id string) *catalog.Op {
@@ -114,6 +115,7 @@ func (r *runner) build() *cobra.Command {
 	pf.Var(pf.Lookup("endpoint").Value, "gateway-endpoint", "alias of --endpoint")
 	pf.StringVar(&r.authToken, "auth-token", "", "gateway token for a TCP endpoint (else $"+TokenEnv+", else the token file)")
 	pf.StringVar(&r.requestID, "request-id", "", "request id to send (default: a new UUIDv4)")
+	pf.StringVar(&r.output, "output", "json", "json (one line, for scripts) or text (tables, diffs, summaries, for people)")
 	if r.group == catalog.Management {
 		pf.BoolVar(&r.progress, "progress", false, "print progress messages on stderr")
 	}
@@ -222,6 +224,11 @@ func (r *runner) checkGlobals(cmd *cobra.Command) *catalog.Error {
 		if err := r.checkSandboxFlag(cmd); err != nil {
 			return err
 		}
+	}
+	if r.output != "json" && r.output != "text" {
+		bad := r.output
+		r.output = "json"
+		return catalog.Errorf(catalog.InvalidRequest, "--output must be json or text, not %q", bad)
 	}
 	if !cmd.Flags().Changed("request-id") {
 		r.requestID = NewRequestID()
@@ -343,6 +350,10 @@ func (r *runner) emit(w io.Writer, v any, code int) {
 		return // one JSON line per invocation
 	}
 	r.code = code
+	if r.output == "text" {
+		_, _ = io.WriteString(w, Text(v, isTerminal(w)))
+		return
+	}
 	_, _ = w.Write(append(catalog.CompactJSON(v), '\n'))
 }
 

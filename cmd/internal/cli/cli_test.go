@@ -614,3 +614,55 @@ func TestStripANSI(t *testing.T) {
 		}
 	}
 }
+
+// --output text renders for people: tables for lists, the command output
+// with a status line, a publish summary, diffs, errors; json stays the default.
+func TestOutputText(t *testing.T) {
+	cases := []struct {
+		name, reply string
+		args        []string
+		want        []string // substrings of stdout, in order
+	}{
+		{"list", `{"sandboxes":[{"id":"sbx-1","state":"ready"},{"id":"sbx-2","state":"stopped"}]}`,
+			[]string{"list_sandboxes"}, []string{"sandboxes:", "ID     STATE", "sbx-1  ready", "sbx-2  stopped"}},
+		{"command", `{"status":"ok","exit_code":0,"output":"hello\nworld","command_session_id":"cmd-1","workspace_session_id":"ws-1","start_offset":0,"end_offset":2,"total_lines":2}`,
+			[]string{"--sandbox-id", "sbx-1", "exec_command", "echo"}, []string{"hello\nworld\n", "[ok, exit 0; rows 0-2 of 2; command cmd-1; session ws-1]"}},
+		{"publish", `{"workspace_session_id":"ws-1","dry_run":false,"destroyed":true,"publish":{"layer_id":"L2-ab","summary":{"result":"published","published_paths":3,"changed_paths":3,"merged_paths":1,"kept_head_paths":0,"conflict_paths":0}}}`,
+			[]string{"--sandbox-id", "sbx-1", "publish_workspace_session", "--workspace-session-id", "ws-1"}, []string{"published 3 of 3 changed paths (1 merged) as layer L2-ab", "session ws-1 closed"}},
+		{"diff", `{"against":"base","files":[{"path":"a.txt","status":"modified","diff":"--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-a\n+b\n"}]}`,
+			[]string{"--sandbox-id", "sbx-1", "diff_workspace_session", "--workspace-session-id", "ws-1"}, []string{"modified a.txt", "-a\n+b\n"}},
+		{"blame", `{"path":"a.txt","view":"head","line_count":3,"ranges":[{"start_line":1,"line_count":2,"owner":"original"},{"start_line":3,"line_count":1,"owner":"workspace_session:ws-1","command_session_id":"cmd-1"}]}`,
+			[]string{"--sandbox-id", "sbx-1", "file_blame", "--path", "a.txt"}, []string{"a.txt (3 lines, head view)", "1-2    original", "3-3    workspace_session:ws-1  cmd-1"}},
+	}
+	for _, tc := range cases {
+		sup := clitest.NewUnix(t, clitest.Lines(tc.reply))
+		isolate(t, sup.Path)
+		g := catalog.Runtime
+		if tc.name == "list" {
+			g = catalog.Management
+		}
+		r := runCLI(g, nil, append([]string{"--output", "text"}, tc.args...)...)
+		if r.code != 0 {
+			t.Fatalf("%s: %+v", tc.name, r)
+		}
+		rest := r.stdout
+		for _, w := range tc.want {
+			i := strings.Index(rest, w)
+			if i < 0 {
+				t.Errorf("%s: %q not in (the rest of) %q", tc.name, w, r.stdout)
+				break
+			}
+			rest = rest[i+len(w):]
+		}
+	}
+	sup := clitest.NewUnix(t, clitest.Lines(`{"error":{"kind":"not_found","message":"sandbox not found: sbx-9","details":{"sandbox_id":"sbx-9"}}}`))
+	isolate(t, sup.Path)
+	r := runCLI(catalog.Management, nil, "--output", "text", "inspect_sandbox", "--sandbox-id", "sbx-9")
+	if r.code != 1 || r.stdout != "" || r.stderr != "error: not_found: sandbox not found: sbx-9\n  sandbox_id: sbx-9\n" {
+		t.Fatalf("error text: %+v", r)
+	}
+	r = runCLI(catalog.Management, nil, "--output", "yaml", "list_sandboxes")
+	if k, msg := errorOf(t, r.stderr); r.code != 2 || k != "invalid_request" || msg != `--output must be json or text, not "yaml"` {
+		t.Fatalf("bad --output: %+v", r)
+	}
+}
