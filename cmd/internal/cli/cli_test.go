@@ -356,7 +356,6 @@ func TestUsageErrors(t *testing.T) {
 		{M, []string{}, "invalid_request", "an operation is required; run `sandbox-manager-cli help`", false},
 		{M, []string{"help", "bogus"}, "invalid_request", "unknown operation: bogus", false},
 		{M, []string{"completion", "bash"}, "invalid_request", "unknown operation: completion", false},
-		{M, []string{"__complete", "cre"}, "invalid_request", "unknown operation: __complete", false},
 		{M, []string{"file_read"}, "invalid_request", "unknown operation: file_read", false},
 		{M, []string{"create_sandbox"}, "invalid_request", "workspace_root is required for create_sandbox", false},
 		{M, []string{"create_sandbox", "--workspace-root", "/w", "--count", "1.5"}, "invalid_request", "count must be an unsigned integer", false},
@@ -664,5 +663,40 @@ func TestOutputText(t *testing.T) {
 	r = runCLI(catalog.Management, nil, "--output", "yaml", "list_sandboxes")
 	if k, msg := errorOf(t, r.stderr); r.code != 2 || k != "invalid_request" || msg != `--output must be json or text, not "yaml"` {
 		t.Fatalf("bad --output: %+v", r)
+	}
+}
+
+// --completion prints a script for bash, zsh or fish; the script's
+// requests (cobra's hidden __complete) complete operations and their flags
+// from the catalog, and no operation name is taken by it.
+func TestCompletion(t *testing.T) {
+	isolate(t, "")
+	for _, sh := range []string{"bash", "zsh", "fish"} {
+		r := runCLI(catalog.Management, nil, "--completion", sh)
+		if r.code != 0 || !strings.Contains(r.stdout, "sandbox-manager-cli") || !strings.Contains(r.stdout, "__complete") {
+			t.Errorf("%s: %d %.200q %q", sh, r.code, r.stdout, r.stderr)
+		}
+	}
+	if r := runCLI(catalog.Management, nil, "--completion", "tcsh"); r.code != 2 {
+		t.Errorf("tcsh: %+v", r)
+	}
+	for _, c := range []struct {
+		g    catalog.Group
+		args []string
+		want string
+	}{
+		{catalog.Management, []string{"__complete", "cre"}, "create_sandbox\t"},
+		{catalog.Management, []string{"__complete", "create_sandbox", "--ov"}, "--overlay\t"},
+		{catalog.Runtime, []string{"__complete", "--sandbox-id", "sbx-1", "file_r"}, "file_read\t"},
+	} {
+		r := runCLI(c.g, nil, c.args...)
+		if r.code != 0 || !strings.HasPrefix(r.stdout, c.want) {
+			t.Errorf("%v: %+v", c.args, r)
+		}
+	}
+	for _, op := range catalog.Ops() {
+		if strings.HasPrefix(op.ID, "__") || op.ID == "completion" {
+			t.Errorf("operation %s collides with completion", op.ID)
+		}
 	}
 }

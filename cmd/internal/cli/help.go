@@ -184,6 +184,7 @@ func globalFlags(g catalog.Group) [][2]string {
 		[2]string{"--auth-token TOKEN", "TCP only; default $" + TokenEnv + ", else <config dir>/gateway.token"},
 		[2]string{"--request-id ID", "request id to send (default: a new UUIDv4)"},
 		[2]string{"--output json|text", "json (default): one line for scripts; text: tables, diffs, summaries for people"},
+		[2]string{"--completion bash|zsh|fish", "print the shell completion script (e.g. source <(" + Binary(g) + " --completion bash))"},
 	)
 	if g == catalog.Management {
 		out = append(out, [2]string{"--progress", "stream progress messages to stderr as [progress <s>s] <message>"})
