@@ -359,7 +359,9 @@ func (p *projection) yielding(ctx context.Context, r *catalog.Request, token mcp
 		}
 		acc.add(next)
 		seq++
-		if token != nil && ctx.Err() == nil {
+		// The last slice's news travels in the response itself; a
+		// notification written after it would confuse clients.
+		if token != nil && ctx.Err() == nil && running(next) && time.Since(start) < budget {
 			msg := cli.StripANSI(next["output"].(string))
 			if n := len(msg); n > 2000 {
 				msg = "…" + msg[n-2000:]
