@@ -48,6 +48,12 @@ func TestDeclarationsAreWellFormed(t *testing.T) {
 			if a.Required && a.Default != nil {
 				t.Errorf("%s.%s: required with a default", op.ID, a.Name)
 			}
+			if a.Kind == JSONArray && a.Items == nil {
+				t.Errorf("%s.%s: array without an items declaration (MCP clients refuse it)", op.ID, a.Name)
+			}
+			if a.Items != nil && a.Kind != JSONArray {
+				t.Errorf("%s.%s: items on a %s", op.ID, a.Name, a.Kind)
+			}
 			if a.Default != nil {
 				if _, err := a.check(a.Default); err != nil {
 					t.Errorf("%s.%s: default %v fails its own rules: %v", op.ID, a.Name, a.Default, err)
@@ -95,6 +101,22 @@ func TestValidate(t *testing.T) {
 		{"file_edit", `{"path":"a","edits":"[{\"old_string\":\"a\",\"new_string\":\"b\"}]"}`, "", func(a Args) bool { return len(a.Array("edits")) == 1 }},
 		{"file_edit", `{"path":"a","edits":"not json"}`, "edits must be an array", nil},
 		{"file_write", `{"path":"a","content":true}`, "content must be a string", nil},
+		// Integer-valued numbers are integers (JSON Schema says so; Python sends 2.0).
+		{"file_read", `{"path":"a","limit":2.0}`, "", func(a Args) bool { return a.Uint("limit") == 2 }},
+		{"file_read", `{"path":"a","limit":1e3}`, "", func(a Args) bool { return a.Uint("limit") == 1000 }},
+		{"file_read", `{"path":"a","offset":18446744073709551615.000}`, "", func(a Args) bool { return a.Uint("offset") == 1<<64-1 }},
+		{"file_read", `{"path":"a","offset":1e999}`, "offset must be an unsigned integer", nil},
+		{"file_read", `{"path":"a","limit":-2.0}`, "limit must be an unsigned integer", nil},
+		// Array elements are checked against the declared items.
+		{"file_edit", `{"path":"a","edits":[{"old_string":"a","new_string":"b","replace_all":true}]}`, "", nil},
+		{"file_edit", `{"path":"a","edits":[{"old_string":"a","new_string":"b","replace_all":null}]}`, "", nil},
+		{"file_edit", `{"path":"a","edits":[1]}`, "edits[0] must be an object {old_string, new_string, replace_all?}", nil},
+		{"file_edit", `{"path":"a","edits":[{"old_string":"a","new_string":"b"},{"old_string":"a"}]}`, "edits[1].new_string is required", nil},
+		{"file_edit", `{"path":"a","edits":[{"old_string":"a","new_string":"b","x":1}]}`, "edits[0] has an unknown field: x", nil},
+		{"file_edit", `{"path":"a","edits":[{"old_string":1,"new_string":"b"}]}`, "edits[0].old_string must be a string", nil},
+		{"file_edit", `{"path":"a","edits":[{"old_string":"a","new_string":"b","replace_all":"yes"}]}`, "edits[0].replace_all must be a boolean", nil},
+		{"publish_workspace_session", `{"workspace_session_id":"ws-1","resolutions":[{"path":"a","strategy":"mine"}]}`, "resolutions[0].strategy must be one of merge, ours, theirs, reject", nil},
+		{"diff_workspace_session", `{"workspace_session_id":"ws-1","paths":["a",2]}`, "paths[1] must be a string", nil},
 	}
 	// What a client holds before it encodes: strings that are not UTF-8.
 	op, _ := Lookup("file_write")

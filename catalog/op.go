@@ -3,6 +3,7 @@ package catalog
 import (
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // Kind is an argument's type (§2.6).
@@ -84,10 +85,57 @@ type Arg struct {
 	MaxItems         int
 	AcceptJSONString bool
 
+	// Items declares the elements of a JsonArray. Every array argument
+	// declares them: MCP clients refuse array schemas without items, and
+	// validation checks each element against the same declaration.
+	Items *Items
+
+	// ClientSide arguments are applied by the clients (CLI, MCP) to the
+	// response and never sent to the supervisor.
+	ClientSide bool
+
 	// CLI projection.
 	Flag        string   // flag name without dashes; default: Name with _ → -
 	FlagAliases []string // extra flag names
 	Positional  string   // when set, the argument is this positional (e.g. COMMAND)
+}
+
+// Items describes the elements of a JsonArray argument: plain values of
+// Kind (String or Path) when Fields is empty, else objects with exactly
+// these fields.
+type Items struct {
+	Kind   Kind
+	Fields []Field
+}
+
+// Field is one property of an array element object.
+type Field struct {
+	Name     string
+	Kind     Kind // String, Path, Integer, Float or Boolean
+	Required bool
+	Enum     []string
+	Default  any
+	Help     string
+}
+
+// Shape renders the element shape for help and messages, e.g.
+// "{old_string, new_string, replace_all?}" or "path strings".
+func (it *Items) Shape() string {
+	if it == nil {
+		return "values"
+	}
+	if len(it.Fields) == 0 {
+		return strings.ToLower(it.Kind.String()) + " strings"
+	}
+	parts := make([]string, 0, len(it.Fields))
+	for _, f := range it.Fields {
+		n := f.Name
+		if !f.Required {
+			n += "?"
+		}
+		parts = append(parts, n)
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
 }
 
 // FlagName is the CLI flag spelling of the argument.
@@ -164,10 +212,47 @@ func (a *Arg) LimitsText() string {
 	if a.ID {
 		add("id rule")
 	}
+	if a.Items != nil {
+		add("items " + a.Items.Shape())
+		for _, f := range a.Items.Fields {
+			if len(f.Enum) > 0 {
+				add(f.Name + " one of " + strings.Join(f.Enum, ", "))
+			}
+		}
+	}
 	if a.MaxItems > 0 {
 		add(fmt.Sprintf("≤ %d items", a.MaxItems))
 	}
 	return s
+}
+
+// Effect says what an operation does to state; MCP annotations, CLI help
+// and docs derive from it.
+type Effect int
+
+const (
+	// EffectUnknown is what an undeclared operation gets: treated as
+	// destructive and not idempotent, so no client auto-approves it.
+	EffectUnknown Effect = iota
+	// ReadOnly operations change nothing.
+	ReadOnly
+	// Additive operations add state (a sandbox, a session) without
+	// overwriting or discarding any.
+	Additive
+	// Destructive operations may overwrite or discard state.
+	Destructive
+)
+
+func (e Effect) String() string {
+	switch e {
+	case ReadOnly:
+		return "read-only"
+	case Additive:
+		return "additive"
+	case Destructive:
+		return "destructive"
+	}
+	return "unspecified (treated as destructive)"
 }
 
 // Op declares one public operation.
@@ -176,10 +261,61 @@ type Op struct {
 	Group   Group
 	Family  string
 	Scope   Scope
+	Title   string // human-readable name; default: from ID
 	Summary string // one line
 	Help    string // longer text
 	Result  string // what a success returns
 	Args    []Arg
+
+	Effect Effect
+	// Idempotent: repeating the call with the same arguments has no further
+	// effect (read-only operations are idempotent by definition).
+	Idempotent bool
+	// OpenWorld: the operation reaches outside the supervisor's own state
+	// (the network, a Docker registry, the host filesystem by path).
+	OpenWorld bool
+}
+
+// DisplayTitle is Title, else the ID with underscores as spaces and the
+// first letter upper-cased.
+func (op *Op) DisplayTitle() string {
+	if op.Title != "" {
+		return op.Title
+	}
+	t := strings.ReplaceAll(op.ID, "_", " ")
+	if t == "" {
+		return t
+	}
+	return strings.ToUpper(t[:1]) + t[1:]
+}
+
+// Hints are the MCP tool annotations of op, derived from its declaration.
+type Hints struct {
+	ReadOnly, Destructive, Idempotent, OpenWorld bool
+}
+
+// Hints derives the MCP annotations.
+func (op *Op) Hints() Hints {
+	ro := op.Effect == ReadOnly
+	return Hints{
+		ReadOnly:    ro,
+		Destructive: op.Effect == Destructive || op.Effect == EffectUnknown,
+		Idempotent:  ro || op.Idempotent,
+		OpenWorld:   op.OpenWorld,
+	}
+}
+
+// EffectText renders the declaration for help and docs.
+func (op *Op) EffectText() string {
+	h := op.Hints()
+	s := op.Effect.String()
+	if h.Idempotent && !h.ReadOnly {
+		s += ", idempotent"
+	}
+	if h.OpenWorld {
+		s += ", reaches outside the sandbox (network or host)"
+	}
+	return s
 }
 
 // Arg returns the named argument declaration, or nil.

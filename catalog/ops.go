@@ -5,7 +5,7 @@ package catalog
 var families = []Family{
 	{Group: Management, Name: "management", Help: "Sandboxes: create, inspect, destroy, squash and export."},
 	{Group: Runtime, Name: "command", Help: "Shell commands inside workspace sessions."},
-	{Group: Runtime, Name: "file", Help: "File operations on the published head (sessionless) or inside a session. Symlinks are never followed: a path with a symlink as any component but the last is refused by every file operation, with or without a session, with invalid_request `path \"P\": component \"C\" is a symlink` (details.path, details.component); a symlink as the last component is reported as its kind (not a regular file / not a directory (Symlink))."},
+	{Group: Runtime, Name: "file", Help: "Files inside the sandbox's workspace (/workspace in its sessions), never on the host: the published state (sessionless) or a session's private view. Symlinks are never followed: a path with a symlink as any component but the last is refused by every file operation, with or without a session, with invalid_request `path \"P\": component \"C\" is a symlink` (details.path, details.component); a symlink as the last component is reported as its kind (not a regular file / not a directory (Symlink))."},
 	{Group: Runtime, Name: "workspace_session", Help: "Private copy-on-write views and their publication."},
 	{Group: Runtime, Name: "network", Help: "Port forwarding into sessions."},
 	{Group: Runtime, Name: "supervisor_http", Capability: true, Help: "The optional loopback HTTP listener: UI, /api/rpc and /forward/… routes."},
@@ -27,7 +27,23 @@ var families = []Family{
 }
 
 var sessionIDArg = Arg{Name: "workspace_session_id", Kind: String, ID: true,
-	Help: "Work inside this workspace session; without it the operation is sessionless (reads see head, writes publish one layer)."}
+	Help: "Work inside this workspace session (its private view); without it the operation is sessionless: reads see the published state and writes publish one new layer immediately."}
+
+// maxOutputArg bounds the output text a command-output result returns; the
+// clients apply it (sandbox-mcp defaults it), the supervisor never sees it.
+var maxOutputArg = Arg{Name: "max_output_tokens", Kind: Integer, ClientSide: true, DefaultDoc: "unbounded (sandbox-mcp: --max-output-tokens, 10000)",
+	Help: "Bound the returned output to about this many tokens (4 characters each): its head and tail are kept around a marker " +
+		"that names the omitted rows; read them with read_command_lines. 0 means unbounded. The transcript keeps every byte."}
+
+// resolutionsArg is shared by the operations that resolve a session's
+// changes against the published state.
+var resolutionsArg = Arg{Name: "resolutions", Kind: JSONArray, Default: []any{}, DefaultDoc: "[]", MaxItems: 10000, AcceptJSONString: true,
+	Items: &Items{Fields: []Field{
+		{Name: "path", Kind: Path, Required: true, Help: "A path the session changed (workspace-relative)."},
+		{Name: "strategy", Kind: String, Required: true, Enum: []string{"merge", "ours", "theirs", "reject"},
+			Help: "merge: 3-way line merge; ours: the session's version; theirs: the published version; reject: fail on any change."},
+	}},
+	Help: "Per-path strategies for paths the session changed, overriding default_strategy."}
 
 var yieldArg = Arg{Name: "yield_time_ms", Kind: Integer, Default: uint64(1000), Max: u64(300000), ClampMax: true,
 	Help: "Wait this long for the command to finish before returning its output so far (clamped to runtime.command.max_yield_ms)."}
@@ -47,6 +63,7 @@ var sandboxIDArg = Arg{Name: "sandbox_id", Kind: String, Required: true, ID: tru
 var ops = []Op{
 	{
 		ID: "create_sandbox", Group: Management, Family: "management", Scope: ScopeSystem,
+		Title: "Create sandbox", Effect: Additive, OpenWorld: true,
 		Summary: "Create sandboxes from a workspace directory.",
 		Help: "Snapshots the workspace directory into the base layer B000001-base of a new LayerStack. " +
 			"The host directory is read once and never written (except by export_changes).",
@@ -68,12 +85,14 @@ var ops = []Op{
 	},
 	{
 		ID: "list_docker_images", Group: Management, Family: "management", Scope: ScopeSystem,
+		Title: "List Docker images", Effect: ReadOnly,
 		Summary: "List the images of the local Docker Engine.",
 		Help:    "Every local repo tag and, for untagged images, the sha256 image ID, sorted. Never fails because Docker is absent: docker is then \"unavailable\" with the reason.",
 		Result:  `{"docker":"available","images":[…]} or {"images":[],"docker":"unavailable","error":"<reason>"}`,
 	},
 	{
 		ID: "list_workspace_directories", Group: Management, Family: "management", Scope: ScopeSystem,
+		Title: "List workspace directories", Effect: ReadOnly,
 		Summary: "List directories for picking a workspace root.",
 		Help:    "Without path: the picker roots (manager.workspace_roots, else $HOME). With path: its immediate subdirectories, symlinks not followed.",
 		Result:  `{"path","parent","truncated","directories":[{"name","path"}]}`,
@@ -83,6 +102,7 @@ var ops = []Op{
 	},
 	{
 		ID: "destroy_sandbox", Group: Management, Family: "management", Scope: ScopeSystem,
+		Title: "Destroy sandbox", Effect: Destructive, Idempotent: true,
 		Summary: "Destroy a sandbox and everything it owns on disk.",
 		Help:    "Nothing is published; the host workspace is untouched.",
 		Result:  `the removed record with state "stopped" and live_workspace_sessions []`,
@@ -90,17 +110,20 @@ var ops = []Op{
 	},
 	{
 		ID: "list_sandboxes", Group: Management, Family: "management", Scope: ScopeSystem,
+		Title: "List sandboxes", Effect: ReadOnly,
 		Summary: "List every sandbox.",
 		Result:  `{"sandboxes":[record,…]} sorted by id (creation time)`,
 	},
 	{
 		ID: "inspect_sandbox", Group: Management, Family: "management", Scope: ScopeSystem,
+		Title: "Inspect sandbox", Effect: ReadOnly,
 		Summary: "Show one sandbox record.",
 		Result:  "the sandbox record",
 		Args:    []Arg{sandboxIDArg},
 	},
 	{
 		ID: "squash_layerstacks", Group: Management, Family: "management", Scope: ScopeSystem,
+		Title: "Squash layer stack", Effect: Additive, Idempotent: true,
 		Summary: "Fold runs of published layers into squashed layers.",
 		Help: "Every run of two or more layers above the base that no live session's newest layer splits becomes one S layer; " +
 			"the merged view is unchanged. Sessions keep their views; layers they still pin are reclaimed when they end.",
@@ -109,6 +132,7 @@ var ops = []Op{
 	},
 	{
 		ID: "export_changes", Group: Management, Family: "management", Scope: ScopeSystem,
+		Title: "Export changes to the host", Effect: Destructive, Idempotent: true, OpenWorld: true,
 		Summary: "Export the sandbox's published changes to a host directory, an archive or git commits.",
 		Help: "Folds every non-base layer of head (newest wins, whiteouts and opaque cuts applied) and writes it to dest. " +
 			"Paths the sandbox did not change are never touched. Format git writes one commit per published layer to branch " +
@@ -130,9 +154,12 @@ var ops = []Op{
 	},
 	{
 		ID: "exec_command", Group: Runtime, Family: "command", Scope: ScopeSandbox,
-		Summary: "Run a shell command in a workspace session.",
-		Help: "Runs /bin/bash --noprofile --norc -c COMMAND in a PTY with cwd /workspace. Without workspace_session_id a new implicit " +
-			"session is created; it publishes its changes and destroys itself when its last command ends.",
+		Title: "Run command in sandbox", Effect: Destructive, OpenWorld: true,
+		Summary: "Run a shell command inside the sandbox (not on the host).",
+		Help: "Runs /bin/bash --noprofile --norc -c COMMAND in a PTY with cwd /workspace, inside the sandbox's namespaces over a copy-on-write view of the workspace. " +
+			"Without workspace_session_id a new implicit session is created; it publishes its changes and destroys itself when its last command ends. " +
+			"While status is \"running\", poll with write_command_stdin and stdin \"\" (it waits up to yield_time_ms and returns the new output), " +
+			"or read rows by offset with read_command_lines.",
 		Result: "command output {status, exit_code, wall_time_seconds, command_total_time_seconds, start_offset, end_offset, total_lines, " +
 			"original_token_count, output, command_session_id, workspace_session_id, …}",
 		Args: []Arg{
@@ -140,21 +167,26 @@ var ops = []Op{
 			{Name: "workspace_session_id", Kind: String, ID: true, DefaultDoc: "a new implicit session", Help: "An active session of this sandbox."},
 			{Name: "timeout_ms", Kind: Integer, Min: u64(1), DefaultDoc: "none", Help: "Kill the command after this long (status timed_out, exit code 124)."},
 			yieldArg,
+			maxOutputArg,
 		},
 	},
 	{
 		ID: "write_command_stdin", Group: Runtime, Family: "command", Scope: ScopeSandbox,
-		Summary: "Write to a running command's terminal.",
-		Help:    "\\u0003 anywhere cancels the command (SIGINT, then SIGKILL; status cancelled, exit code 130); \\u0004 is end-of-file for a canonical-mode reader.",
-		Result:  "command output",
+		Title: "Write to command / poll", Effect: Destructive,
+		Summary: "Write to a running command's terminal, or poll it with empty stdin.",
+		Help: "stdin \"\" writes nothing: it waits up to yield_time_ms and returns the output since the previous call (how to poll a running command). " +
+			"\\u0003 anywhere cancels the command (SIGINT, then SIGKILL; status cancelled, exit code 130); \\u0004 is end-of-file for a canonical-mode reader.",
+		Result: "command output",
 		Args: []Arg{
 			{Name: "command_session_id", Kind: String, Required: true, ID: true, Help: "The command."},
-			{Name: "stdin", Kind: String, Required: true, Positional: "TEXT", Help: "Text written to the PTY as UTF-8 (≤ runtime.command.max_stdin_bytes, 1 MiB)."},
+			{Name: "stdin", Kind: String, Required: true, Positional: "TEXT", Help: "Text written to the PTY as UTF-8 (≤ runtime.command.max_stdin_bytes, 1 MiB); \"\" to poll."},
 			yieldArg,
+			maxOutputArg,
 		},
 	},
 	{
 		ID: "read_command_lines", Group: Runtime, Family: "command", Scope: ScopeSandbox,
+		Title: "Read command output", Effect: ReadOnly,
 		Summary: "Read a command's output rows by offset.",
 		Help:    "Random access; does not move the yield cursor.",
 		Result:  "command output for the requested rows",
@@ -162,10 +194,12 @@ var ops = []Op{
 			{Name: "command_session_id", Kind: String, Required: true, ID: true, Help: "The command."},
 			{Name: "start_offset", Kind: Integer, Default: uint64(0), Help: "First row (0-based)."},
 			{Name: "limit", Kind: Integer, Default: uint64(200), Min: u64(1), Max: u64(1000), ClampMin: true, ClampMax: true, Help: "Rows to return."},
+			maxOutputArg,
 		},
 	},
 	{
 		ID: "list_commands", Group: Runtime, Family: "command", Scope: ScopeSandbox,
+		Title: "List commands", Effect: ReadOnly,
 		Summary: "List running and retained commands, newest first.",
 		Result:  `{"commands":[{command_session_id, cmd, status, exit_code, started_at, ended_at, workspace_session_id, interrupted}],"truncated"}`,
 		Args: []Arg{
@@ -176,9 +210,11 @@ var ops = []Op{
 	},
 	{
 		ID: "file_read", Group: Runtime, Family: "file", Scope: ScopeSandbox,
-		Summary: "Read a window of lines of a UTF-8 file.",
-		Help:    "CRLF and CR become LF, a BOM is dropped; lines [offset, offset+limit) joined with \\n.",
-		Result:  "{path, content, start_line, num_lines, total_lines, bytes_read, total_bytes, next_offset|null, truncated}",
+		Title: "Read file in sandbox", Effect: ReadOnly,
+		Summary: "Read a window of lines of a UTF-8 file inside the sandbox (not on the host).",
+		Help: "Without workspace_session_id: the sandbox's published state; with it: that session's private view. " +
+			"CRLF and CR become LF, a BOM is dropped; lines [offset, offset+limit) joined with \\n.",
+		Result: "{path, content, start_line, num_lines, total_lines, bytes_read, total_bytes, next_offset|null, truncated}",
 		Args: []Arg{
 			{Name: "path", Kind: Path, Required: true, Help: "Workspace-relative path or /workspace/…"},
 			{Name: "offset", Kind: Integer, Default: uint64(1), Help: "1-based first line; 0 means 1."},
@@ -188,9 +224,12 @@ var ops = []Op{
 	},
 	{
 		ID: "file_write", Group: Runtime, Family: "file", Scope: ScopeSandbox,
-		Summary: "Create or replace a file.",
-		Help:    "Missing parents are created (0755); new files get 0644, existing files keep their mode.",
-		Result:  `{"type":"create"|"update", path, bytes_written} (+ revision, layer_id when sessionless)`,
+		Title: "Write file in sandbox", Effect: Destructive, Idempotent: true,
+		Summary: "Create or replace a file inside the sandbox (not on the host).",
+		Help: "Without workspace_session_id the write is published immediately as one new layer that every later session and read sees; " +
+			"with it, the change stays private to that session until publish_workspace_session. " +
+			"Missing parents are created (0755); new files get 0644, existing files keep their mode.",
+		Result: `{"type":"create"|"update", path, bytes_written} (+ revision, layer_id when sessionless)`,
 		Args: []Arg{
 			{Name: "path", Kind: Path, Required: true, Help: "Workspace-relative path or /workspace/…"},
 			{Name: "content", Kind: String, Required: true, Help: "The new content."},
@@ -199,21 +238,29 @@ var ops = []Op{
 	},
 	{
 		ID: "file_edit", Group: Runtime, Family: "file", Scope: ScopeSandbox,
-		Summary: "Apply exact string replacements to a file.",
-		Help: "Edits apply in order on LF-normalized text; the file's line ending, BOM and mode are kept. " +
-			"Each edit is {old_string, new_string, replace_all?}.",
+		Title: "Edit file in sandbox", Effect: Destructive,
+		Summary: "Apply exact string replacements to a file inside the sandbox (not on the host).",
+		Help: "Without workspace_session_id the edit is published immediately as one new layer; with it, it stays in that session until published. " +
+			"Edits apply in order on LF-normalized text; the file's line ending, BOM and mode are kept. " +
+			"Each old_string must match exactly once unless replace_all is true.",
 		Result: `{"type":"edit", path, edits_applied, replacements, bytes_written} (+ revision, layer_id when sessionless)`,
 		Args: []Arg{
 			{Name: "path", Kind: Path, Required: true, Help: "Workspace-relative path or /workspace/…"},
 			{Name: "edits", Kind: JSONArray, Required: true, MaxItems: 1000, AcceptJSONString: true,
-				Help: "1..1000 objects {old_string, new_string, replace_all?}."},
+				Items: &Items{Fields: []Field{
+					{Name: "old_string", Kind: String, Required: true, Help: "Exact text to replace (non-empty)."},
+					{Name: "new_string", Kind: String, Required: true, Help: "Replacement text (different from old_string)."},
+					{Name: "replace_all", Kind: Boolean, Default: false, Help: "Replace every occurrence instead of exactly one."},
+				}},
+				Help: "1..1000 edits, applied in order."},
 			sessionIDArg,
 		},
 	},
 	{
 		ID: "file_blame", Group: Runtime, Family: "file", Scope: ScopeSandbox,
+		Title: "Blame file lines", Effect: ReadOnly,
 		Summary: "Which session, command or operation wrote each line of a file.",
-		Help:    "Ranges tile every line exactly once. Without workspace_session_id: the published head; with it: the session's own view.",
+		Help:    "Ranges tile every line exactly once. Without workspace_session_id: the sandbox's published state; with it: the session's own view.",
 		Result:  "{path, view, workspace_session_id|null, revision, line_count, ranges:[{start_line, line_count, owner, …}]}",
 		Args: []Arg{
 			{Name: "path", Kind: Path, Required: true, Help: "Workspace-relative path or /workspace/…"},
@@ -224,7 +271,8 @@ var ops = []Op{
 	},
 	{
 		ID: "file_list", Group: Runtime, Family: "file", Scope: ScopeSandbox,
-		Summary: "List one directory level.",
+		Title: "List directory in sandbox", Effect: ReadOnly,
+		Summary: "List one directory level inside the sandbox (not on the host).",
 		Help:    "Sorted by name bytes; kind is file, directory, symlink or other.",
 		Result:  "{path, entries:[{name, kind, size}], truncated}",
 		Args: []Arg{
@@ -235,9 +283,11 @@ var ops = []Op{
 	},
 	{
 		ID: "create_workspace_session", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox,
-		Summary: "Create an explicit workspace session: a private copy-on-write view of the current head.",
-		Help:    "The view is frozen at creation; later publishes are not visible inside it.",
-		Result:  "{workspace_session_id, network_profile, finalize_policy:\"no_op\", agent, created_at, base_revision, overlay_driver}",
+		Title: "Create workspace session", Effect: Additive,
+		Summary: "Create an explicit workspace session: a private copy-on-write view of the sandbox's current published state.",
+		Help: "Pass its workspace_session_id to exec_command and the file tools to work in it; nothing is shared until publish_workspace_session. " +
+			"The view is frozen at creation; later publishes by others are not visible inside it.",
+		Result: "{workspace_session_id, network_profile, finalize_policy:\"no_op\", agent, created_at, base_revision, overlay_driver}",
 		Args: []Arg{
 			{Name: "network_profile", Kind: String, Default: "shared", Enum: []string{"shared", "isolated"}, Help: "shared: the user's network; isolated: only the session's own loopback."},
 			{Name: "agent", Kind: String, MaxLen: 128, NoControl: true, Help: "Label of the agent or person owning the session."},
@@ -245,22 +295,26 @@ var ops = []Op{
 	},
 	{
 		ID: "publish_workspace_session", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox,
+		Title: "Publish workspace session", Effect: Destructive,
 		Summary: "Publish an explicit session's changes as one new layer, or nothing.",
-		Help: "Every changed path is resolved against the current head with its strategy (merge, ours, theirs, reject); " +
-			"any conflict rejects the whole publish and keeps the session. dry_run returns the plan and commits nothing.",
-		Result: "{workspace_session_id, dry_run, publish:{no_op, revision, route_summary, outcome_summary, layer_id, resolved_paths}, destroyed, …}",
+		Help: "Every changed path is resolved against the current published state with its strategy (merge, ours, theirs, reject); " +
+			"any conflict rejects the whole publish and keeps the session (fix it, or pass resolutions, and publish again). " +
+			"dry_run returns the plan and commits nothing. On success the session is closed; publish.summary counts what was published.",
+		Result: "{workspace_session_id, dry_run, publish:{no_op, revision, route_summary, outcome_summary, summary, layer_id, resolved_paths}, destroyed, …}; " +
+			"publish.summary counts the session's changes by fate: {result: published|no_op (dry run: would_publish|would_reject|no_op), " +
+			"changed_paths, published_paths, merged_paths, kept_head_paths, conflict_paths}",
 		Args: []Arg{
 			{Name: "workspace_session_id", Kind: String, Required: true, ID: true, Help: "An explicit session."},
 			graceArg,
 			{Name: "default_strategy", Kind: String, Default: "merge", Enum: []string{"merge", "ours", "theirs", "reject"},
 				Help: "Strategy for paths without a resolution."},
-			{Name: "resolutions", Kind: JSONArray, Default: []any{}, DefaultDoc: "[]", MaxItems: 10000, AcceptJSONString: true,
-				Help: "Objects {path, strategy} for paths the session changed."},
+			resolutionsArg,
 			{Name: "dry_run", Kind: Boolean, Default: false, Help: "Compute the plan against the current head and commit nothing."},
 		},
 	},
 	{
 		ID: "destroy_workspace_session", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox,
+		Title: "Discard workspace session", Effect: Destructive, Idempotent: true,
 		Summary: "Discard a session and its changes.",
 		Help:    "Refused while commands run and the holder lives.",
 		Result:  "{workspace_session_id, destroyed:true, evicted_upperdir_bytes, active_leases_after}",
@@ -271,29 +325,34 @@ var ops = []Op{
 	},
 	{
 		ID: "list_workspace_sessions", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox,
+		Title: "List workspace sessions", Effect: ReadOnly,
 		Summary: "List the sandbox's sessions, implicit and explicit.",
 		Result:  `{"workspace_sessions":[session object…]} sorted by created_at`,
 	},
 	{
 		ID: "diff_workspace_session", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox,
+		Title: "Diff workspace session", Effect: ReadOnly,
 		Summary: "What a session changed: per-path status and unified diffs against its base or the current head.",
 		Help:    "Also lists the session-changed paths that head has changed meanwhile (they will go through resolution).",
 		Result:  "{workspace_session_id, against, base_revision, head_revision, files:[{path, status, kind, route, binary, mode, diff, diff_truncated}], head_changed_paths[], truncated}",
 		Args: []Arg{
 			{Name: "workspace_session_id", Kind: String, Required: true, ID: true, Help: "Any state except finalizing."},
 			{Name: "against", Kind: String, Default: "base", Enum: []string{"base", "head"}, Help: "Left side of the diffs."},
-			{Name: "paths", Kind: JSONArray, MaxItems: 1000, AcceptJSONString: true, DefaultDoc: "all", Help: "Path strings; each matches that path and everything below it."},
+			{Name: "paths", Kind: JSONArray, MaxItems: 1000, AcceptJSONString: true, DefaultDoc: "all", Items: &Items{Kind: Path},
+				Help: "Workspace-relative paths; each matches that path and everything below it."},
 			{Name: "max_bytes", Kind: Integer, Default: uint64(1048576), Min: u64(1), Max: u64(8388608), Help: "Total unified-diff text."},
 		},
 	},
 	{
 		ID: "snapshot", Group: Observability, Family: "snapshot", Scope: ScopeSystemOrSandbox,
+		Title: "Activity snapshot", Effect: ReadOnly,
 		Summary: "What every sandbox (or one) is doing now: sessions, running commands, layer stack.",
 		Result:  "sandbox: {sandbox_id, lifecycle_state, availability, …, workspaces[], stack}; system: {sandboxes:[…]}",
 		Args:    []Arg{obsSandboxArg},
 	},
 	{
 		ID: "trace", Group: Observability, Family: "trace", Scope: ScopeSystemOrSandbox,
+		Title: "Request trace", Effect: ReadOnly,
 		Summary: "The span tree of one request (by its request_id), the last one by default.",
 		Result:  "{view:\"trace\", trace, spans:[{span, offset_ms, children, events}]}",
 		Args: []Arg{obsSandboxArg,
@@ -301,6 +360,7 @@ var ops = []Op{
 	},
 	{
 		ID: "events", Group: Observability, Family: "events", Scope: ScopeSystemOrSandbox,
+		Title: "Event log", Effect: ReadOnly,
 		Summary: "Recorded events, oldest first.",
 		Result:  "{view:\"events\", events:[…]}",
 		Args: []Arg{obsSandboxArg,
@@ -310,6 +370,7 @@ var ops = []Op{
 	},
 	{
 		ID: "resources", Group: Observability, Family: "resources", Scope: ScopeSystemOrSandbox,
+		Title: "Resource use", Effect: ReadOnly,
 		Summary: "Sampled resource use: a sandbox's series, or the fleet's latest per sandbox.",
 		Help:    "Reads the samples the supervisor records every observability.resource_stats.sample_interval_ms; it never samples on demand.",
 		Result:  "sandbox: {view:\"resources\", scope:\"sandbox\", sandbox_id, source, availability, errors[], series:[{ts, sample_delta_ms, metrics, deltas}]}; system: {view:\"resources\", scope:\"fleet\", availability, errors[], sandboxes:{<id>:{availability, errors, current}}}",
@@ -317,18 +378,21 @@ var ops = []Op{
 	},
 	{
 		ID: "daemon", Group: Observability, Family: "daemon", Scope: ScopeSystemOrSandbox,
+		Title: "Supervisor process", Effect: ReadOnly,
 		Summary: "The supervisor process: pid, uptime, memory, goroutines, descriptors, holders.",
 		Result:  "{view:\"daemon\", scope, daemon:{…, holders:[…]}}",
 		Args:    []Arg{obsSandboxArg},
 	},
 	{
 		ID: "topology", Group: Observability, Family: "topology", Scope: ScopeSandbox,
+		Title: "Session processes", Effect: ReadOnly,
 		Summary: "Holders and the processes of each session, by PID namespace.",
 		Result:  "{view:\"topology\", scope:\"sandbox\", topology:{schema_version:2, workspaces:[…]}}",
 		Args:    []Arg{obsSandboxRequired},
 	},
 	{
 		ID: "cgroup", Group: Observability, Family: "cgroup", Scope: ScopeSandbox,
+		Title: "Cgroup samples", Effect: ReadOnly,
 		Summary: "The resource samples of a sandbox or one of its sessions, and its processes.",
 		Result:  "{view:\"cgroup\", scope, availability, errors[], series:[…], topology}",
 		Args: []Arg{obsSandboxRequired,
@@ -337,6 +401,7 @@ var ops = []Op{
 	},
 	{
 		ID: "layerstack", Group: Observability, Family: "layerstack", Scope: ScopeSandbox,
+		Title: "Layer stack", Effect: ReadOnly,
 		Summary: "Layers, sizes and leases; or one session's mounts; or one layer's entries.",
 		Result:  "{view:\"layerstack\", manifest_version, root_hash, layers:[…], …}",
 		Args: []Arg{obsSandboxRequired,
@@ -347,11 +412,13 @@ var ops = []Op{
 	},
 	{
 		ID: "health", Group: Observability, Family: "health", Scope: ScopeSystem,
+		Title: "Supervisor health", Effect: ReadOnly,
 		Summary: "The supervisor's health and the host capabilities it probed at start.",
 		Result:  "{status, version, uptime_s, uid, kernel, overlay_drivers, fuse, user_namespaces, cgroup, docker, store, counts, event_store}",
 	},
 	{
 		ID: "file_activity", Group: Observability, Family: "file_activity", Scope: ScopeSandbox,
+		Title: "File activity", Effect: ReadOnly,
 		Summary: "File changes made inside workspace sessions, oldest first.",
 		Help: "One record per create, write, truncate, rename, unlink, mkdir, rmdir, symlink or chmod: " +
 			"as it happens under the fuse driver (source fuse, writes coalesced per handle), " +

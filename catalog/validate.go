@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"io"
 	"math"
+	"math/big"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -137,9 +139,91 @@ func (a *Arg) check(v any) (any, *Error) {
 		if a.MaxItems > 0 && len(arr) > a.MaxItems {
 			return nil, Errorf(InvalidRequest, "%s must have at most %d items", a.Name, a.MaxItems)
 		}
+		if err := a.CheckItems(arr, false); err != nil {
+			return nil, err
+		}
 		return arr, nil
 	}
 	return nil, Errorf(InternalError, "argument %s has an unknown kind", a.Name)
+}
+
+// CheckItems checks the elements of an array argument against its Items
+// declaration. strict makes a JSON null field a type error (the MCP schema
+// says so); otherwise null counts as absent, as for top-level arguments.
+func (a *Arg) CheckItems(arr []any, strict bool) *Error {
+	it := a.Items
+	if it == nil {
+		return nil
+	}
+	for i, v := range arr {
+		if len(it.Fields) == 0 {
+			if _, ok := v.(string); !ok {
+				return Errorf(InvalidRequest, "%s[%d] must be a string", a.Name, i)
+			}
+			continue
+		}
+		m, ok := v.(map[string]any)
+		if !ok {
+			return Errorf(InvalidRequest, "%s[%d] must be an object %s", a.Name, i, it.Shape())
+		}
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			known := false
+			for _, f := range it.Fields {
+				known = known || f.Name == k
+			}
+			if !known {
+				return Errorf(InvalidRequest, "%s[%d] has an unknown field: %s", a.Name, i, k)
+			}
+		}
+		for _, f := range it.Fields {
+			fv, present := m[f.Name]
+			if fv == nil && !strict {
+				present = false
+			}
+			if !present {
+				if f.Required {
+					return Errorf(InvalidRequest, "%s[%d].%s is required", a.Name, i, f.Name)
+				}
+				continue
+			}
+			if err := f.check(fv); err != "" {
+				return Errorf(InvalidRequest, "%s[%d].%s %s", a.Name, i, f.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// check returns what is wrong with a field value ("" when nothing).
+func (f *Field) check(v any) string {
+	switch f.Kind {
+	case String, Path:
+		s, ok := v.(string)
+		if !ok {
+			return "must be a string"
+		}
+		if len(f.Enum) > 0 && !slices.Contains(f.Enum, s) {
+			return "must be one of " + strings.Join(f.Enum, ", ")
+		}
+	case Integer:
+		if _, ok := toUint(v); !ok {
+			return "must be an unsigned integer"
+		}
+	case Float:
+		if _, ok := toFloat(v); !ok {
+			return "must be a finite number"
+		}
+	case Boolean:
+		if _, ok := v.(bool); !ok {
+			return "must be a boolean"
+		}
+	}
+	return ""
 }
 
 func (a *Arg) checkString(s string) *Error {
@@ -202,8 +286,10 @@ func RangeError(name string, lo, hi uint64) *Error {
 func toUint(v any) (uint64, bool) {
 	switch n := v.(type) {
 	case json.Number:
-		u, err := strconv.ParseUint(string(n), 10, 64)
-		return u, err == nil
+		if u, err := strconv.ParseUint(string(n), 10, 64); err == nil {
+			return u, true
+		}
+		return integralNumber(string(n))
 	case uint64:
 		return n, true
 	case int:
@@ -218,6 +304,24 @@ func toUint(v any) (uint64, bool) {
 	}
 	return 0, false
 }
+
+// integralNumber accepts a JSON number with a fraction or exponent whose
+// value is a whole number that fits uint64 ("2.0", "1e3"): JSON Schema's
+// integer type allows them and clients written in languages with one number
+// type send them. The exponent is bounded so a hostile "1e999999999" cannot
+// make big.Rat allocate without limit.
+func integralNumber(s string) (uint64, bool) {
+	if !integralForm.MatchString(s) {
+		return 0, false
+	}
+	r, ok := new(big.Rat).SetString(s)
+	if !ok || !r.IsInt() || !r.Num().IsUint64() {
+		return 0, false
+	}
+	return r.Num().Uint64(), true
+}
+
+var integralForm = regexp.MustCompile(`^[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]{1,3})?$`)
 
 func toFloat(v any) (float64, bool) {
 	var f float64

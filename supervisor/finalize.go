@@ -80,11 +80,40 @@ func publishObject(plan *layers.Plan, res layers.PublishResult, withResolved boo
 	out := map[string]any{"no_op": res.NoOp, "revision": res.Revision, "layer_id": lid}
 	if plan != nil {
 		out["route_summary"], out["outcome_summary"] = plan.RouteSummary, plan.OutcomeSummary
+		out["summary"] = publishSummary(plan.OutcomeSummary, res.NoOp, false, false)
 		if withResolved {
 			out["resolved_paths"] = plan.ResolvedPaths()
 		}
 	}
 	return out
+}
+
+// publishSummary counts a publish by what happened to the session's
+// changes, beside the contract's outcome_summary, whose counts name the
+// resolution case: a clean publish has everything under unchanged_head
+// ("head had not changed the path") and applied:0, which reads as a
+// failure to a person or an agent. result is published, no_op, or for a dry
+// run would_publish, would_reject or no_op.
+func publishSummary(o layers.OutcomeSummary, noOp, dryRun, rejected bool) map[string]any {
+	published := o.UnchangedHead + o.Applied + o.Ours + o.Merged
+	conflicts := o.Conflict + o.Protected
+	result := "published"
+	switch {
+	case dryRun && (conflicts > 0 || rejected):
+		result = "would_reject"
+	case noOp:
+		result = "no_op"
+	case dryRun:
+		result = "would_publish"
+	}
+	return map[string]any{
+		"result":          result,
+		"changed_paths":   published + o.Theirs + conflicts,
+		"published_paths": published,
+		"merged_paths":    o.Merged,
+		"kept_head_paths": o.Theirs,
+		"conflict_paths":  conflicts,
+	}
 }
 
 // finalizeImplicit ends an implicit session (§6.6): quiesce (the holder and

@@ -108,5 +108,6 @@ func (s *Supervisor) publishWorkspaceSession(c *call) (any, error) {
 // was computed against (§9.6).
 func publishObjectDry(plan *layers.Plan, res layers.PublishResult) map[string]any {
 	return map[string]any{"no_op": res.NoOp, "revision": plan.HeadRevision,
-		"route_summary": plan.RouteSummary, "outcome_summary": plan.OutcomeSummary}
+		"route_summary": plan.RouteSummary, "outcome_summary": plan.OutcomeSummary,
+		"summary": publishSummary(plan.OutcomeSummary, !plan.WouldCommit, true, plan.Rejection != nil)}
 }

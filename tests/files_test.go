@@ -220,7 +220,7 @@ func TestFileBadInput(t *testing.T) {
 		{1, "invalid_request", []string{"file_edit", "--path", "dir/f.txt", "--edits", `[{"old_string":"x","new_string":"y"},{"old_string":"y","new_string":"x"}]`}, "edit made no changes"},
 		{1, "invalid_request", []string{"file_edit", "--path", "bin.dat", "--edits", `[{"old_string":"a","new_string":"b"}]`}, "not valid UTF-8"},
 		{1, "invalid_request", []string{"file_edit", "--path", "dir", "--edits", `[{"old_string":"a","new_string":"b"}]`}, "not a regular file"},
-		{1, "invalid_request", []string{"file_edit", "--path", "dir/f.txt", "--edits", `[{"old":"a"}]`}, "unknown field"},
+		{2, "invalid_request", []string{"file_edit", "--path", "dir/f.txt", "--edits", `[{"old":"a"}]`}, "edits[0] has an unknown field: old"}, // checked against the declared items, locally
 		{2, "invalid_request", []string{"file_edit", "--path", "dir/f.txt", "--edits", `{"old_string":"a"}`}, "edits must be an array"},
 		{1, "invalid_request", []string{"file_list", "--path", "dir/f.txt"}, "not a directory"},
 		{1, "invalid_request", []string{"file_list", "--path", "link"}, "not a directory (Symlink)"},

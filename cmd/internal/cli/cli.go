@@ -58,7 +58,9 @@ func run(g catalog.Group, ops []catalog.Op, args []string, stdout, stderr io.Wri
 	// operation of this group nor help is "unknown operation" (this also
 	// keeps cobra's hidden __complete command unreachable).
 	if i := r.operandIndex(root); i >= 0 {
-		if name := args[i]; name != "help" && r.lookup(name) == nil {
+		// cobra's hidden completion requests (what the scripts of
+		// --completion call) start with "__", which no operation does.
+		if name := args[i]; name != "help" && name != cobra.ShellCompRequestCmd && name != cobra.ShellCompNoDescRequestCmd && r.lookup(name) == nil {
 			return r.usage(catalog.Errorf(catalog.InvalidRequest, "unknown operation: %s", name))
 		}
 	}
@@ -82,6 +84,31 @@ type runner struct {
 
 	endpoint, authToken, requestID, sandboxID string
 	progress                                  bool
+	output                                    string
+	shell                                     string
+}
+
+// completion prints the completion script of --completion SHELL; its
+// completions come from cobra's hidden __complete request, so operations and
+// their flags complete from the catalog.
+func (r *runner) completion(cmd *cobra.Command) error {
+	var err error
+	root := cmd.Root()
+	switch r.shell {
+	case "bash":
+		err = root.GenBashCompletionV2(r.stdout, true)
+	case "zsh":
+		err = root.GenZshCompletion(r.stdout)
+	case "fish":
+		err = root.GenFishCompletion(r.stdout, true)
+	default:
+		return r.fail(catalog.Errorf(catalog.InvalidRequest, "--completion must be bash, zsh or fish, not %q", r.shell))
+	}
+	if err != nil {
+		return r.fail(catalog.Errorf(catalog.InternalError, "completion script: %v", err))
+	}
+	r.code = ExitOK
+	return nil
 }
 
 func (r *runner) lookup(id string) *catalog.Op {
@@ -106,14 +133,21 @@ func (r *runner) build() *cobra.Command {
 			if len(args) > 0 {
 				return r.fail(catalog.Errorf(catalog.InvalidRequest, "unknown operation: %s", args[0]))
 			}
+			if cmd.Flags().Changed("completion") {
+				return r.completion(cmd)
+			}
 			return r.fail(catalog.Errorf(catalog.InvalidRequest, "an operation is required; run `%s help`", r.bin))
 		},
 	}
+	// A flag rather than cobra's `completion` command, so that no word is
+	// taken from the operation namespace.
+	root.Flags().StringVar(&r.shell, "completion", "", "print the shell completion script: bash, zsh or fish")
 	pf := root.PersistentFlags()
 	pf.StringVar(&r.endpoint, "endpoint", "", "supervisor endpoint: /abs/path, unix:///abs/path or tcp://127.0.0.1:PORT")
 	pf.Var(pf.Lookup("endpoint").Value, "gateway-endpoint", "alias of --endpoint")
 	pf.StringVar(&r.authToken, "auth-token", "", "gateway token for a TCP endpoint (else $"+TokenEnv+", else the token file)")
 	pf.StringVar(&r.requestID, "request-id", "", "request id to send (default: a new UUIDv4)")
+	pf.StringVar(&r.output, "output", "json", "json (one line, for scripts) or text (tables, diffs, summaries, for people)")
 	if r.group == catalog.Management {
 		pf.BoolVar(&r.progress, "progress", false, "print progress messages on stderr")
 	}
@@ -223,6 +257,11 @@ func (r *runner) checkGlobals(cmd *cobra.Command) *catalog.Error {
 			return err
 		}
 	}
+	if r.output != "json" && r.output != "text" {
+		bad := r.output
+		r.output = "json"
+		return catalog.Errorf(catalog.InvalidRequest, "--output must be json or text, not %q", bad)
+	}
 	if !cmd.Flags().Changed("request-id") {
 		r.requestID = NewRequestID()
 	} else if !catalog.ValidID(r.requestID) {
@@ -245,6 +284,7 @@ func (r *runner) call(cmd *cobra.Command, op *catalog.Op, raw map[string]any) er
 	if id := ArgSandboxID(op, args); id != "" {
 		sandboxID = id
 	}
+	args, local := ClientArgs(op, args)
 	conn, cerr := NewConn(r.endpoint, cmd.Flags().Changed("endpoint") || cmd.Flags().Changed("gateway-endpoint"), r.authToken)
 	if cerr != nil {
 		return r.fail(cerr)
@@ -271,6 +311,9 @@ func (r *runner) call(cmd *cobra.Command, op *catalog.Op, raw map[string]any) er
 	case catalog.ErrorFromResponse(resp) != nil:
 		r.emit(r.stderr, resp, ExitError)
 	default:
+		if local.Has("max_output_tokens") {
+			BoundOutput(resp, local.Uint("max_output_tokens"))
+		}
 		r.emit(r.stdout, resp, ExitOK)
 	}
 	return nil
@@ -310,7 +353,11 @@ func (r *runner) operandIndex(root *cobra.Command) int {
 			if strings.Contains(a, "=") {
 				continue
 			}
-			if f := pf.Lookup(a[2:]); f != nil && f.NoOptDefVal == "" {
+			f := pf.Lookup(a[2:])
+			if f == nil {
+				f = root.Flags().Lookup(a[2:]) // --completion SHELL
+			}
+			if f != nil && f.NoOptDefVal == "" {
 				i++
 			}
 		case strings.HasPrefix(a, "-") && a != "-":
@@ -339,6 +386,10 @@ func (r *runner) emit(w io.Writer, v any, code int) {
 		return // one JSON line per invocation
 	}
 	r.code = code
+	if r.output == "text" {
+		_, _ = io.WriteString(w, Text(v, isTerminal(w)))
+		return
+	}
 	_, _ = w.Write(append(catalog.CompactJSON(v), '\n'))
 }
 

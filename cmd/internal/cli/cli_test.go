@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -355,7 +356,6 @@ func TestUsageErrors(t *testing.T) {
 		{M, []string{}, "invalid_request", "an operation is required; run `sandbox-manager-cli help`", false},
 		{M, []string{"help", "bogus"}, "invalid_request", "unknown operation: bogus", false},
 		{M, []string{"completion", "bash"}, "invalid_request", "unknown operation: completion", false},
-		{M, []string{"__complete", "cre"}, "invalid_request", "unknown operation: __complete", false},
 		{M, []string{"file_read"}, "invalid_request", "unknown operation: file_read", false},
 		{M, []string{"create_sandbox"}, "invalid_request", "workspace_root is required for create_sandbox", false},
 		{M, []string{"create_sandbox", "--workspace-root", "/w", "--count", "1.5"}, "invalid_request", "count must be an unsigned integer", false},
@@ -564,5 +564,139 @@ func TestEndpointAndToken(t *testing.T) {
 	runCLI(catalog.Management, nil, "--endpoint", unix.Endpoint, "--auth-token", "flagtok", "list_sandboxes")
 	if _, sent := unix.Requests()[0][catalog.TokenField]; sent {
 		t.Fatal("token sent on a Unix endpoint")
+	}
+}
+
+// --max-output-tokens bounds the output the CLI prints (head, marker with
+// the omitted offsets, tail) and is never sent to the supervisor; without
+// it the output is printed whole.
+func TestMaxOutputTokens(t *testing.T) {
+	var rows []string
+	for i := range 100 {
+		rows = append(rows, fmt.Sprintf("row %02d", i))
+	}
+	b, _ := json.Marshal(map[string]any{"status": "ok", "command_session_id": "cmd-1", "start_offset": 10, "end_offset": 110,
+		"total_lines": 110, "output": strings.Join(rows, "\n")})
+	sup := clitest.NewUnix(t, clitest.Lines(string(b)))
+	isolate(t, sup.Path)
+	r := runCLI(catalog.Runtime, nil, "--sandbox-id", "sbx-1", "read_command_lines", "--command-session-id", "cmd-1", "--max-output-tokens", "20")
+	if r.code != 0 {
+		t.Fatalf("%+v", r)
+	}
+	m := decodeLine(t, r.stdout)
+	out := m["output"].(string)
+	tr, _ := m["output_truncated"].(map[string]any)
+	// 80 characters: 5 rows of 7 from each end, offsets shifted by start_offset.
+	if tr == nil || tr["omitted_start_offset"] != json.Number("15") || tr["omitted_end_offset"] != json.Number("105") ||
+		!strings.HasPrefix(out, "row 00\n") || !strings.HasSuffix(out, "\nrow 99") || !strings.Contains(out, "start_offset=15") {
+		t.Fatalf("bounded output: %v", m)
+	}
+	if a := sup.Requests()[0]["args"].(map[string]any); a["max_output_tokens"] != nil {
+		t.Fatalf("client-side argument sent: %v", a)
+	}
+	r = runCLI(catalog.Runtime, nil, "--sandbox-id", "sbx-1", "read_command_lines", "--command-session-id", "cmd-1")
+	if m := decodeLine(t, r.stdout); m["output"] != strings.Join(rows, "\n") || m["output_truncated"] != nil {
+		t.Fatalf("unbounded output: %v", m)
+	}
+}
+
+func TestStripANSI(t *testing.T) {
+	for in, want := range map[string]string{
+		"\x1b[31mred\x1b[0m":                    "red",
+		"a\x1b]8;;http://x\x07link\x1b]8;;\x07": "alink",
+		"\x1b[2K\x1b[1Gdone":                    "done",
+		"plain\ttext":                           "plain\ttext",
+		"lone \x1b":                             "lone ",
+	} {
+		if got := StripANSI(in); got != want {
+			t.Errorf("StripANSI(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// --output text renders for people: tables for lists, the command output
+// with a status line, a publish summary, diffs, errors; json stays the default.
+func TestOutputText(t *testing.T) {
+	cases := []struct {
+		name, reply string
+		args        []string
+		want        []string // substrings of stdout, in order
+	}{
+		{"list", `{"sandboxes":[{"id":"sbx-1","state":"ready"},{"id":"sbx-2","state":"stopped"}]}`,
+			[]string{"list_sandboxes"}, []string{"sandboxes:", "ID     STATE", "sbx-1  ready", "sbx-2  stopped"}},
+		{"command", `{"status":"ok","exit_code":0,"output":"hello\nworld","command_session_id":"cmd-1","workspace_session_id":"ws-1","start_offset":0,"end_offset":2,"total_lines":2}`,
+			[]string{"--sandbox-id", "sbx-1", "exec_command", "echo"}, []string{"hello\nworld\n", "[ok, exit 0; rows 0-2 of 2; command cmd-1; session ws-1]"}},
+		{"publish", `{"workspace_session_id":"ws-1","dry_run":false,"destroyed":true,"publish":{"layer_id":"L2-ab","summary":{"result":"published","published_paths":3,"changed_paths":3,"merged_paths":1,"kept_head_paths":0,"conflict_paths":0}}}`,
+			[]string{"--sandbox-id", "sbx-1", "publish_workspace_session", "--workspace-session-id", "ws-1"}, []string{"published 3 of 3 changed paths (1 merged) as layer L2-ab", "session ws-1 closed"}},
+		{"diff", `{"against":"base","files":[{"path":"a.txt","status":"modified","diff":"--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-a\n+b\n"}]}`,
+			[]string{"--sandbox-id", "sbx-1", "diff_workspace_session", "--workspace-session-id", "ws-1"}, []string{"modified a.txt", "-a\n+b\n"}},
+		{"blame", `{"path":"a.txt","view":"head","line_count":3,"ranges":[{"start_line":1,"line_count":2,"owner":"original"},{"start_line":3,"line_count":1,"owner":"workspace_session:ws-1","command_session_id":"cmd-1"}]}`,
+			[]string{"--sandbox-id", "sbx-1", "file_blame", "--path", "a.txt"}, []string{"a.txt (3 lines, head view)", "1-2    original", "3-3    workspace_session:ws-1  cmd-1"}},
+	}
+	for _, tc := range cases {
+		sup := clitest.NewUnix(t, clitest.Lines(tc.reply))
+		isolate(t, sup.Path)
+		g := catalog.Runtime
+		if tc.name == "list" {
+			g = catalog.Management
+		}
+		r := runCLI(g, nil, append([]string{"--output", "text"}, tc.args...)...)
+		if r.code != 0 {
+			t.Fatalf("%s: %+v", tc.name, r)
+		}
+		rest := r.stdout
+		for _, w := range tc.want {
+			i := strings.Index(rest, w)
+			if i < 0 {
+				t.Errorf("%s: %q not in (the rest of) %q", tc.name, w, r.stdout)
+				break
+			}
+			rest = rest[i+len(w):]
+		}
+	}
+	sup := clitest.NewUnix(t, clitest.Lines(`{"error":{"kind":"not_found","message":"sandbox not found: sbx-9","details":{"sandbox_id":"sbx-9"}}}`))
+	isolate(t, sup.Path)
+	r := runCLI(catalog.Management, nil, "--output", "text", "inspect_sandbox", "--sandbox-id", "sbx-9")
+	if r.code != 1 || r.stdout != "" || r.stderr != "error: not_found: sandbox not found: sbx-9\n  sandbox_id: sbx-9\n" {
+		t.Fatalf("error text: %+v", r)
+	}
+	r = runCLI(catalog.Management, nil, "--output", "yaml", "list_sandboxes")
+	if k, msg := errorOf(t, r.stderr); r.code != 2 || k != "invalid_request" || msg != `--output must be json or text, not "yaml"` {
+		t.Fatalf("bad --output: %+v", r)
+	}
+}
+
+// --completion prints a script for bash, zsh or fish; the script's
+// requests (cobra's hidden __complete) complete operations and their flags
+// from the catalog, and no operation name is taken by it.
+func TestCompletion(t *testing.T) {
+	isolate(t, "")
+	for _, sh := range []string{"bash", "zsh", "fish"} {
+		r := runCLI(catalog.Management, nil, "--completion", sh)
+		if r.code != 0 || !strings.Contains(r.stdout, "sandbox-manager-cli") || !strings.Contains(r.stdout, "__complete") {
+			t.Errorf("%s: %d %.200q %q", sh, r.code, r.stdout, r.stderr)
+		}
+	}
+	if r := runCLI(catalog.Management, nil, "--completion", "tcsh"); r.code != 2 {
+		t.Errorf("tcsh: %+v", r)
+	}
+	for _, c := range []struct {
+		g    catalog.Group
+		args []string
+		want string
+	}{
+		{catalog.Management, []string{"__complete", "cre"}, "create_sandbox\t"},
+		{catalog.Management, []string{"__complete", "create_sandbox", "--ov"}, "--overlay\t"},
+		{catalog.Runtime, []string{"__complete", "--sandbox-id", "sbx-1", "file_r"}, "file_read\t"},
+	} {
+		r := runCLI(c.g, nil, c.args...)
+		if r.code != 0 || !strings.HasPrefix(r.stdout, c.want) {
+			t.Errorf("%v: %+v", c.args, r)
+		}
+	}
+	for _, op := range catalog.Ops() {
+		if strings.HasPrefix(op.ID, "__") || op.ID == "completion" {
+			t.Errorf("operation %s collides with completion", op.ID)
+		}
 	}
 }

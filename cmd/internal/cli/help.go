@@ -60,7 +60,7 @@ func groupHelp(g catalog.Group, ops []catalog.Op) string {
 		fmt.Fprintf(tw, "  %s\t%s\n", f[0], f[1])
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(&b, "\nOutput: one JSON line; success on stdout (exit 0), errors on stderr (exit 1; usage errors exit 2).\n")
+	fmt.Fprintf(&b, "\nOutput: one JSON line (or text with --output text); success on stdout (exit 0), errors on stderr (exit 1; usage errors exit 2).\n")
 	fmt.Fprintf(&b, "Run `%s help <operation>` for an operation's flags.\n", bin)
 	return trimRight(b.String())
 }
@@ -128,6 +128,7 @@ func OpHelp(g catalog.Group, op *catalog.Op) string {
 	if op.Result != "" {
 		fmt.Fprintf(&b, "\nResult: %s\n", op.Result)
 	}
+	fmt.Fprintf(&b, "\nEffect: %s.\n", op.EffectText())
 	fmt.Fprintf(&b, "\nScope: %s. Global flags: see `%s help`.\n", op.Scope, bin)
 	return trimRight(b.String())
 }
@@ -182,6 +183,8 @@ func globalFlags(g catalog.Group) [][2]string {
 		[2]string{"--endpoint ENDPOINT", "alias --gateway-endpoint; /abs/path, unix:///abs/path or tcp://127.0.0.1:PORT (default: $SANDBOX_SUPERVISOR_SOCKET, else the runtime directory's socket)"},
 		[2]string{"--auth-token TOKEN", "TCP only; default $" + TokenEnv + ", else <config dir>/gateway.token"},
 		[2]string{"--request-id ID", "request id to send (default: a new UUIDv4)"},
+		[2]string{"--output json|text", "json (default): one line for scripts; text: tables, diffs, summaries for people"},
+		[2]string{"--completion bash|zsh|fish", "print the shell completion script (e.g. source <(" + Binary(g) + " --completion bash))"},
 	)
 	if g == catalog.Management {
 		out = append(out, [2]string{"--progress", "stream progress messages to stderr as [progress <s>s] <message>"})

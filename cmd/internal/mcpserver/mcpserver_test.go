@@ -35,6 +35,11 @@ type session struct {
 
 func start(t *testing.T, g catalog.Group, ops []catalog.Op, sup *clitest.Supervisor) *session {
 	t.Helper()
+	return startWith(t, g, ops, sup, Options{})
+}
+
+func startWith(t *testing.T, g catalog.Group, ops []catalog.Op, sup *clitest.Supervisor, opts Options) *session {
+	t.Helper()
 	t.Setenv("SANDBOX_NO_AUTOSTART", "1")
 	conn, err := cli.NewConn(sup.Endpoint, true, "")
 	if err != nil {
@@ -47,7 +52,7 @@ func start(t *testing.T, g catalog.Group, ops []catalog.Op, sup *clitest.Supervi
 	outR, outW := io.Pipe()
 	s := &session{t: t, in: inW, out: bufio.NewReader(outR), done: make(chan error, 1)}
 	go func() {
-		err := Serve(context.Background(), newServer(g, ops, conn), inR, outW, io.Discard)
+		err := Serve(context.Background(), newServer(ops, conn, opts), inR, outW, io.Discard)
 		outW.Close()
 		s.done <- err
 	}()
@@ -164,14 +169,14 @@ func checkResult(t *testing.T, res map[string]any) (map[string]any, bool) {
 func TestInitializeAndList(t *testing.T) {
 	sup := clitest.NewUnix(t, clitest.Echo)
 	for _, g := range []catalog.Group{catalog.Management, catalog.Runtime, catalog.Observability} {
-		s := start(t, g, nil, sup)
+		s := startWith(t, g, catalog.GroupOps(g), sup, Options{Version: "v1.2.3-test"})
 		init := s.initialize("2025-06-18")
 		res, _ := init["result"].(map[string]any)
 		if res["protocolVersion"] != "2025-06-18" {
 			t.Fatalf("%s: protocolVersion %v", g, res["protocolVersion"])
 		}
 		info, _ := res["serverInfo"].(map[string]any)
-		if info["name"] != "sandbox-mcp" || info["title"] != "Ephemeral Sandbox MCP" {
+		if info["name"] != "sandbox-mcp" || info["title"] != "Ephemeral Sandbox MCP" || info["version"] != "v1.2.3-test" {
 			t.Fatalf("%s: serverInfo %v", g, info)
 		}
 		caps, _ := res["capabilities"].(map[string]any)
@@ -309,10 +314,9 @@ func TestLocalValidation(t *testing.T) {
 		{"do_things", map[string]any{"sandbox_id": "sbx-1", "cmd": "x", "ratio": "1"}, "ratio must be a finite number"},
 		{"do_things", map[string]any{"sandbox_id": "sbx-1", "cmd": "x", "items": map[string]any{}}, "items must be an array"},
 		{"do_things", []any{1}, "arguments must be an object"},
-		{"help", map[string]any{"sandbox_id": "sbx-1"}, "unknown operation: help"},
-		{"create_sandbox", map[string]any{"workspace_root": "/w"}, "unknown operation: create_sandbox"},
-		{"nope", nil, "unknown operation: nope"},
-		{rejectTool, map[string]any{}, "unknown operation: " + rejectTool},
+		{"file_edit", map[string]any{"sandbox_id": "sbx-1", "path": "a", "edits": []any{map[string]any{"old_string": "a"}}}, "edits[0].new_string is required"},
+		{"file_edit", map[string]any{"sandbox_id": "sbx-1", "path": "a", "edits": []any{map[string]any{"old_string": "a", "new_string": "b", "replace_all": nil}}}, "edits[0].replace_all must be a boolean"},
+		{"file_edit", map[string]any{"sandbox_id": "sbx-1", "path": "a", "edits": []any{"x"}}, "edits[0] must be an object {old_string, new_string, replace_all?}"},
 	}
 	ops := append(append([]catalog.Op{}, catalog.GroupOps(catalog.Runtime)...), synth...)
 	s := start(t, catalog.Runtime, ops, sup)
@@ -323,6 +327,15 @@ func TestLocalValidation(t *testing.T) {
 		want := map[string]any{"error": map[string]any{"kind": "invalid_request", "message": c.msg, "details": map[string]any{}}}
 		if !isErr || !reflect.DeepEqual(sc, want) {
 			t.Errorf("%s %v: got %v, want %q", c.name, c.args, sc, c.msg)
+		}
+	}
+	// Tools this server does not serve are a protocol error (-32602), as
+	// the MCP specification lists for unknown tools, not a tool result.
+	for _, name := range []string{"help", "create_sandbox", "nope", "_sandbox_mcp_local_error"} {
+		resp := s.rpc("tools/call", map[string]any{"name": name, "arguments": map[string]any{"sandbox_id": "sbx-1"}})
+		e, _ := resp["error"].(map[string]any)
+		if e == nil || e["code"] != json.Number("-32602") || resp["result"] != nil {
+			t.Errorf("%s: want JSON-RPC error -32602, got %v", name, resp)
 		}
 	}
 	if n := len(sup.Requests()); n != 0 {
@@ -408,7 +421,7 @@ func TestTransportErrorIsToolError(t *testing.T) {
 func TestInProcessClient(t *testing.T) {
 	sup := clitest.NewUnix(t, clitest.Echo)
 	conn, _ := cli.NewConn(sup.Endpoint, true, "")
-	c, err := client.NewInProcessClient(New(catalog.Runtime, conn))
+	c, err := client.NewInProcessClient(New(conn, Options{Groups: []catalog.Group{catalog.Runtime}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -435,9 +448,10 @@ func TestInProcessClient(t *testing.T) {
 	if txt := res.Content[0].(mcp.TextContent).Text; !res.IsError || !strings.Contains(txt, `"path must be a string"`) {
 		t.Fatalf("%v", res)
 	}
-	res = call("list_sandboxes", map[string]any{"sandbox_id": "sbx-1"})
-	if txt := res.Content[0].(mcp.TextContent).Text; !res.IsError || !strings.Contains(txt, `"unknown operation: list_sandboxes"`) {
-		t.Fatalf("%v", res)
+	req := mcp.CallToolRequest{}
+	req.Params.Name, req.Params.Arguments = "list_sandboxes", map[string]any{"sandbox_id": "sbx-1"}
+	if res, err := c.CallTool(ctx, req); err == nil {
+		t.Fatalf("a tool of another set answered: %v", res)
 	}
 	res = call("file_list", map[string]any{"sandbox_id": "sbx-1"})
 	if res.IsError || len(sup.Requests()) != 1 {
@@ -446,10 +460,10 @@ func TestInProcessClient(t *testing.T) {
 }
 
 func TestMainConfigErrors(t *testing.T) {
-	for _, args := range [][]string{{}, {"--set", "bogus"}, {"--set"}, {"--nope"}, {"--set", "runtime", "extra"},
-		{"--set", "runtime", "--endpoint", "relative"}} {
+	for _, args := range [][]string{{"--set", "bogus"}, {"--set", "runtime,bogus"}, {"--set"}, {"--nope"}, {"--set", "runtime", "extra"},
+		{"--set", "runtime", "--endpoint", "relative"}, {"--sandbox-id", "bad id"}, {"--max-output-tokens", "-1"}} {
 		var out, errb bytes.Buffer
-		code := Main(args, strings.NewReader(""), &out, &errb)
+		code := Main(args, "", strings.NewReader(""), &out, &errb)
 		var env struct {
 			Error struct{ Kind, Message string }
 		}
