@@ -134,18 +134,6 @@ func (sb *sandbox) runningCount() int {
 	return n
 }
 
-func (s *Supervisor) admitCommand(sb *sandbox) *catalog.Error {
-	if n := sb.runningCount(); n >= s.cfg.Runtime.Command.MaxActivePerSandbox {
-		return catalog.Errorf(catalog.ServerBusy, "command admission refused").
-			With("max_active_commands", s.cfg.Runtime.Command.MaxActivePerSandbox).With("limit_scope", "sandbox")
-	}
-	if n := s.runningCommands(); n >= s.cfg.Supervisor.MaxActiveCommands {
-		return catalog.Errorf(catalog.ServerBusy, "command admission refused").
-			With("max_active_commands", s.cfg.Supervisor.MaxActiveCommands).With("limit_scope", "supervisor")
-	}
-	return nil
-}
-
 func (s *Supervisor) yield(ms uint64) time.Duration {
 	ms = min(ms, uint64(s.cfg.Runtime.Command.MaxYieldMs))
 	return time.Duration(ms) * time.Millisecond
@@ -154,9 +142,11 @@ func (s *Supervisor) yield(ms uint64) time.Duration {
 func (s *Supervisor) execCommand(c *call) (any, error) {
 	start := time.Now()
 	sb := c.sb
-	if e := s.admitCommand(sb); e != nil {
+	sl, e := s.admitCommand(sb)
+	if e != nil {
 		return nil, e
 	}
+	defer sl.release() // a no-op once spawn put the command in sb.commands
 	var ss *session
 	if c.args.Has("workspace_session_id") {
 		var e *catalog.Error
@@ -169,7 +159,7 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 			return nil, err
 		}
 	}
-	cmd, err := s.spawn(c.ctx, sb, ss, c.args.String("cmd"))
+	cmd, err := s.spawn(c.ctx, sb, ss, c.args.String("cmd"), sl)
 	if err != nil {
 		if ss.implicit() && len(ss.running()) == 0 {
 			_, _ = s.destroySession(context.Background(), sb, ss, 0)
@@ -188,7 +178,9 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 }
 
 // spawn starts one command in a session through its holder.
-func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdline string) (*command, error) {
+// sl is the command's admission slot, consumed when the command enters
+// sb.commands.
+func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdline string, sl *slot) (*command, error) {
 	ss.gate.Lock()
 	defer ss.gate.Unlock()
 	if e := ss.admit(); e != nil {
@@ -260,6 +252,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	}()
 	sb.mu.Lock()
 	sb.commands[id] = cmd
+	sl.releaseLocked()
 	sb.mu.Unlock()
 	return cmd, nil
 }

@@ -74,9 +74,12 @@ type sandbox struct {
 	commands      map[string]*command // running and retained terminal commands
 	terminalOrder []string            // retained terminal commands, oldest first
 	evicted       map[string]bool     // IDs evicted from retention
-	squashing     atomic.Bool         // a squash (manual or automatic) runs
-	autoQueued    atomic.Bool         // an autosquash evaluation is queued
-	autoCoalesced atomic.Int64        // notifications folded into the queued one
+	// Admission slots reserved by requests still starting their command
+	// or session (admission.go).
+	pendingCommands, pendingSessions int
+	squashing                        atomic.Bool  // a squash (manual or automatic) runs
+	autoQueued                       atomic.Bool  // an autosquash evaluation is queued
+	autoCoalesced                    atomic.Int64 // notifications folded into the queued one
 }
 
 func newSandbox(rec sandboxRecord, dir string) *sandbox {

@@ -56,6 +56,7 @@ type Supervisor struct {
 	shimPath string
 
 	mu        sync.Mutex
+	admitMu   sync.Mutex // admission's check-and-reserve (admission.go)
 	sandboxes map[string]*sandbox
 	exports   exportGate       // serializes export_changes per sandbox
 	protected *layers.Patterns // runtime.publish.protected_paths, compiled once
