@@ -330,10 +330,14 @@ func (s *Supervisor) commandDone(sb *sandbox, ss *session, cmd *command) {
 	cmd.final = true
 	cmd.mu.Unlock()
 	s.drainOutput(cmd)
-	go func() {
+	finalize := func() {
 		extra := s.finalizeImplicit(context.Background(), sb, ss, cmd)
 		s.finishCommand(sb, cmd, "", extra)
-	}()
+	}
+	if !sb.goBackground(finalize) {
+		// The sandbox is being destroyed: nothing is published (§4.3).
+		s.finishCommand(sb, cmd, "supervisor_restart", nil)
+	}
 }
 
 // drainOutput gives the PTY reader a moment to copy the last output, then

@@ -297,7 +297,13 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 		// Samples then come from /proc; nothing else depends on the cgroup.
 		s.log.Warn("attach holder to its cgroup", "workspace_session_id", ss.id(), "err", err)
 	}
-	go s.watchHolder(sb, ss, h)
+	if !sb.goBackground(func() { s.watchHolder(sb, ss, h) }) {
+		ss.mu.Lock()
+		ss.holder = nil
+		ss.mu.Unlock()
+		_ = h.Close(0)
+		return catalog.Errorf(catalog.OperationConflict, "sandbox %s is being destroyed", sb.rec.ID).With("sandbox_id", sb.rec.ID)
+	}
 	return nil
 }
 
