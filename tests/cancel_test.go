@@ -34,9 +34,11 @@ func (e *env) dispatchSpan(requestID string, obsArgs ...string) map[string]any {
 	e.t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
-		tr := e.obsCLI(append([]string{"trace", "--trace-id", requestID}, obsArgs...)...)
-		if n := findSpan(tr["spans"], "supervisor.dispatch"); n != nil {
-			return n["span"].(map[string]any)
+		// Until the request ends its trace may not exist yet (not_found).
+		if r := e.run("sandbox-observability-cli", append([]string{"trace", "--trace-id", requestID}, obsArgs...)...); r.code == 0 {
+			if n := findSpan(r.obj(e.t)["spans"], "supervisor.dispatch"); n != nil {
+				return n["span"].(map[string]any)
+			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -63,7 +65,7 @@ func TestDisconnectCancelsLongReads(t *testing.T) {
 	}
 	sandboxScope := map[string]any{"kind": "sandbox", "sandbox_id": id}
 
-	t.Run("diff", func(t *testing.T) {
+	{
 		e.sendAndHangUp(map[string]any{"op": "diff_workspace_session", "request_id": "req-cancel-diff", "scope": sandboxScope,
 			"args": map[string]any{"workspace_session_id": ws}})
 		if sp := e.dispatchSpan("req-cancel-diff", "--sandbox-id", id); sp["status"] != "cancelled" {
@@ -80,10 +82,10 @@ func TestDisconnectCancelsLongReads(t *testing.T) {
 		if sp := e.dispatchSpan("req-half-close", "--sandbox-id", id); sp["status"] != "completed" {
 			t.Fatalf("half-closed diff span: %v", sp)
 		}
-	})
+	}
 
 	e.publish(id, ws)
-	t.Run("export", func(t *testing.T) {
+	{
 		dest := filepath.Join(e.root, "out.tar")
 		e.sendAndHangUp(map[string]any{"op": "export_changes", "request_id": "req-cancel-export", "scope": map[string]any{"kind": "system"},
 			"args": map[string]any{"sandbox_id": id, "dest": dest, "format": "tar"}})
@@ -99,5 +101,5 @@ func TestDisconnectCancelsLongReads(t *testing.T) {
 				t.Fatalf("a cancelled export left %s", en.Name())
 			}
 		}
-	})
+	}
 }
