@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -195,12 +196,12 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	id := s.ids.new("cmd-")
 	dir := filepath.Join(s.dirs.Data, "commands", id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("create transcript directory: %w", err)
 	}
 	tr, err := newTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
 	if err != nil {
 		os.RemoveAll(dir)
-		return nil, err
+		return nil, fmt.Errorf("create transcript: %w", err)
 	}
 	now := time.Now()
 	cmd := &command{
@@ -606,6 +607,10 @@ func (c *command) output(rows []string, first, end, truncBefore int, start time.
 	}
 	if r.Interrupted {
 		out["interrupted"], out["interrupt_reason"] = true, r.InterruptReason
+	}
+	if err := c.tr.Err(); err != nil {
+		// The rows above are real but live only in memory (transcript.go).
+		out["transcript_lost"], out["transcript_error"] = true, err.Error()
 	}
 	for k, v := range r.Extra {
 		out[k] = v
