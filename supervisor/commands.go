@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -134,18 +135,6 @@ func (sb *sandbox) runningCount() int {
 	return n
 }
 
-func (s *Supervisor) admitCommand(sb *sandbox) *catalog.Error {
-	if n := sb.runningCount(); n >= s.cfg.Runtime.Command.MaxActivePerSandbox {
-		return catalog.Errorf(catalog.ServerBusy, "command admission refused").
-			With("max_active_commands", s.cfg.Runtime.Command.MaxActivePerSandbox).With("limit_scope", "sandbox")
-	}
-	if n := s.runningCommands(); n >= s.cfg.Supervisor.MaxActiveCommands {
-		return catalog.Errorf(catalog.ServerBusy, "command admission refused").
-			With("max_active_commands", s.cfg.Supervisor.MaxActiveCommands).With("limit_scope", "supervisor")
-	}
-	return nil
-}
-
 func (s *Supervisor) yield(ms uint64) time.Duration {
 	ms = min(ms, uint64(s.cfg.Runtime.Command.MaxYieldMs))
 	return time.Duration(ms) * time.Millisecond
@@ -154,9 +143,11 @@ func (s *Supervisor) yield(ms uint64) time.Duration {
 func (s *Supervisor) execCommand(c *call) (any, error) {
 	start := time.Now()
 	sb := c.sb
-	if e := s.admitCommand(sb); e != nil {
+	sl, e := s.admitCommand(sb)
+	if e != nil {
 		return nil, e
 	}
+	defer sl.release() // a no-op once spawn put the command in sb.commands
 	var ss *session
 	if c.args.Has("workspace_session_id") {
 		var e *catalog.Error
@@ -169,7 +160,7 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 			return nil, err
 		}
 	}
-	cmd, err := s.spawn(c.ctx, sb, ss, c.args.String("cmd"))
+	cmd, err := s.spawn(c.ctx, sb, ss, c.args.String("cmd"), sl)
 	if err != nil {
 		if ss.implicit() && len(ss.running()) == 0 {
 			_, _ = s.destroySession(context.Background(), sb, ss, 0)
@@ -188,7 +179,9 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 }
 
 // spawn starts one command in a session through its holder.
-func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdline string) (*command, error) {
+// sl is the command's admission slot, consumed when the command enters
+// sb.commands.
+func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdline string, sl *slot) (*command, error) {
 	ss.gate.Lock()
 	defer ss.gate.Unlock()
 	if e := ss.admit(); e != nil {
@@ -203,12 +196,12 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	id := s.ids.new("cmd-")
 	dir := filepath.Join(s.dirs.Data, "commands", id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("create transcript directory: %w", err)
 	}
 	tr, err := newTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
 	if err != nil {
 		os.RemoveAll(dir)
-		return nil, err
+		return nil, fmt.Errorf("create transcript: %w", err)
 	}
 	now := time.Now()
 	cmd := &command{
@@ -260,6 +253,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	}()
 	sb.mu.Lock()
 	sb.commands[id] = cmd
+	sl.releaseLocked()
 	sb.mu.Unlock()
 	return cmd, nil
 }
@@ -337,10 +331,14 @@ func (s *Supervisor) commandDone(sb *sandbox, ss *session, cmd *command) {
 	cmd.final = true
 	cmd.mu.Unlock()
 	s.drainOutput(cmd)
-	go func() {
+	finalize := func() {
 		extra := s.finalizeImplicit(context.Background(), sb, ss, cmd)
 		s.finishCommand(sb, cmd, "", extra)
-	}()
+	}
+	if !sb.goBackground(finalize) {
+		// The sandbox is being destroyed: nothing is published (§4.3).
+		s.finishCommand(sb, cmd, "supervisor_restart", nil)
+	}
 }
 
 // drainOutput gives the PTY reader a moment to copy the last output, then
@@ -609,6 +607,10 @@ func (c *command) output(rows []string, first, end, truncBefore int, start time.
 	}
 	if r.Interrupted {
 		out["interrupted"], out["interrupt_reason"] = true, r.InterruptReason
+	}
+	if err := c.tr.Err(); err != nil {
+		// The rows above are real but live only in memory (transcript.go).
+		out["transcript_lost"], out["transcript_error"] = true, err.Error()
 	}
 	for k, v := range r.Extra {
 		out[k] = v

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"runtime/debug"
 
@@ -62,6 +63,17 @@ var handlers = map[string]handler{
 	"file_activity":              (*Supervisor).fileActivity,
 }
 
+// cancellableOps only read (export writes only its destination, files via
+// temp + rename): when their client disconnects they stop early (the
+// request context is cancelled). Every other operation completes even then
+// (§2.4: a command keeps running, a publish still commits).
+var cancellableOps = map[string]bool{"export_changes": true, "diff_workspace_session": true, "file_read": true,
+	"file_list": true, "file_blame": true, "list_workspace_directories": true}
+
+func cancellable(op *catalog.Op) bool {
+	return cancellableOps[op.ID] || op.Group == catalog.Observability
+}
+
 // streamingOps may send progress lines (§2.5).
 var streamingOps = map[string]bool{"create_sandbox": true, "destroy_sandbox": true, "squash_layerstacks": true, "export_changes": true}
 
@@ -90,7 +102,13 @@ func (s *Supervisor) handleLine(line []byte, w *responseWriter) (out any) {
 	if e := normalizeScope(op, req); e != nil {
 		return e
 	}
-	c := &call{ctx: context.Background(), req: req, op: op, progress: func(string) {}}
+	ctx := context.Background()
+	if cancellable(op) {
+		var stop func()
+		ctx, stop = watchHangup(w.conn)
+		defer stop()
+	}
+	c := &call{ctx: ctx, req: req, op: op, progress: func(string) {}}
 	if req.StreamLogs && streamingOps[op.ID] {
 		c.progress = w.progress
 	}
@@ -119,11 +137,27 @@ func (s *Supervisor) handleLine(line []byte, w *responseWriter) (out any) {
 	}()
 	c.span = s.requestSpan(c) // root span of non-observability ops; c.ctx carries it
 	res, err := s.runTraced(c, h)
+	if err = clientGone(c.ctx, err); errors.Is(err, errClientGone) {
+		s.log.Info("request cancelled: the client disconnected", "op", op.ID, "request_id", req.RequestID)
+	}
 	c.span.finish(err)
 	if err != nil {
 		return s.toError(op.ID, err)
 	}
 	return res
+}
+
+// clientGone attributes a handler's failure to its client's disconnect when
+// that cancelled the request, whatever error the interrupted work returned
+// (some wrap it without %w), so the request's span says "cancelled".
+func clientGone(ctx context.Context, err error) error {
+	if err == nil || !errors.Is(context.Cause(ctx), errClientGone) {
+		return err
+	}
+	if errors.Is(err, errClientGone) {
+		return err
+	}
+	return fmt.Errorf("%w (%w): %v", context.Canceled, errClientGone, err)
 }
 
 // normalizeScope applies §2.3's sandbox_id placement rules and §2.4 step 6.

@@ -57,4 +57,26 @@
 //     re-attributes. Ranges move with a rename, so an editor's
 //     temp-file save credits the writer of the temporary file for exactly
 //     the lines that differ from the destination's previous content.
+//   - A transcript that cannot be written (a full disk) keeps recording in
+//     memory, the newest runtime.command.max_transcript_window_bytes of
+//     rows, and every command output of that command then carries
+//     transcript_lost:true and transcript_error (the reason, e.g. "write
+//     transcript: no space left on device"): the rows are returned but are
+//     not stored, and are gone after a supervisor restart. Optional fields,
+//     like the others of §3.3, rather than an error kind: the command ran,
+//     and its status, exit code and output are still known.
+//   - Admission (admission.go) reserves a slot under one lock before a
+//     command or session starts, so concurrent requests never exceed a cap
+//     together; a failed start gives its slot back.
+//   - A request is cancelled when its client closes the connection (POLLHUP
+//     on our end; a half-close is not a close) only for operations that
+//     read: diff_workspace_session, export_changes, file_read, file_list,
+//     file_blame, list_workspace_directories and the observability group.
+//     Its span then ends "cancelled". Everything else completes (§2.4). A
+//     cancelled directory export keeps the files it had renamed into place;
+//     an archive export leaves nothing.
+//   - destroy_sandbox stops every writer of the sandbox's directory before
+//     removing it: sessions first, then it waits for background work (holder
+//     event loops, implicit finalization) and seals the sandbox's event,
+//     span and resource stores, whose later appends are dropped.
 package supervisor

@@ -63,6 +63,7 @@ type obsStore struct {
 	maxLine  int    // including the newline
 	mkParent bool   // create the parent too (system store); a sandbox store never recreates a removed sandbox directory
 	mu       sync.Mutex
+	sealed   bool // its sandbox is being removed: writes are dropped (seal)
 	counters sinkCounters
 	total    *sinkCounters // registry-wide totals (health), may be nil
 }
@@ -135,6 +136,9 @@ func (st *obsStore) appendRecord(rec any, payload *any) {
 func (st *obsStore) write(line []byte) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if st.sealed {
+		return nil // the sandbox is going away; nothing is lost that anyone could read
+	}
 	if st.mkParent {
 		if err := os.MkdirAll(st.dir, 0o700); err != nil {
 			return err
@@ -360,15 +364,27 @@ func (r *obsRegistry) resources(sb *sandbox) *obsStore {
 	return st
 }
 
-// forget drops the cached stores of a removed sandbox directory.
-func (r *obsRegistry) forget(dir string) {
+// seal stops every write into a sandbox directory's stores before the
+// directory is removed: a write in progress finishes first, every later one
+// (a span that ends late, a background event) is dropped. The sealed stores
+// stay registered, so no later lookup creates a fresh store that would
+// recreate observability/ under a directory being deleted.
+func (r *obsRegistry) seal(dir string) {
 	if r == nil {
 		return
 	}
 	r.mu.Lock()
-	delete(r.stores, dir)
-	delete(r.resStores, dir)
-	r.mu.Unlock()
+	defer r.mu.Unlock()
+	for _, m := range []map[string]*obsStore{r.stores, r.resStores} {
+		st := m[dir]
+		if st == nil {
+			st = &obsStore{dir: filepath.Join(dir, obsDirName)}
+			m[dir] = st
+		}
+		st.mu.Lock()
+		st.sealed = true
+		st.mu.Unlock()
+	}
 }
 
 // store returns the store of sb (nil: the system store), or nil when

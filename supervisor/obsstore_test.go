@@ -495,3 +495,30 @@ func TestObsDisabled(t *testing.T) {
 		t.Fatal("bare stats")
 	}
 }
+
+// TestSealStopsSandboxWrites: once a sandbox's stores are sealed for its
+// removal, nothing recreates observability/ below its directory — neither a
+// span started before the seal and ended after it, nor a new event or
+// resource sample (issue 13 item 4: destroy failed "still present").
+func TestSealStopsSandboxWrites(t *testing.T) {
+	s := obsSupervisor(t, nil)
+	sb := obsSandbox(t, s, "sbx-sealed")
+	s.event(sb, "", "before.seal", nil)
+	sp := s.startSpan(sb, "", "", "late.span", nil)
+	if err := os.RemoveAll(filepath.Join(sb.dir, obsDirName)); err != nil {
+		t.Fatal(err)
+	}
+	s.obs.seal(sb.dir)
+	sp.done(nil, nil)
+	s.event(sb, "", "after.seal", nil)
+	s.obs.resources(sb).appendRecord(map[string]any{"kind": "sample"}, nil)
+	if _, err := os.Lstat(filepath.Join(sb.dir, obsDirName)); !os.IsNotExist(err) {
+		t.Fatalf("observability/ after the seal: %v", err)
+	}
+	// Another sandbox is unaffected.
+	other := obsSandbox(t, s, "sbx-other")
+	s.event(other, "", "still.recorded", nil)
+	if _, err := os.Stat(filepath.Join(other.dir, obsDirName, obsLogName)); err != nil {
+		t.Fatalf("other sandbox's store: %v", err)
+	}
+}

@@ -77,13 +77,45 @@ type sandbox struct {
 	commands      map[string]*command // running and retained terminal commands
 	terminalOrder []string            // retained terminal commands, oldest first
 	evicted       map[string]bool     // IDs evicted from retention
-	squashing     atomic.Bool         // a squash (manual or automatic) runs
-	autoQueued    atomic.Bool         // an autosquash evaluation is queued
-	autoCoalesced atomic.Int64        // notifications folded into the queued one
+	// Admission slots reserved by requests still starting their command
+	// or session (admission.go).
+	pendingCommands, pendingSessions int
+
+	// Background work that writes below dir without holding gate (holder
+	// event loops, implicit finalization): removal waits for it (goBackground).
+	bgMu          sync.Mutex
+	bgClosed      bool
+	bg            sync.WaitGroup
+	squashing     atomic.Bool  // a squash (manual or automatic) runs
+	autoQueued    atomic.Bool  // an autosquash evaluation is queued
+	autoCoalesced atomic.Int64 // notifications folded into the queued one
 }
 
 func newSandbox(rec sandboxRecord, dir string) *sandbox {
 	return &sandbox{rec: rec, dir: dir, sessions: map[string]*session{}, commands: map[string]*command{}, evicted: map[string]bool{}}
+}
+
+// goBackground runs f on its own goroutine unless the sandbox is being
+// removed; stopBackground waits for every f started.
+func (sb *sandbox) goBackground(f func()) bool {
+	sb.bgMu.Lock()
+	defer sb.bgMu.Unlock()
+	if sb.bgClosed {
+		return false
+	}
+	sb.bg.Go(f)
+	return true
+}
+
+// stopBackground refuses new background work and waits for the running
+// work to end, so nothing writes below the sandbox's directory while it is
+// removed. The callers have stopped the sessions first (their holders
+// closed, which ends the holder event loops).
+func (sb *sandbox) stopBackground() {
+	sb.bgMu.Lock()
+	sb.bgClosed = true
+	sb.bgMu.Unlock()
+	sb.bg.Wait()
 }
 
 func (sb *sandbox) busyError() *catalog.Error {
@@ -353,7 +385,8 @@ func underAny(p string, roots []string) bool {
 // transcripts, records, registry entry.
 func (s *Supervisor) removeSandbox(ctx context.Context, sb *sandbox) error {
 	s.cgroups.removeSandbox(sb.rec.ID)
-	s.obs.forget(sb.dir)
+	sb.stopBackground()
+	s.obs.seal(sb.dir)
 	removeTree(sb.dir)
 	if _, err := os.Stat(sb.dir); err == nil {
 		return fmt.Errorf("remove %s: still present", sb.dir)

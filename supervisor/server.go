@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -56,6 +57,7 @@ type Supervisor struct {
 	shimPath string
 
 	mu        sync.Mutex
+	admitMu   sync.Mutex // admission's check-and-reserve (admission.go)
 	sandboxes map[string]*sandbox
 	exports   exportGate       // serializes export_changes per sandbox
 	protected *layers.Patterns // runtime.publish.protected_paths, compiled once
@@ -460,4 +462,75 @@ func execShim(self string) string {
 		return ""
 	}
 	return p
+}
+
+// errClientGone is the cause of a request context cancelled because its
+// client closed the connection.
+var errClientGone = errors.New("the client closed the connection")
+
+// watchHangup returns a context that is cancelled (cause errClientGone) as
+// soon as the peer has closed the connection for good, and a stop function
+// that ends the watch; call stop before closing conn. Only a full close
+// counts: the kernel then reports POLLHUP on our end. A peer that merely
+// shut down its sending side after the request (a half-close) still waits
+// for the answer, raises only POLLRDHUP, and is not cancelled. On TCP a
+// peer's close is a FIN, indistinguishable from a half-close until we
+// write, so there the watch catches only resets. The watch runs on a
+// duplicate descriptor, so it never races the connection's own Close.
+func watchHangup(conn net.Conn) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	noWatch := func() { cancel(nil) }
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return ctx, noWatch
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return ctx, noWatch
+	}
+	dup := -1
+	var derr error
+	if err := raw.Control(func(fd uintptr) { dup, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil || derr != nil {
+		return ctx, noWatch
+	}
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		unix.Close(dup)
+		return ctx, noWatch
+	}
+	const gone = unix.POLLHUP | unix.POLLERR | unix.POLLNVAL
+	fds := []unix.PollFd{{Fd: int32(dup)}, {Fd: int32(wake), Events: unix.POLLIN}}
+	// A client that is gone before the handler starts is seen right away.
+	if n, _ := unix.Poll(fds[:1], 0); n > 0 && fds[0].Revents&gone != 0 {
+		unix.Close(dup)
+		unix.Close(wake)
+		cancel(errClientGone)
+		return ctx, noWatch
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer unix.Close(dup) // wake is stop's to close: it writes to it
+		for {
+			_, err := unix.Poll(fds, -1)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if err != nil || fds[1].Revents != 0 {
+				return
+			}
+			if fds[0].Revents&gone != 0 {
+				cancel(errClientGone)
+				return
+			}
+		}
+	}()
+	return ctx, func() {
+		var one [8]byte
+		one[0] = 1 // eventfd counters are host-endian uint64; any non-zero value wakes
+		_, _ = unix.Write(wake, one[:])
+		<-done
+		unix.Close(wake)
+		cancel(nil)
+	}
 }

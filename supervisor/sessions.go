@@ -179,15 +179,11 @@ func (s *Supervisor) newSession(ctx context.Context, sb *sandbox, policy, networ
 // directories, start the holder, persist the record. Any failure rolls back
 // every step.
 func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, network string, agent *string) (*session, error) {
-	sb.mu.Lock()
-	live := len(sb.sessions)
-	sb.mu.Unlock()
-	if live >= s.cfg.Runtime.Workspace.MaxSessionsPerSandbox {
-		return nil, catalog.Errorf(catalog.ServerBusy, "workspace session limit reached").With("max_workspace_sessions", s.cfg.Runtime.Workspace.MaxSessionsPerSandbox)
+	sl, e := s.admitSession(sb)
+	if e != nil {
+		return nil, e
 	}
-	if s.sessionCount() >= s.cfg.Supervisor.MaxSessions {
-		return nil, catalog.Errorf(catalog.ServerBusy, "workspace session limit reached").With("max_workspace_sessions", s.cfg.Supervisor.MaxSessions)
-	}
+	defer sl.release() // a no-op once the session is in sb.sessions
 	id := s.ids.new("ws-")
 	lease, err := sb.stack.Acquire("workspace-session:" + id)
 	if err != nil {
@@ -231,6 +227,7 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 	}
 	sb.mu.Lock()
 	sb.sessions[id] = ss
+	sl.releaseLocked()
 	sb.rec.LiveWorkspaceSessions = append(sb.rec.LiveWorkspaceSessions, id)
 	sb.mu.Unlock()
 	s.eventCtx(ctx, sb, "lease.acquired", map[string]any{"workspace_session_id": id, "revision": ss.rec.BaseRevision})
@@ -300,7 +297,13 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 		// Samples then come from /proc; nothing else depends on the cgroup.
 		s.log.Warn("attach holder to its cgroup", "workspace_session_id", ss.id(), "err", err)
 	}
-	go s.watchHolder(sb, ss, h)
+	if !sb.goBackground(func() { s.watchHolder(sb, ss, h) }) {
+		ss.mu.Lock()
+		ss.holder = nil
+		ss.mu.Unlock()
+		_ = h.Close(0)
+		return catalog.Errorf(catalog.OperationConflict, "sandbox %s is being destroyed", sb.rec.ID).With("sandbox_id", sb.rec.ID)
+	}
 	return nil
 }
 

@@ -102,6 +102,7 @@ func (s *Supervisor) runTraced(c *call, h handler) (any, error) {
 	sp, ctx := s.spanCtx(c.ctx, c.sb, "", osp.name, attrs)
 	c.ctx = ctx
 	res, err := h(s, c)
+	err = clientGone(c.ctx, err)
 	var endAttrs map[string]any
 	if osp.end != nil {
 		endAttrs = osp.end(c, res, err)

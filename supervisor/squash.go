@@ -153,6 +153,12 @@ func (s *Supervisor) notifyAutosquash(sb *sandbox, reason string) {
 
 func (s *Supervisor) autosquash(sb *sandbox, threshold int, reason string, queued time.Time, coalesced int64) {
 	ctx := context.Background()
+	sb.mu.Lock()
+	stopping := sb.rec.State == stateStopping
+	sb.mu.Unlock()
+	if stopping {
+		return // destroyed meanwhile: its layer stack is (being) removed
+	}
 	head, err := sb.stack.Head()
 	if err != nil {
 		s.log.Warn("autosquash: read head", "sandbox", sb.rec.ID, "err", err)

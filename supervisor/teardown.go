@@ -36,7 +36,13 @@ func (s *Supervisor) stopSessions(ctx context.Context, sb *sandbox, destroy bool
 		}
 		switch {
 		case destroy:
-			_, _ = s.destroySession(ctx, sb, ss, grace)
+			// The gate waits for a background finalization of this
+			// session to end; then there is nothing left to destroy.
+			ss.gate.Lock()
+			if !ss.isGone() {
+				_, _ = s.destroySession(ctx, sb, ss, grace)
+			}
+			ss.gate.Unlock()
 		case ss.implicit():
 			s.finalizeImplicit(ctx, sb, ss, nil)
 		default:

@@ -21,6 +21,12 @@ import (
 // is (encoding/json later shows each invalid byte as U+FFFD, and tokenCount
 // counts each as one character, so both agree with what clients see).
 //
+// When the file cannot be written (a full disk), recording goes on in
+// memory: the rows not yet written stay buffered and later rows join them,
+// the newest WindowBytes' worth kept, so responses still carry the output.
+// Err reports the failure; command outputs then say transcript_lost with the
+// reason (commands.go). Rows held only in memory vanish with the process.
+//
 // After the MaxBytes cap has discarded rows, the number of the file's first
 // row is kept in the sidecar "<path>.first" so that row numbers survive a
 // reopen. A rotation writes "<path>.new" and "<path>.first.new", then renames
@@ -77,13 +83,15 @@ type transcript struct {
 
 	mu     sync.Mutex
 	f      *os.File // nil once closed, and for reopened transcripts
-	err    error    // first write error; recording stops after it
+	err    error    // first write error; later rows are kept in buf only
 	first  int      // row number of the file's first line
 	starts []uint32 // file offset of each retained row (4 bytes per row)
 	size   int64    // bytes of the file covered by starts
 
 	// Rows committed but not yet written: encoded lines in buf, their
-	// offsets already appended to starts (the last bufRows entries).
+	// offsets already appended to starts (the last bufRows entries), as if
+	// buf followed the file's first size bytes. After a write error buf
+	// holds every row recorded since, bounded by memCap.
 	buf     []byte
 	bufRows int
 
@@ -192,7 +200,7 @@ func recoverRotation(path string) error {
 }
 
 // Write feeds raw PTY bytes in any chunking. It always consumes p; after a
-// file error it keeps returning that error and records nothing more.
+// file error it keeps returning that error and records into memory only.
 func (t *transcript) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -289,18 +297,16 @@ func incompleteUTF8Tail(b []byte) int {
 }
 
 // commit appends one row to the write buffer, rotating the file first when
-// the row would take it past MaxBytes.
+// the row would take it past MaxBytes (or, once the file failed, making
+// room in memory).
 func (t *transcript) commit(row []byte, ts time.Time) {
-	if t.err != nil {
-		return
-	}
 	n := int64(prefixLen + len(row) + 1)
-	if t.size+int64(len(t.buf))+n > t.opt.MaxBytes {
+	if t.err == nil && t.size+int64(len(t.buf))+n > t.opt.MaxBytes {
 		t.flush()
 		t.rotate()
-		if t.err != nil {
-			return
-		}
+	}
+	if t.err != nil && int64(len(t.buf))+n > t.memCap() {
+		t.shed(n)
 	}
 	t.starts = append(t.starts, uint32(t.size+int64(len(t.buf))))
 	t.bufRows++
@@ -314,18 +320,56 @@ func (t *transcript) commit(row []byte, ts time.Time) {
 	}
 }
 
-// flush writes the buffered rows; on failure they are dropped from the index.
+// memCap bounds the rows held in memory after a write error: what one
+// response can carry (no row is longer, see rowCap).
+func (t *transcript) memCap() int64 {
+	return min(t.opt.WindowBytes, t.opt.MaxBytes/2)
+}
+
+// shed makes room for a row of need bytes in memory: the rows in the file
+// go first (they lie before the newest WindowBytes anyway), then the oldest
+// rows in memory; both count as discarded from then on, like a rotation.
+func (t *transcript) shed(need int64) {
+	fileRows := len(t.starts) - t.bufRows
+	k, cut := fileRows, int64(0) // rows dropped, bytes of buf dropped
+	for k < len(t.starts) && int64(len(t.buf))-cut+need > t.memCap() {
+		k++
+		cut = int64(len(t.buf))
+		if k < len(t.starts) {
+			cut = int64(t.starts[k]) - t.size
+		}
+	}
+	base := t.size + cut
+	t.starts = t.starts[:copy(t.starts, t.starts[k:])]
+	for i := range t.starts {
+		t.starts[i] -= uint32(base)
+	}
+	t.buf = t.buf[:copy(t.buf, t.buf[cut:])]
+	t.bufRows -= k - fileRows
+	t.first += k
+	t.size = 0 // nothing is read from the file any more
+}
+
+// flush writes the buffered rows. On failure they stay in buf (and in the
+// index): from then on the transcript lives in memory.
 func (t *transcript) flush() {
 	if len(t.buf) == 0 || t.err != nil {
 		return
 	}
 	if _, err := t.f.WriteAt(t.buf, t.size); err != nil {
-		t.err = err
-		t.starts = t.starts[:len(t.starts)-t.bufRows]
-	} else {
-		t.size += int64(len(t.buf))
+		t.err = fmt.Errorf("write transcript: %w", err)
+		return
 	}
+	t.size += int64(len(t.buf))
 	t.buf, t.bufRows = t.buf[:0], 0
+}
+
+// Err is the error that stopped the transcript file, nil while every row
+// is stored.
+func (t *transcript) Err() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.err
 }
 
 // rotate keeps the rows inside the newest MaxBytes/2 bytes of the file
@@ -500,9 +544,10 @@ func (t *transcript) Since(cursor int) (rows []string, first, end, truncatedBefo
 
 func (t *transcript) rowsLocked(start, limit int) (rows []string, first, end, truncatedBefore int) {
 	total := t.first + len(t.starts)
-	// First row inside the last WindowBytes of the file.
+	// First row inside the last WindowBytes of the file (and memory).
+	size := t.size + int64(len(t.buf))
 	lo := t.first + sort.Search(len(t.starts), func(i int) bool {
-		return t.size-int64(t.starts[i]) <= t.opt.WindowBytes
+		return size-int64(t.starts[i]) <= t.opt.WindowBytes
 	})
 	first = min(max(start, 0), total)
 	if first < lo {
@@ -519,24 +564,31 @@ func (t *transcript) rowsLocked(start, limit int) (rows []string, first, end, tr
 	return rows, first, end, truncatedBefore
 }
 
-// read returns the retained rows with indexes [i, j) into starts.
+// read returns the retained rows with indexes [i, j) into starts: from the
+// file, and from buf for rows not written (after a write error).
 func (t *transcript) read(i, j int) ([]string, error) {
 	off := int64(t.starts[i])
-	stop := t.size
+	stop := t.size + int64(len(t.buf))
 	if j < len(t.starts) {
 		stop = int64(t.starts[j])
 	}
-	f := t.f
-	if f == nil {
-		var err error
-		if f, err = os.Open(t.path); err != nil {
+	b := make([]byte, stop-off)
+	if off < t.size {
+		f := t.f
+		if f == nil {
+			var err error
+			if f, err = os.Open(t.path); err != nil {
+				return nil, err
+			}
+			defer f.Close()
+		}
+		if _, err := f.ReadAt(b[:min(stop, t.size)-off], off); err != nil {
 			return nil, err
 		}
-		defer f.Close()
 	}
-	b := make([]byte, stop-off)
-	if _, err := f.ReadAt(b, off); err != nil {
-		return nil, err
+	if stop > t.size {
+		from := max(off, t.size)
+		copy(b[from-off:], t.buf[from-t.size:stop-t.size])
 	}
 	s := string(b)
 	rows := make([]string, 0, j-i)

@@ -479,3 +479,77 @@ func TestTranscriptTokenCount(t *testing.T) {
 		}
 	}
 }
+
+// TestTranscriptDiskFull: when the file can no longer be written (here
+// /dev/full, which fails every write with ENOSPC, as a full disk does), the
+// rows already written stay readable from the file, every later row is kept
+// in memory (the newest WindowBytes' worth), and Err says why (issue 13
+// item 3: the rows were dropped and the command's output came back empty).
+func TestTranscriptDiskFull(t *testing.T) {
+	window := int64(10 * rowFileBytes)
+	tr, _, path := newTestTranscript(t, transcriptOptions{WindowBytes: window, MaxBytes: 100 * window})
+	tr.Write([]byte(numbered(0, 3)))
+	full, err := os.OpenFile("/dev/full", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("no /dev/full: %v", err)
+	}
+	tr.mu.Lock()
+	tr.f.Close()
+	tr.f = full
+	tr.mu.Unlock()
+	if tr.Err() != nil {
+		t.Fatalf("Err before any failure: %v", tr.Err())
+	}
+
+	if _, err := tr.Write([]byte(numbered(3, 6))); err == nil || !strings.Contains(err.Error(), "no space left on device") {
+		t.Fatalf("Write on a full disk: %v", err)
+	}
+	if err := tr.Err(); err == nil || !strings.Contains(err.Error(), "no space left on device") {
+		t.Fatalf("Err: %v", err)
+	}
+	// (While open, rows 0-2 are read through the descriptor: /dev/full
+	// here, so they are checked after Close, from the file.)
+	if got, first, end, _ := tr.Rows(3, 100); !reflect.DeepEqual(got, rowNames(3, 6)) || first != 3 || end != 6 || tr.Total() != 6 {
+		t.Fatalf("rows after the failure: %q [%d,%d) (total %d)", got, first, end, tr.Total())
+	}
+	tr.Write([]byte("partial"))
+	if err := tr.Close(); err == nil {
+		t.Fatal("Close hid the write error")
+	}
+	// Closed: the file rows are read from the path, the rest from memory.
+	if got := allRows(tr); !reflect.DeepEqual(got, append(rowNames(0, 6), "partial")) {
+		t.Fatalf("rows after Close: %q", got)
+	}
+	if b, _ := os.ReadFile(path); strings.Count(string(b), "\n") != 3 {
+		t.Fatalf("the file should hold the 3 rows written before the failure: %q", b)
+	}
+}
+
+// TestTranscriptMemoryBound: rows kept in memory after a write error stay
+// within the window; older ones count as truncated, like a rotation.
+func TestTranscriptMemoryBound(t *testing.T) {
+	window := int64(10 * rowFileBytes)
+	tr, _, _ := newTestTranscript(t, transcriptOptions{WindowBytes: window, MaxBytes: 100 * window})
+	tr.Write([]byte(numbered(0, 3)))
+	full, err := os.OpenFile("/dev/full", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("no /dev/full: %v", err)
+	}
+	tr.mu.Lock()
+	tr.f.Close()
+	tr.f = full
+	tr.mu.Unlock()
+	for i := 3; i < 40; i++ {
+		tr.Write([]byte(numbered(i, i+1)))
+	}
+	rows, first, end, trunc := tr.Rows(0, 1000)
+	if !reflect.DeepEqual(rows, rowNames(30, 40)) || first != 30 || end != 40 || trunc != 30 || tr.Total() != 40 {
+		t.Fatalf("Rows = %q %d %d %d (total %d)", rows, first, end, trunc, tr.Total())
+	}
+	tr.mu.Lock()
+	held := len(tr.buf)
+	tr.mu.Unlock()
+	if int64(held) > window {
+		t.Fatalf("%d bytes held in memory, window %d", held, window)
+	}
+}

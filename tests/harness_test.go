@@ -66,6 +66,9 @@ type env struct {
 	// overlay is the driver createSandbox asks for ("" = the default):
 	// the name of the forDrivers subtest the env was made in.
 	overlay string
+	// supPrefix, when set, is the command the supervisor runs under (the
+	// supervisor binary and its arguments follow it).
+	supPrefix []string
 }
 
 func newEnv(t *testing.T) *env {
@@ -109,7 +112,11 @@ func (e *env) start(extra ...string) {
 	if e.sup != nil {
 		e.t.Fatal("supervisor already running")
 	}
-	cmd := exec.Command(bin("sandbox-supervisor"), append([]string{"serve"}, extra...)...)
+	argv := append([]string{bin("sandbox-supervisor"), "serve"}, extra...)
+	if len(e.supPrefix) > 0 {
+		argv = append(append([]string{}, e.supPrefix...), argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = e.environ(e.supEnv...)
 	e.log = &bytes.Buffer{}
 	cmd.Stdout, cmd.Stderr = e.log, e.log

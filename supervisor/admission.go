@@ -1,0 +1,132 @@
+package supervisor
+
+import (
+	"sync/atomic"
+
+	"github.com/ephemeral-ai-lab/sandbox/catalog"
+)
+
+// Admission (§6.7, §13) is check-and-reserve under one supervisor-wide lock:
+// a request that passes the caps takes a slot before it spawns anything, so
+// concurrent requests can never together exceed a cap. The slot counts as a
+// running command (or live session) until the real one enters its map, in
+// the same critical section of sb.mu that consumes the slot, or until the
+// request fails and releases it. Counts taken under admitMu can only fall
+// or stay equal meanwhile (only admission raises them), so a check is never
+// too lenient.
+
+type slotKind int
+
+const (
+	slotCommand slotKind = iota
+	slotSession
+)
+
+// slot is one reserved admission.
+type slot struct {
+	sb   *sandbox
+	kind slotKind
+	gone atomic.Bool // consumed or released
+}
+
+func (sb *sandbox) pending(k slotKind) *int {
+	if k == slotCommand {
+		return &sb.pendingCommands
+	}
+	return &sb.pendingSessions
+}
+
+// release gives an unused slot back (a failed request); it is a no-op once
+// the slot was consumed.
+func (sl *slot) release() {
+	if sl == nil {
+		return
+	}
+	sl.sb.mu.Lock()
+	sl.releaseLocked()
+	sl.sb.mu.Unlock()
+}
+
+// releaseLocked is release for a caller holding sb.mu: the caller that puts
+// the command or session into its map consumes the slot in the same step.
+func (sl *slot) releaseLocked() {
+	if sl == nil || !sl.gone.CompareAndSwap(false, true) {
+		return
+	}
+	*sl.sb.pending(sl.kind)--
+}
+
+func (s *Supervisor) allSandboxes() []*sandbox {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	all := make([]*sandbox, 0, len(s.sandboxes))
+	for _, sb := range s.sandboxes {
+		all = append(all, sb)
+	}
+	return all
+}
+
+// admittedCommands is the sandbox's running commands plus reserved slots.
+func (sb *sandbox) admittedCommands() int {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	n := sb.pendingCommands
+	for _, c := range sb.commands {
+		if !c.terminal() {
+			n++
+		}
+	}
+	return n
+}
+
+// admittedSessions is the sandbox's live sessions plus reserved slots.
+func (sb *sandbox) admittedSessions() int {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return len(sb.sessions) + sb.pendingSessions
+}
+
+// admitCommand reserves a command slot in sb or says which cap is full.
+func (s *Supervisor) admitCommand(sb *sandbox) (*slot, *catalog.Error) {
+	s.admitMu.Lock()
+	defer s.admitMu.Unlock()
+	if sb.admittedCommands() >= s.cfg.Runtime.Command.MaxActivePerSandbox {
+		return nil, catalog.Errorf(catalog.ServerBusy, "command admission refused").
+			With("max_active_commands", s.cfg.Runtime.Command.MaxActivePerSandbox).With("limit_scope", "sandbox")
+	}
+	total := 0
+	for _, o := range s.allSandboxes() {
+		total += o.admittedCommands()
+	}
+	if total >= s.cfg.Supervisor.MaxActiveCommands {
+		return nil, catalog.Errorf(catalog.ServerBusy, "command admission refused").
+			With("max_active_commands", s.cfg.Supervisor.MaxActiveCommands).With("limit_scope", "supervisor")
+	}
+	return s.reserve(sb, slotCommand), nil
+}
+
+// admitSession reserves a session slot in sb or says which cap is full.
+func (s *Supervisor) admitSession(sb *sandbox) (*slot, *catalog.Error) {
+	s.admitMu.Lock()
+	defer s.admitMu.Unlock()
+	if sb.admittedSessions() >= s.cfg.Runtime.Workspace.MaxSessionsPerSandbox {
+		return nil, catalog.Errorf(catalog.ServerBusy, "workspace session limit reached").
+			With("max_workspace_sessions", s.cfg.Runtime.Workspace.MaxSessionsPerSandbox).With("limit_scope", "sandbox")
+	}
+	total := 0
+	for _, o := range s.allSandboxes() {
+		total += o.admittedSessions()
+	}
+	if total >= s.cfg.Supervisor.MaxSessions {
+		return nil, catalog.Errorf(catalog.ServerBusy, "workspace session limit reached").
+			With("max_workspace_sessions", s.cfg.Supervisor.MaxSessions).With("limit_scope", "supervisor")
+	}
+	return s.reserve(sb, slotSession), nil
+}
+
+func (s *Supervisor) reserve(sb *sandbox, k slotKind) *slot {
+	sb.mu.Lock()
+	*sb.pending(k)++
+	sb.mu.Unlock()
+	return &slot{sb: sb, kind: k}
+}
