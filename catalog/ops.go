@@ -161,7 +161,8 @@ var ops = []Op{
 			"While status is \"running\", poll with write_command_stdin and stdin \"\" (it waits up to yield_time_ms and returns the new output), " +
 			"or read rows by offset with read_command_lines.",
 		Result: "command output {status, exit_code, wall_time_seconds, command_total_time_seconds, start_offset, end_offset, total_lines, " +
-			"original_token_count, output, command_session_id, workspace_session_id, …}",
+			"original_token_count, output, command_session_id, workspace_session_id, transcript_lost?, transcript_error?, …}; " +
+			"transcript_lost: the transcript could not be stored (e.g. a full disk): output holds what was kept in memory, transcript_error says why",
 		Args: []Arg{
 			{Name: "cmd", Kind: String, Required: true, NonEmpty: true, Positional: "COMMAND", Help: "The shell command."},
 			{Name: "workspace_session_id", Kind: String, ID: true, DefaultDoc: "a new implicit session", Help: "An active session of this sandbox."},

@@ -457,13 +457,6 @@ func TestMCPAgentFlow(t *testing.T) {
 	}
 
 	isErr, obj := c.call("destroy_sandbox", map[string]any{"sandbox_id": id})
-	if isErr && strings.Contains(errMsg(obj), "still present") {
-		// Issue 13 item 4 (fixed on another branch): a writer of the
-		// sandbox's observability directory can race the first destroy
-		// right after a publish; the second succeeds. Drop this retry once
-		// that fix is merged.
-		isErr, obj = c.call("destroy_sandbox", map[string]any{"sandbox_id": id})
-	}
 	if isErr || obj["state"] != "stopped" {
 		t.Fatalf("destroy: %v", obj)
 	}
