@@ -12,6 +12,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -658,6 +659,14 @@ func removeAllAt(dirfd int, name string) error {
 		return &fs.PathError{Op: "unlink", Path: name, Err: err}
 	}
 	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.EACCES) {
+		// A directory its owner cannot read (mode 000, the kernel's work
+		// dir): grant rwx through an O_PATH descriptor of exactly this
+		// entry, never by a path that could lead elsewhere, and retry.
+		if cerr := chmodDirAt(dirfd, name, 0o700); cerr == nil {
+			fd, err = unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		}
+	}
 	if err != nil {
 		return &fs.PathError{Op: "open", Path: name, Err: err}
 	}
@@ -670,6 +679,18 @@ func removeAllAt(dirfd int, name string) error {
 		return &fs.PathError{Op: "rmdir", Path: name, Err: err}
 	}
 	return nil
+}
+
+// chmodDirAt changes the mode of the directory name in dirfd without
+// following a symlink: fchmod does not take an O_PATH descriptor, so the
+// chmod goes through its /proc/self/fd link, which names that very inode.
+func chmodDirAt(dirfd int, name string, mode uint32) error {
+	pfd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	return unix.Chmod("/proc/self/fd/"+strconv.Itoa(pfd), mode)
 }
 
 // clearDirAt removes everything inside the directory open at fd.

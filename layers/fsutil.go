@@ -137,24 +137,39 @@ func writeFileAtomic(dir, name string, data []byte, perm os.FileMode, beforeRena
 	return fsyncDir(dir)
 }
 
-// forceRemoveAll removes path like os.RemoveAll, first granting the owner
-// rwx on directories that would otherwise refuse the removal (layers keep the
-// workspace's modes, which may be read-only).
-func forceRemoveAll(path string) error {
-	if err := os.RemoveAll(path); err == nil {
+// RemoveAll removes path and everything below it like os.RemoveAll, but
+// descriptor-relative and without following a symlink in any component
+// below path: the trees it removes (session uppers, recovery artifacts,
+// layers) may hold entries a session made, and a chmod or unlink by joined
+// path could be led out of the tree by a directory swapped for a symlink.
+// Directories the owner cannot write or search are granted rwx first
+// (layers keep the workspace's modes, which may be read-only). A missing
+// path is not an error.
+func RemoveAll(path string) error {
+	path = filepath.Clean(path)
+	parent, name := filepath.Split(path)
+	if name == "" || name == "." || name == ".." {
+		return fmt.Errorf("remove %s: not a removable path", path)
+	}
+	if parent == "" {
+		parent = "."
+	}
+	pfd, err := unix.Open(parent, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
 		return nil
 	}
-	_ = filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
-		if d != nil && d.IsDir() {
-			_ = os.Chmod(p, 0o700)
-		}
-		return nil
-	})
-	if err := os.RemoveAll(path); err != nil {
+	if err != nil {
+		return fmt.Errorf("remove %s: %w", path, err)
+	}
+	defer unix.Close(pfd)
+	if err := removeAllAt(pfd, name); err != nil {
 		return fmt.Errorf("remove %s: %w", path, err)
 	}
 	return nil
 }
+
+// forceRemoveAll is RemoveAll under the name the package's callers know.
+func forceRemoveAll(path string) error { return RemoveAll(path) }
 
 // getxattr returns the value of a (no-follow) xattr and whether it exists.
 func getxattr(path, name string) (string, bool) {

@@ -615,15 +615,11 @@ func (s *Supervisor) restoreHolder(ctx context.Context, sb *sandbox, ss *session
 }
 
 // removeTree deletes a directory that may contain the mode-000 work dir the
-// kernel overlay leaves behind.
+// kernel overlay leaves behind, and entries a session made (so never by
+// joined path: layers.RemoveAll). Best effort: callers that must know check
+// that the directory is gone (removeSandbox).
 func removeTree(dir string) {
-	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.IsDir() {
-			_ = os.Chmod(p, 0o700)
-		}
-		return nil
-	})
-	_ = os.RemoveAll(dir)
+	_ = layers.RemoveAll(dir)
 }
 
 // dirBytes sums the sizes of the regular files below dir, a tree a session
