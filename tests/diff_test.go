@@ -207,7 +207,7 @@ func TestDiffAgainstBase(t *testing.T) {
 			{2, []string{"--paths", `{"a":1}`}},
 			{1, []string{"--paths", `["../x"]`}},
 			{1, []string{"--paths", `["/etc/passwd"]`}},
-			{1, []string{"--paths", `[1]`}},
+			{2, []string{"--paths", `[1]`}}, // items are declared strings: the CLI checks them
 		} {
 			e.rtFail(id, tc.code, "invalid_request", append([]string{"diff_workspace_session", "--workspace-session-id", ws}, tc.args...)...)
 		}
@@ -216,6 +216,7 @@ func TestDiffAgainstBase(t *testing.T) {
 			{"workspace_session_id": ws, "against": "sideways"},
 			{"workspace_session_id": ws, "max_bytes": 0},
 			{"workspace_session_id": ws, "paths": []any{"a", nil}},
+			{"workspace_session_id": ws, "paths": []any{1}},
 			{"against": "base"},
 		} {
 			if m := e.rawObj(map[string]any{"op": "diff_workspace_session", "scope": map[string]any{"kind": "sandbox", "sandbox_id": id}, "args": args}); errKind(m) != "invalid_request" {
