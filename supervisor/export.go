@@ -155,17 +155,11 @@ func (s *Supervisor) exportChanges(c *call) (any, error) {
 	live := append([]string{}, sb.rec.LiveWorkspaceSessions...)
 	sb.mu.Unlock()
 
-	unlock := s.exports.lock(id)
-	defer unlock()
-	lease, err := sb.stack.Acquire("export:" + c.req.RequestID)
+	lease, release, err := s.exportLease(c, sb, id)
 	if err != nil {
-		return nil, exportError(err)
+		return nil, err
 	}
-	defer func() {
-		if _, err := lease.Release(); err != nil {
-			s.log.Warn("export: release lease", "sandbox", id, "err", err)
-		}
-	}()
+	defer release()
 	m := lease.Manifest()
 	c.progress(fmt.Sprintf("export %s: folding %d layers of manifest version %d", id, max(len(m.Layers)-1, 0), m.Version))
 	fold, err := sb.stack.FoldContext(c.ctx, m)
@@ -260,6 +254,23 @@ func writeArchive(c *call, fold *layers.Fold, dest string, level int, caps layer
 }
 
 // exportError maps export failures to the contract's kinds.
+// exportLease serializes exports of one sandbox and pins head's layers for
+// the export; release undoes both.
+func (s *Supervisor) exportLease(c *call, sb *sandbox, id string) (*layers.Lease, func(), error) {
+	unlock := s.exports.lock(id)
+	lease, err := sb.stack.Acquire("export:" + c.req.RequestID)
+	if err != nil {
+		unlock()
+		return nil, nil, exportError(err)
+	}
+	return lease, func() {
+		if _, err := lease.Release(); err != nil {
+			s.log.Warn("export: release lease", "sandbox", id, "err", err)
+		}
+		unlock()
+	}, nil
+}
+
 func exportError(err error) error {
 	var ce *catalog.Error
 	if errors.As(err, &ce) {

@@ -538,17 +538,11 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	}
 	ref := "refs/heads/" + branch
 
-	unlock := s.exports.lock(id)
-	defer unlock()
-	lease, err := sb.stack.Acquire("export:" + c.req.RequestID)
+	lease, release, err := s.exportLease(c, sb, id)
 	if err != nil {
-		return nil, exportError(err)
+		return nil, err
 	}
-	defer func() {
-		if _, err := lease.Release(); err != nil {
-			s.log.Warn("export: release lease", "sandbox", id, "err", err)
-		}
-	}()
+	defer release()
 	m := lease.Manifest()
 	chain := make([]layers.LayerRef, 0, len(m.Layers)) // oldest first, base excluded
 	for i := len(m.Layers) - 1; i >= 0; i-- {
