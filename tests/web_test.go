@@ -290,7 +290,7 @@ func TestHTTPRPC(t *testing.T) {
 		}
 		read := map[string]any{"op": "file_read", "scope": scope, "args": map[string]any{"path": "b.txt"}}
 		got := w.rpc(read)
-		if got["content"] != "over http\n" {
+		if got["content"] != "over http" {
 			t.Fatalf("file_read over HTTP: %v", got)
 		}
 		// The same request on the socket answers the same object.
@@ -299,7 +299,7 @@ func TestHTTPRPC(t *testing.T) {
 		if len(lines) != 1 || !reflect.DeepEqual(decodeObj(t, []byte(lines[0])), got) {
 			t.Fatalf("socket and HTTP differ:\nsocket %q\nhttp   %v", lines, got)
 		}
-		if r := e.rt(id, "file_read", "--path", "b.txt"); r["content"] != "over http\n" {
+		if r := e.rt(id, "file_read", "--path", "b.txt"); r["content"] != "over http" {
 			t.Fatalf("file_read via the CLI: %v", r)
 		}
 
