@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -791,5 +792,40 @@ func TestSupervisorUI(t *testing.T) {
 	}
 	if resp, body := w.do("GET", resp.Header.Get("Location"), "", map[string]string{"Cookie": "es_ui=" + cookies[0].Value}); resp.StatusCode != 200 {
 		t.Fatalf("after login: %d %s", resp.StatusCode, body)
+	}
+}
+
+// TestHTTPDisconnectCancels: an /api/rpc client that goes away cancels
+// its long read like a socket client does (the request's span ends
+// "cancelled"), while one that waits gets its answer.
+func TestHTTPDisconnectCancels(t *testing.T) {
+	e := newEnv(t)
+	e.start("--http", "tcp://127.0.0.1:0")
+	w := e.web()
+	id := e.createSandbox(e.project(map[string]string{"a.txt": "a\n"}))
+	ws := e.session(id)
+	if out := e.exec(id, "--workspace-session-id", ws, "--yield-time-ms", "300000",
+		"mkdir d && cd d && seq 1 8000 | xargs -n 500 touch"); out["status"] != "ok" {
+		t.Fatalf("make files: %v", out)
+	}
+	body, _ := json.Marshal(map[string]any{"op": "diff_workspace_session", "request_id": "req-http-hangup",
+		"scope": map[string]any{"kind": "sandbox", "sandbox_id": id}, "args": map[string]any{"workspace_session_id": ws}})
+	c, err := net.Dial("tcp", w.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "POST /api/rpc HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		w.addr, w.token, len(body), body)
+	c.Close()
+	if sp := e.dispatchSpan("req-http-hangup", "--sandbox-id", id); sp["status"] != "cancelled" {
+		t.Fatalf("diff whose HTTP client hung up: %v", sp)
+	}
+	m := w.rpc(map[string]any{"op": "diff_workspace_session", "request_id": "req-http-waits",
+		"scope": map[string]any{"kind": "sandbox", "sandbox_id": id}, "args": map[string]any{"workspace_session_id": ws, "paths": []string{"d/1"}}})
+	if errKind(m) != "" {
+		t.Fatalf("diff over HTTP: %v", m)
+	}
+	if sp := e.dispatchSpan("req-http-waits", "--sandbox-id", id); sp["status"] != "completed" {
+		t.Fatalf("waited-for diff span: %v", sp)
 	}
 }
