@@ -20,7 +20,7 @@ func (s *Supervisor) newHTTP(addr, runDir string) (*web.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := web.New(web.Config{Listener: ln, Token: token, Dispatcher: webDispatcher{s}, Events: webEvents{s},
+	srv, err := web.New(web.Config{Listener: ln, Token: token, Dispatcher: webDispatcher{s}, Events: webEvents{s}, Commands: webCommands{s},
 		Logger: s.log, MaxBodyBytes: s.cfg.Supervisor.MaxRequestBytes,
 		ReadTimeout: time.Duration(s.cfg.Supervisor.RequestReadTimeoutS * float64(time.Second))})
 	if err != nil {
@@ -57,4 +57,39 @@ func (d webDispatcher) Dispatch(ctx context.Context, body []byte, progress func(
 		stop := context.AfterFunc(ctx, func() { cancel(errClientGone) })
 		return rctx, func() { stop(); cancel(nil) }
 	}})
+}
+
+// webCommands gives the transcript stream the commands of a sandbox.
+type webCommands struct{ s *Supervisor }
+
+func (c webCommands) Follow(sandboxID, commandID string) (web.Transcript, error) {
+	c.s.mu.Lock()
+	sb := c.s.sandboxes[sandboxID]
+	c.s.mu.Unlock()
+	if sb == nil {
+		return nil, catalog.Errorf(catalog.NotFound, "sandbox not found: %s", sandboxID).With("sandbox_id", sandboxID)
+	}
+	cmd, e := c.s.lookupCommand(sb, commandID)
+	if e != nil {
+		return nil, e
+	}
+	return cmdTranscript{cmd}, nil
+}
+
+type cmdTranscript struct{ cmd *command }
+
+func (t cmdTranscript) Rows(cursor, limit int) ([]string, int, int) {
+	rows, first, end, _ := t.cmd.tr.Rows(cursor, limit)
+	return rows, first, end
+}
+
+func (t cmdTranscript) Changed() <-chan struct{} { return t.cmd.tr.changed() }
+func (t cmdTranscript) Done() <-chan struct{}    { return t.cmd.done }
+
+func (t cmdTranscript) Result() map[string]any {
+	t.cmd.mu.Lock()
+	defer t.cmd.mu.Unlock()
+	r := t.cmd.rec
+	return map[string]any{"command_session_id": r.CommandSessionID, "workspace_session_id": r.WorkspaceSessionID,
+		"status": r.Status, "exit_code": r.ExitCode, "total_lines": t.cmd.tr.Total()}
 }

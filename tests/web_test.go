@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -827,5 +828,141 @@ func TestHTTPDisconnectCancels(t *testing.T) {
 	}
 	if sp := e.dispatchSpan("req-http-waits", "--sandbox-id", id); sp["status"] != "completed" {
 		t.Fatalf("waited-for diff span: %v", sp)
+	}
+}
+
+// commandStream opens GET /api/commands/{id}/stream and returns its
+// events as they arrive.
+func (w *webClient) commandStream(sandboxID, cmd, query string, hdr map[string]string) *eventStream {
+	w.t.Helper()
+	req, _ := http.NewRequest("GET", w.url("/api/commands/"+cmd+"/stream?sandbox_id="+sandboxID+query), nil)
+	req.Header.Set("Authorization", "Bearer "+w.token)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := (&http.Client{}).Do(req)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		w.t.Fatalf("command stream: %d %s", resp.StatusCode, b)
+	}
+	s := &eventStream{t: w.t, resp: resp, evs: make(chan sseEvent, 4096)}
+	go func() {
+		defer close(s.evs)
+		for _, ev := range parseSSE(w.t, resp.Body, -1) {
+			s.evs <- ev
+		}
+	}()
+	w.t.Cleanup(func() { resp.Body.Close() })
+	return s
+}
+
+// TestHTTPCommandStream: a command's transcript streams while it runs
+// (a row written after the stream opened arrives without polling), ends
+// with its exit, and resumes after Last-Event-ID.
+func TestHTTPCommandStream(t *testing.T) {
+	e := newEnv(t)
+	e.start("--http", "tcp://127.0.0.1:0")
+	w := e.web()
+	id := e.createSandbox(e.project(map[string]string{"a.txt": "a\n"}))
+	out := e.exec(id, "--yield-time-ms", "1000", "echo first; read x; echo got-$x; read y; echo last")
+	cmd, _ := out["command_session_id"].(string)
+	if out["status"] != "running" || cmd == "" {
+		t.Fatalf("exec: %v", out)
+	}
+	// parseSSE below returns only at EOF, so read the stream through a
+	// goroutine-fed channel: rows must arrive before the command ends.
+	req, _ := http.NewRequest("GET", w.url("/api/commands/"+cmd+"/stream?sandbox_id="+id), nil)
+	req.Header.Set("Authorization", "Bearer "+w.token)
+	resp, err := (&http.Client{}).Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("command stream: %v %v", resp, err)
+	}
+	defer resp.Body.Close()
+	evs := make(chan sseEvent, 64)
+	go func() {
+		defer close(evs)
+		var cur sseEvent
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			switch line := sc.Text(); {
+			case line == "":
+				if cur != (sseEvent{}) {
+					evs <- cur
+				}
+				cur = sseEvent{}
+			case strings.HasPrefix(line, "id: "):
+				cur.id = line[4:]
+			case strings.HasPrefix(line, "event: "):
+				cur.event = line[7:]
+			case strings.HasPrefix(line, "data: "):
+				cur.data = line[6:]
+			}
+		}
+	}()
+	next := func() sseEvent {
+		select {
+		case ev, ok := <-evs:
+			if !ok {
+				t.Fatal("the command stream ended early")
+			}
+			return ev
+		case <-time.After(60 * time.Second):
+			t.Fatal("no command stream event within 60s")
+		}
+		return sseEvent{}
+	}
+	rowOf := func(ev sseEvent) string {
+		var m map[string]string
+		if ev.event != "row" || json.Unmarshal([]byte(ev.data), &m) != nil {
+			t.Fatalf("want a row event, got %+v", ev)
+		}
+		return m["row"]
+	}
+	if ev := next(); rowOf(ev) != "first" || ev.id != "0" {
+		t.Fatalf("first row: %+v", ev)
+	}
+	// The command waits for stdin: its next rows can only come later, and
+	// got-hi must arrive while it still waits for more (live, not at exit).
+	e.rt(id, "write_command_stdin", "--command-session-id", cmd, "hi\n")
+	rows, ids := []string{"first"}, []string{"0"}
+	for !slices.Contains(rows, "got-hi") {
+		ev := next()
+		rows, ids = append(rows, rowOf(ev)), append(ids, ev.id)
+	}
+	e.rt(id, "write_command_stdin", "--command-session-id", cmd, "bye\n")
+	for {
+		ev := next()
+		if ev.event == "exit" {
+			var res map[string]any
+			if err := json.Unmarshal([]byte(ev.data), &res); err != nil || res["status"] != "ok" || fmt.Sprint(res["exit_code"]) != "0" {
+				t.Fatalf("exit event: %+v", ev)
+			}
+			break
+		}
+		rows, ids = append(rows, rowOf(ev)), append(ids, ev.id)
+	}
+	if rows[len(rows)-1] != "last" {
+		t.Fatalf("rows after stdin: %q", rows)
+	}
+	// Resuming after row 0 replays the rest of the finished transcript.
+	s := w.commandStream(id, cmd, "", map[string]string{"Last-Event-ID": "0"})
+	var again []string
+	for ev := range s.evs {
+		if ev.event == "exit" {
+			break
+		}
+		again = append(again, rowOf(ev))
+	}
+	if !reflect.DeepEqual(again, rows[1:]) {
+		t.Fatalf("resumed rows %q, want %q (ids %v)", again, rows, ids)
+	}
+	if resp, body := w.do("GET", "/api/commands/cmd-nope/stream?sandbox_id="+id, "", w.bearer()); resp.StatusCode != 404 {
+		t.Errorf("unknown command: %d %s", resp.StatusCode, body)
+	} else {
+		wantEnvelope(t, "unknown command", body, "not_found")
 	}
 }

@@ -1,7 +1,8 @@
 // Package web is the supervisor's optional HTTP listener (contract §2.8):
 // GET /health, token login at /auth, POST /api/rpc (the socket's request
 // handling, reached through Dispatcher) and the live event stream
-// GET /api/events (SSE over the event store, through Events).
+// GET /api/events (SSE over the event store, through Events) and a
+// command's transcript while it runs, GET /api/commands/{id}/stream.
 //
 // It never listens on anything but the loopback listener it is given, never
 // logs, echoes or traces the UI token, and never imports the supervisor: the
@@ -52,6 +53,7 @@ type Config struct {
 	Token      []byte       // the UI token, without its newline
 	Dispatcher Dispatcher
 	Events     Events
+	Commands   Commands
 	Logger     *slog.Logger
 	// MaxBodyBytes bounds a /api/rpc body (the socket's max_request_bytes).
 	MaxBodyBytes int
@@ -106,6 +108,7 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("GET /auth", s.auth)
 	mux.HandleFunc("POST /api/rpc", s.authed(s.rpc))
 	mux.HandleFunc("GET /api/events", s.authed(s.events))
+	mux.HandleFunc("GET /api/commands/{id}/stream", s.authed(s.commandStream))
 	mux.HandleFunc("GET /{$}", s.authed(s.index))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, catalog.Errorf(catalog.NotFound, "no such route: %s %s", r.Method, r.URL.Path))
