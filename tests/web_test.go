@@ -723,6 +723,40 @@ func TestHTTPEventStream(t *testing.T) {
 	if resp, body := w.do("GET", "/api/events", "", nil); resp.StatusCode != 401 {
 		t.Errorf("/api/events without a token: %d %s", resp.StatusCode, body)
 	}
+
+	// Streams are capped: one more than the cap is server_busy, and a
+	// closed stream frees its slot.
+	var open []*eventStream
+	for range 32 {
+		open = append(open, w.stream("", nil))
+	}
+	resp, body := w.do("GET", "/api/events", "", w.bearer())
+	if resp.StatusCode != 503 {
+		t.Fatalf("stream over the cap: %d %s", resp.StatusCode, body)
+	}
+	if e := wantEnvelope(t, "stream over the cap", body, "server_busy"); fmt.Sprint(e["details"].(map[string]any)["max_event_streams"]) != "32" {
+		t.Errorf("cap details: %v", e)
+	}
+	open[0].close()
+	for range open[0].evs {
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		req, _ := http.NewRequest("GET", w.url("/api/events"), nil)
+		req.Header.Set("Authorization", "Bearer "+w.token)
+		resp, err := (&http.Client{}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == 200 || time.Now().After(deadline) {
+			if resp.StatusCode != 200 {
+				t.Fatalf("slot not freed after a stream closed: %d", resp.StatusCode)
+			}
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // TestHTTPOtherUser: another local user reaches the port (loopback is
