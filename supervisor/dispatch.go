@@ -77,9 +77,18 @@ func cancellable(op *catalog.Op) bool {
 // streamingOps may send progress lines (§2.5).
 var streamingOps = map[string]bool{"create_sandbox": true, "destroy_sandbox": true, "squash_layerstacks": true, "export_changes": true}
 
+// requester is where a request came from, as handleLine needs it.
+type requester struct {
+	tcp bool // the TCP RPC listener: the gateway token is required
+	// hangup returns the context of a cancellable operation, cancelled
+	// with cause errClientGone when the client goes away, and its stop.
+	hangup   func() (context.Context, func())
+	progress func(string) // _stream_logs lines (§2.5)
+}
+
 // handleLine runs §2.4 steps 3-9 for one request line and returns the
 // response value (a result or a *catalog.Error).
-func (s *Supervisor) handleLine(line []byte, w *responseWriter) (out any) {
+func (s *Supervisor) handleLine(line []byte, w requester) (out any) {
 	raw, perr := catalog.ParseLine(line)
 	if perr != nil {
 		return perr
@@ -105,7 +114,7 @@ func (s *Supervisor) handleLine(line []byte, w *responseWriter) (out any) {
 	ctx := context.Background()
 	if cancellable(op) {
 		var stop func()
-		ctx, stop = watchHangup(w.conn)
+		ctx, stop = w.hangup()
 		defer stop()
 	}
 	c := &call{ctx: ctx, req: req, op: op, progress: func(string) {}}

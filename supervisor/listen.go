@@ -10,15 +10,16 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 )
 
-// listenAddr resolves the optional loopback TCP RPC endpoint (§2.1): the
-// --listen flag wins over supervisor.listen; the host must be a loopback
-// literal (catalog.ParseEndpoint refuses anything else with config_error).
-// "" means TCP is off. It runs before anything else happens, so a refused
+// listenAddr resolves an optional loopback TCP endpoint (§2.1): the flag
+// (--listen or --http) wins over its configuration key (supervisor.listen,
+// http.listen); the host must be a loopback literal
+// (catalog.ParseEndpoint refuses anything else with config_error). "" means
+// the listener is off. It runs before anything else happens, so a refused
 // address leaves no trace.
-func listenAddr(flag string, cfg *Config) (string, error) {
+func listenAddr(flagName, flag string, cfgValue *string) (string, error) {
 	raw := flag
-	if raw == "" && cfg.Supervisor.Listen != nil {
-		raw = *cfg.Supervisor.Listen
+	if raw == "" && cfgValue != nil {
+		raw = *cfgValue
 	}
 	if raw == "" {
 		return "", nil
@@ -28,19 +29,20 @@ func listenAddr(flag string, cfg *Config) (string, error) {
 		return "", err
 	}
 	if ep.Network != "tcp" {
-		return "", catalog.Errorf(catalog.ConfigError, "--listen must be tcp://127.0.0.1:PORT or tcp://[::1]:PORT, got %q", raw)
+		return "", catalog.Errorf(catalog.ConfigError, "%s must be tcp://127.0.0.1:PORT or tcp://[::1]:PORT, got %q", flagName, raw)
 	}
 	return ep.Address, nil
 }
 
-// tcpListen opens the TCP listener on addr (from listenAddr) and writes the
-// bound address to listen.addr in runDir, so that port 0 is usable.
-func tcpListen(addr, runDir string) (net.Listener, error) {
+// tcpListen opens a TCP listener on addr (from listenAddr) and writes the
+// bound address to addrName (listen.addr, http.addr) in runDir, so that
+// port 0 is usable.
+func tcpListen(addr, runDir, addrName string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, catalog.Errorf(catalog.ConfigError, "listen on tcp://%s: %v", addr, err)
 	}
-	addrFile := filepath.Join(runDir, "listen.addr")
+	addrFile := filepath.Join(runDir, addrName)
 	if err := writeRuntimeFile(addrFile, []byte("tcp://"+ln.Addr().String()+"\n")); err != nil {
 		ln.Close()
 		return nil, catalog.Errorf(catalog.ConfigError, "write %s: %v", addrFile, err)
@@ -48,10 +50,11 @@ func tcpListen(addr, runDir string) (net.Listener, error) {
 	return ln, nil
 }
 
-// readGatewayToken returns the gateway token (§2.2) without its newline;
-// ensureTokens has already checked the file's owner, mode and shape.
-func readGatewayToken(configDir string) ([]byte, error) {
-	p := filepath.Join(configDir, "gateway.token")
+// readToken returns a token file's token (§2.2: gateway.token, ui.token)
+// without its newline; ensureTokens has already checked the file's owner,
+// mode and shape.
+func readToken(configDir, name string) ([]byte, error) {
+	p := filepath.Join(configDir, name)
 	b, err := os.ReadFile(p)
 	if err != nil {
 		return nil, catalog.Errorf(catalog.ConfigError, "token file %s: %v", p, err)

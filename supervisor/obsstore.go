@@ -66,6 +66,10 @@ type obsStore struct {
 	sealed   bool // its sandbox is being removed: writes are dropped (seal)
 	counters sinkCounters
 	total    *sinkCounters // registry-wide totals (health), may be nil
+	// feed numbers the records of an event log and streams them (nil for
+	// resource stores); sandboxID names the store's sandbox ("" system).
+	feed      *eventFeed
+	sandboxID string
 }
 
 func (st *obsStore) half() int64 { return st.maxDisk / 2 }
@@ -108,17 +112,35 @@ func (st *obsStore) appendRecord(rec any, payload *any) {
 	if st == nil {
 		return
 	}
+	if sq, ok := rec.(sequenced); ok && st.feed != nil {
+		st.feed.append(sq, st.sandboxID, recordKind(rec), func() []byte { return st.store(rec, payload) })
+		return
+	}
+	st.store(rec, payload)
+}
+
+// recordKind is the kind of an event-log record.
+func recordKind(rec any) string {
+	if _, ok := rec.(*spanRecord); ok {
+		return "span"
+	}
+	return "event"
+}
+
+// store encodes and appends rec; it returns the line written, nil when the
+// record was dropped.
+func (st *obsStore) store(rec any, payload *any) []byte {
 	line, err := encodeLine(rec)
 	if err != nil {
 		st.count(droppedStorage)
-		return
+		return nil
 	}
 	if len(line) > st.maxLine && payload != nil {
 		orig, _ := encodeLine(*payload)
 		*payload = map[string]any{"_truncated": max(len(orig)-1, 0)}
 		if line, err = encodeLine(rec); err != nil {
 			st.count(droppedStorage)
-			return
+			return nil
 		}
 		if len(line) <= st.maxLine && int64(len(line)) <= st.half() {
 			st.count(truncatedRecords)
@@ -126,11 +148,13 @@ func (st *obsStore) appendRecord(rec any, payload *any) {
 	}
 	if len(line) > st.maxLine || int64(len(line)) > st.half() {
 		st.count(droppedOversized)
-		return
+		return nil
 	}
 	if err := st.write(line); err != nil {
 		st.count(droppedStorage)
+		return nil
 	}
+	return line
 }
 
 func (st *obsStore) write(line []byte) error {
@@ -317,6 +341,7 @@ type obsRegistry struct {
 	system  *obsStore
 	total   sinkCounters
 	spanSeq atomic.Uint64
+	feed    *eventFeed // sequence and live subscribers of every event log
 	// resEnabled and resMaxDisk configure the resource stores (§10.1).
 	resEnabled bool
 	resMaxDisk int64
@@ -337,13 +362,15 @@ func newObsRegistry(cfg *Config, data string) *obsRegistry {
 		resEnabled: cfg.Observability.Enabled && cfg.Observability.ResourceStats.Enabled,
 		resMaxDisk: int64(cfg.Observability.ResourceStats.MaxDiskBytes)}
 	if r.enabled {
-		r.system = r.newStore(filepath.Join(data, "supervisor", obsDirName), true)
+		r.feed = newEventFeed(data)
+		r.system = r.newStore(filepath.Join(data, "supervisor", obsDirName), true, "")
 	}
 	return r
 }
 
-func (r *obsRegistry) newStore(dir string, mkParent bool) *obsStore {
-	return &obsStore{dir: dir, name: obsLogName, maxDisk: r.maxDisk, maxLine: r.maxLine, mkParent: mkParent, total: &r.total}
+func (r *obsRegistry) newStore(dir string, mkParent bool, sandboxID string) *obsStore {
+	return &obsStore{dir: dir, name: obsLogName, maxDisk: r.maxDisk, maxLine: r.maxLine, mkParent: mkParent, total: &r.total,
+		feed: r.feed, sandboxID: sandboxID}
 }
 
 // resources returns the resource store of sb (§10.1), nil when resource
@@ -400,7 +427,7 @@ func (r *obsRegistry) store(sb *sandbox) *obsStore {
 	defer r.mu.Unlock()
 	st := r.stores[sb.dir]
 	if st == nil {
-		st = r.newStore(filepath.Join(sb.dir, obsDirName), false)
+		st = r.newStore(filepath.Join(sb.dir, obsDirName), false, sb.rec.ID)
 		r.stores[sb.dir] = st
 	}
 	return st

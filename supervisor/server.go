@@ -19,6 +19,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/images"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/web"
 )
 
 // Options are the command-line inputs of `sandbox-supervisor serve`.
@@ -26,6 +27,7 @@ type Options struct {
 	ConfigPath string // --config; default <config dir>/config.yml
 	Endpoint   string // --endpoint; default SANDBOX_SUPERVISOR_SOCKET, config, runtime dir
 	Listen     string // --listen tcp://HOST:PORT (loopback); default supervisor.listen
+	HTTP       string // --http tcp://HOST:PORT (loopback); default http.listen
 	Version    string
 	Logger     *slog.Logger
 	// Ready is called once the listener accepts requests (after recovery).
@@ -94,7 +96,11 @@ func Serve(ctx context.Context, opt Options) error {
 	if err != nil {
 		return err
 	}
-	tcpAddr, err := listenAddr(opt.Listen, cfg)
+	tcpAddr, err := listenAddr("--listen", opt.Listen, cfg.Supervisor.Listen)
+	if err != nil {
+		return err
+	}
+	httpAddr, err := listenAddr("--http", opt.HTTP, cfg.HTTP.Listen)
 	if err != nil {
 		return err
 	}
@@ -161,8 +167,8 @@ func Serve(ctx context.Context, opt Options) error {
 	runDir := filepath.Dir(socket)
 	var tcp net.Listener
 	if tcpAddr != "" {
-		if s.gatewayToken, err = readGatewayToken(dirs.Config); err == nil {
-			tcp, err = tcpListen(tcpAddr, runDir)
+		if s.gatewayToken, err = readToken(dirs.Config, "gateway.token"); err == nil {
+			tcp, err = tcpListen(tcpAddr, runDir, "listen.addr")
 		}
 		if err != nil {
 			return err
@@ -170,6 +176,17 @@ func Serve(ctx context.Context, opt Options) error {
 		defer tcp.Close()
 		defer os.Remove(filepath.Join(runDir, "listen.addr"))
 		log.Info("supervisor listening on TCP", "addr", tcpAddrString(tcp))
+	}
+	var httpSrv *web.Server
+	if httpAddr == "" {
+		// A crashed supervisor's http.addr must not send `ui` users to a
+		// port someone else may hold now.
+		_ = os.Remove(filepath.Join(runDir, "http.addr"))
+	} else {
+		if httpSrv, err = s.newHTTP(httpAddr, runDir); err != nil {
+			return err
+		}
+		defer os.Remove(filepath.Join(runDir, "http.addr"))
 	}
 	pidFile := filepath.Join(runDir, "supervisor.pid")
 	if err := writeRuntimeFile(pidFile, fmt.Appendf(nil, "%d\n", os.Getpid())); err != nil {
@@ -195,12 +212,26 @@ func Serve(ctx context.Context, opt Options) error {
 	if tcp != nil {
 		accepting.Go(func() { s.acceptLoop(tcp, true) })
 	}
+	if httpSrv != nil {
+		accepting.Go(func() {
+			if err := httpSrv.Serve(); err != nil {
+				log.Error("HTTP listener failed", "err", err)
+			}
+		})
+	}
 	<-ctx.Done()
 	log.Info("supervisor shutting down")
 	s.draining.Store(true)
 	ln.Close()
 	if tcp != nil {
 		tcp.Close()
+	}
+	if httpSrv != nil {
+		// Like the socket's in-flight requests, HTTP requests finish; event
+		// streams end now.
+		hctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.Supervisor.ShutdownGraceS*float64(time.Second))+30*time.Second)
+		httpSrv.Shutdown(hctx)
+		cancel()
 	}
 	accepting.Wait()
 	s.waitInflight(time.Duration(cfg.Supervisor.ShutdownGraceS * float64(time.Second)))
@@ -390,7 +421,8 @@ func (s *Supervisor) serveConn(conn net.Conn, tcp bool) {
 	}
 	s.active.Add(1)
 	defer s.active.Add(-1)
-	w.final(s.handleLine(line, w))
+	w.final(s.handleLine(line, requester{tcp: tcp, progress: w.progress,
+		hangup: func() (context.Context, func()) { return watchHangup(conn) }}))
 }
 
 // readRequestLine applies §2.4 steps 1-2.

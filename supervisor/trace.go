@@ -82,6 +82,8 @@ type spanRecord struct {
 	DurMs  int64  `json:"dur_ms"`
 	Status string `json:"status"`
 	Attrs  any    `json:"attrs"`
+	// Seq orders every event-log record of the supervisor (eventfeed.go).
+	Seq uint64 `json:"seq,omitempty"`
 }
 
 type eventRecord struct {
@@ -91,6 +93,7 @@ type eventRecord struct {
 	Parent string `json:"parent,omitempty"`
 	Name   string `json:"name"`
 	Attrs  any    `json:"attrs"`
+	Seq    uint64 `json:"seq,omitempty"`
 }
 
 // Span statuses (§10.2).

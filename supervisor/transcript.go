@@ -103,6 +103,29 @@ type transcript struct {
 
 	timer *time.Timer
 	armed bool
+
+	// notify is closed (and forgotten) at the next committed row or at
+	// Close: live followers (the HTTP transcript stream) wait on it.
+	notify chan struct{}
+}
+
+// changed returns a channel closed when a row is committed after this
+// call, or when the transcript is closed.
+func (t *transcript) changed() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.notify == nil {
+		t.notify = make(chan struct{})
+	}
+	return t.notify
+}
+
+// wake releases the followers; t.mu is held.
+func (t *transcript) wake() {
+	if t.notify != nil {
+		close(t.notify)
+		t.notify = nil
+	}
 }
 
 func newTranscriptStruct(path string, opt transcriptOptions) *transcript {
@@ -318,6 +341,7 @@ func (t *transcript) commit(row []byte, ts time.Time) {
 	if len(t.buf) >= transcriptFlushBytes {
 		t.flush()
 	}
+	t.wake()
 }
 
 // memCap bounds the rows held in memory after a write error: what one
@@ -510,6 +534,7 @@ func (t *transcript) Close() error {
 	t.flush()
 	err := t.f.Close()
 	t.f = nil
+	t.wake()
 	if t.err != nil {
 		return t.err
 	}

@@ -28,7 +28,7 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: sandbox-supervisor serve|version [flags]")
+		fmt.Fprintln(stderr, "usage: sandbox-supervisor serve|ui|version [flags]")
 		return 2
 	}
 	switch args[0] {
@@ -45,6 +45,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return uninstall(args[1:], stdout, stderr)
 	case "doctor":
 		return doctor(args[1:], stdout, stderr)
+	case "ui":
+		return ui(args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "sandbox-supervisor: unknown command %q (want serve or version)\n", args[0])
 	return 2
@@ -56,13 +58,14 @@ func serve(args []string, stderr io.Writer) int {
 	cfg := fs.String("config", "", "configuration file (default <config dir>/config.yml)")
 	endpoint := fs.String("endpoint", "", "Unix socket path (default: SANDBOX_SUPERVISOR_SOCKET, config, runtime dir)")
 	listen := fs.String("listen", "", "optional loopback TCP RPC listener tcp://127.0.0.1:PORT (default: config supervisor.listen)")
+	httpFlag := fs.String("http", "", "optional loopback HTTP listener (API, event stream) tcp://127.0.0.1:PORT (default: config http.listen)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	log := slog.New(serviceLogHandler(stderr))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	opts := supervisor.Options{ConfigPath: *cfg, Endpoint: *endpoint, Listen: *listen, Version: version, Logger: log}
+	opts := supervisor.Options{ConfigPath: *cfg, Endpoint: *endpoint, Listen: *listen, HTTP: *httpFlag, Version: version, Logger: log}
 	err := withService(ctx, &opts)
 	if err == nil {
 		err = supervisor.Serve(ctx, opts)

@@ -11,6 +11,10 @@
 //	    accepted and the request bytes it received.
 //	peer send SOCKET LINE
 //	    sends LINE and a newline on SOCKET and prints the one answer line.
+//	peer http URL [BODY] [TOKENFILE]
+//	    GETs URL (POSTs BODY as application/json when given; with
+//	    TOKENFILE, presents its content as the Bearer token, or the read
+//	    error) and prints "STATUS BODY".
 package main
 
 import (
@@ -19,8 +23,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 )
@@ -37,6 +43,11 @@ func main() {
 			fail("usage: peer send SOCKET LINE")
 		}
 		send(os.Args[2], os.Args[3])
+	case "http":
+		if len(os.Args) < 3 || len(os.Args) > 5 {
+			fail("usage: peer http URL [BODY] [TOKENFILE]")
+		}
+		httpReq(os.Args[2:])
 	default:
 		fail("unknown mode " + os.Args[1])
 	}
@@ -134,4 +145,34 @@ func send(sock, line string) {
 		fail(err.Error())
 	}
 	fmt.Print(resp)
+}
+
+func httpReq(args []string) {
+	method, body := http.MethodGet, ""
+	if len(args) > 1 && args[1] != "" {
+		method, body = http.MethodPost, args[1]
+	}
+	req, err := http.NewRequest(method, args[0], strings.NewReader(body))
+	if err != nil {
+		fail(err.Error())
+	}
+	if method == http.MethodPost {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if len(args) > 2 {
+		tok, err := os.ReadFile(args[2])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "token file:", err)
+		} else {
+			req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+		}
+	}
+	c := &http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Do(req)
+	if err != nil {
+		fail(err.Error())
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	fmt.Printf("%d %s", resp.StatusCode, b)
 }

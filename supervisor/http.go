@@ -1,0 +1,95 @@
+package supervisor
+
+import (
+	"context"
+	"time"
+
+	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/web"
+)
+
+// newHTTP binds the HTTP listener (§2.8) on addr, writes http.addr into
+// runDir (before the socket exists, like listen.addr) and prepares the
+// server; Serve starts it.
+func (s *Supervisor) newHTTP(addr, runDir string) (*web.Server, error) {
+	token, err := readToken(s.dirs.Config, "ui.token")
+	if err != nil {
+		return nil, err
+	}
+	ln, err := tcpListen(addr, runDir, "http.addr")
+	if err != nil {
+		return nil, err
+	}
+	srv, err := web.New(web.Config{Listener: ln, Token: token, Dispatcher: webDispatcher{s}, Events: webEvents{s}, Commands: webCommands{s},
+		Logger: s.log, MaxBodyBytes: s.cfg.Supervisor.MaxRequestBytes,
+		ReadTimeout: time.Duration(s.cfg.Supervisor.RequestReadTimeoutS * float64(time.Second))})
+	if err != nil {
+		ln.Close()
+		return nil, catalog.Errorf(catalog.ConfigError, "%v", err)
+	}
+	s.log.Info("supervisor listening on HTTP", "addr", tcpAddrString(ln))
+	return srv, nil
+}
+
+// webDispatcher runs /api/rpc requests through the socket's handleLine: the
+// same validation, handlers, envelope and limits.
+type webDispatcher struct{ s *Supervisor }
+
+func (d webDispatcher) Dispatch(ctx context.Context, body []byte, progress func(string)) any {
+	s := d.s
+	if s.draining.Load() {
+		return catalog.Errorf(catalog.ServerShuttingDown, "the supervisor is shutting down")
+	}
+	// An HTTP request holds a connection slot like a socket connection.
+	select {
+	case s.conns <- struct{}{}:
+		defer func() { <-s.conns }()
+	default:
+		return catalog.Errorf(catalog.ServerBusy, "too many concurrent connections").
+			With("max_concurrent_connections", s.cfg.Supervisor.MaxConcurrentConnections)
+	}
+	s.active.Add(1)
+	defer s.active.Add(-1)
+	return s.handleLine(body, requester{progress: progress, hangup: func() (context.Context, func()) {
+		// Only the operations that may stop early see the hang-up, as on
+		// the socket; the others complete (§2.4).
+		rctx, cancel := context.WithCancelCause(context.Background())
+		stop := context.AfterFunc(ctx, func() { cancel(errClientGone) })
+		return rctx, func() { stop(); cancel(nil) }
+	}})
+}
+
+// webCommands gives the transcript stream the commands of a sandbox.
+type webCommands struct{ s *Supervisor }
+
+func (c webCommands) Follow(sandboxID, commandID string) (web.Transcript, error) {
+	c.s.mu.Lock()
+	sb := c.s.sandboxes[sandboxID]
+	c.s.mu.Unlock()
+	if sb == nil {
+		return nil, catalog.Errorf(catalog.NotFound, "sandbox not found: %s", sandboxID).With("sandbox_id", sandboxID)
+	}
+	cmd, e := c.s.lookupCommand(sb, commandID)
+	if e != nil {
+		return nil, e
+	}
+	return cmdTranscript{cmd}, nil
+}
+
+type cmdTranscript struct{ cmd *command }
+
+func (t cmdTranscript) Rows(cursor, limit int) ([]string, int, int) {
+	rows, first, end, _ := t.cmd.tr.Rows(cursor, limit)
+	return rows, first, end
+}
+
+func (t cmdTranscript) Changed() <-chan struct{} { return t.cmd.tr.changed() }
+func (t cmdTranscript) Done() <-chan struct{}    { return t.cmd.done }
+
+func (t cmdTranscript) Result() map[string]any {
+	t.cmd.mu.Lock()
+	defer t.cmd.mu.Unlock()
+	r := t.cmd.rec
+	return map[string]any{"command_session_id": r.CommandSessionID, "workspace_session_id": r.WorkspaceSessionID,
+		"status": r.Status, "exit_code": r.ExitCode, "total_lines": t.cmd.tr.Total()}
+}
