@@ -264,7 +264,12 @@ func (s *Supervisor) serveForward(ss *session, f *forward) {
 func relay(a, b net.Conn) {
 	done := make(chan struct{}, 2)
 	pipe := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
+		// Plain reads and writes through a buffer, not io.Copy's splice:
+		// splice borrows pipes from a runtime pool that is only drained by
+		// the garbage collector, so an idle supervisor would sit on two
+		// descriptors per direction of every past concurrent connection.
+		buf := make([]byte, 32<<10)
+		_, _ = io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, buf)
 		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
 		} else {
