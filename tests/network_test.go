@@ -129,10 +129,18 @@ def udp(name, host, port):
         print(name, "ok", s.recv(100).decode().strip())
     except OSError as e:
         print(name, "err", errno.errorcode.get(e.errno, str(e)))
+def route(name, host, port):
+    # connect() on a UDP socket only looks the route up: no packet is sent.
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect((host, int(port)))
+        print(name, "ok routed")
+    except OSError as e:
+        print(name, "err", errno.errorcode.get(e.errno, str(e)))
 args = sys.argv[1:]
 for i in range(0, len(args), 4):
     kind, name, host, port = args[i:i+4]
-    (tcp if kind == "tcp" else udp)(name, host, port)
+    {"tcp": tcp, "udp": udp, "route": route}[kind](name, host, port)
 `
 
 // probe runs probeScript in a session with (kind name host port)… targets
@@ -226,9 +234,12 @@ func TestIsolatedNetwork(t *testing.T) {
 				t.Errorf("resolv.conf = %q", rc)
 			}
 			if !allowPrivate {
-				// A prohibit route answers at once, inside the namespace: no packet leaves.
-				if p := e.probe(id, a, "tcp", "private", "10.255.255.1", "9"); p["private"] != "err EACCES" {
-					t.Errorf("private range with allow_private false: %v", p)
+				// Route lookups only: a prohibit route refuses inside the
+				// namespace, and without one no packet would be sent either.
+				p := e.probe(id, a, "route", "rfc1918", "10.255.255.1", "9", "route", "metadata", "169.254.169.254", "80",
+					"route", "cgnat", "100.64.0.1", "53", "route", "public", "203.0.113.9", "80")
+				if p["rfc1918"] != "err EACCES" || p["metadata"] != "err EACCES" || p["cgnat"] != "err EACCES" || p["public"] != "ok routed" {
+					t.Errorf("routes with allow_private false: %v", p)
 				}
 			}
 
