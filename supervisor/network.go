@@ -194,33 +194,44 @@ func (s *Supervisor) forwardPort(c *call) (any, error) {
 		res["port"] = target
 		return res, nil
 	}
+	f, existed, e := ss.addForward(target)
+	if e != nil {
+		return nil, e
+	}
+	res["port"] = f.port()
+	if !existed {
+		go s.serveForward(ss, f)
+		s.eventCtx(c.ctx, c.sb, "forward.opened", map[string]any{"workspace_session_id": ss.id(), "target_port": target, "port": f.port()})
+	}
+	return res, nil
+}
+
+// addForward returns the session's forward to target, opening its
+// listener when there is none yet.
+func (ss *session) addForward(target int) (*forward, bool, *catalog.Error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.gone {
-		return nil, notFoundSession(ss.id())
+		return nil, false, notFoundSession(ss.id())
 	}
 	if f := ss.forwards[target]; f != nil {
-		res["port"] = f.port()
-		return res, nil
+		return f, true, nil
 	}
 	if len(ss.forwards) >= maxForwards {
-		return nil, catalog.Errorf(catalog.ServerBusy, "forward limit reached for workspace session %s", ss.id()).
+		return nil, false, catalog.Errorf(catalog.ServerBusy, "forward limit reached for workspace session %s", ss.id()).
 			With("max_forwards", maxForwards).With("workspace_session_id", ss.id())
 	}
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
-		return nil, catalog.Errorf(catalog.OperationFailed, "forward_port: listen on loopback: %v", err)
+		return nil, false, catalog.Errorf(catalog.OperationFailed, "forward_port: listen on loopback: %v", err)
 	}
 	f := &forward{target: target, ln: ln, conns: map[net.Conn]struct{}{}}
 	if ss.forwards == nil {
 		ss.forwards = map[int]*forward{}
 	}
 	ss.forwards[target] = f
-	f.wg.Add(1)
-	go s.serveForward(ss, f)
-	s.eventCtx(c.ctx, c.sb, "forward.opened", map[string]any{"workspace_session_id": ss.id(), "target_port": target, "port": f.port()})
-	res["port"] = f.port()
-	return res, nil
+	f.wg.Add(1) // the accept loop, counted before close can wait for it
+	return f, false, nil
 }
 
 // serveForward accepts until the listener is closed.
