@@ -8,8 +8,8 @@ var families = []Family{
 	{Group: Runtime, Name: "file", Help: "Files inside the sandbox's workspace (/workspace in its sessions), never on the host: the published state (sessionless) or a session's private view. Symlinks are never followed: a path with a symlink as any component but the last is refused by every file operation, with or without a session, with invalid_request `path \"P\": component \"C\" is a symlink` (details.path, details.component); a symlink as the last component is reported as its kind (not a regular file / not a directory (Symlink))."},
 	{Group: Runtime, Name: "workspace_session", Help: "Private copy-on-write views and their publication."},
 	{Group: Runtime, Name: "network", Help: "Port forwarding into sessions."},
-	{Group: Runtime, Name: "supervisor_http", Capability: true, Help: "The optional loopback HTTP listener: UI, /api/rpc, the /api/events stream and /forward/… routes."},
-	{Group: Runtime, Name: "network_isolation", Capability: true, Help: "shared sessions use the user's network; isolated ones see only their own loopback."},
+	{Group: Runtime, Name: "supervisor_http", Capability: true, Help: "The optional loopback HTTP listener: /health, /api/rpc and the /api/events stream (the console pages and the /forward/… routes are not built yet)."},
+	{Group: Runtime, Name: "network_isolation", Capability: true, Help: "shared sessions use the user's network; isolated ones get their own network with outbound access through pasta or slirp4netns and no host loopback; offline ones see only their own loopback."},
 	{Group: Runtime, Name: "reserved_paths", Capability: true, Help: "Path components starting with .wh. are reserved and refused at publish."},
 	{Group: Runtime, Name: "shell_security", Capability: true, Help: "Every command runs with no_new_privs, a capability drop and a seccomp deny-list."},
 	{Group: Observability, Name: "snapshot", Help: "A point-in-time view of sandboxes and sessions."},
@@ -290,7 +290,9 @@ var ops = []Op{
 			"The view is frozen at creation; later publishes by others are not visible inside it.",
 		Result: "{workspace_session_id, network_profile, finalize_policy:\"no_op\", agent, created_at, base_revision, overlay_driver}",
 		Args: []Arg{
-			{Name: "network_profile", Kind: String, Default: "shared", Enum: []string{"shared", "isolated"}, Help: "shared: the user's network; isolated: only the session's own loopback."},
+			{Name: "network_profile", Kind: String, Default: "shared", Enum: []string{"shared", "isolated", "offline"},
+				Help: "shared: the user's network; isolated: its own network namespace with outbound TCP/UDP and DNS through pasta or slirp4netns, " +
+					"no host loopback, no other session, private ranges per network.isolated.allow_private; offline: only its own loopback."},
 			{Name: "agent", Kind: String, MaxLen: 128, NoControl: true, Help: "Label of the agent or person owning the session."},
 		},
 	},
@@ -342,6 +344,18 @@ var ops = []Op{
 			{Name: "paths", Kind: JSONArray, MaxItems: 1000, AcceptJSONString: true, DefaultDoc: "all", Items: &Items{Kind: Path},
 				Help: "Workspace-relative paths; each matches that path and everything below it."},
 			{Name: "max_bytes", Kind: Integer, Default: uint64(1048576), Min: u64(1), Max: u64(8388608), Help: "Total unified-diff text."},
+		},
+	},
+	{
+		ID: "forward_port", Group: Runtime, Family: "network", Scope: ScopeSandbox,
+		Summary: "Make a port inside a session reachable on the host's loopback.",
+		Help: "For a shared session or none the port is returned as is. For an isolated or offline session the supervisor listens on an " +
+			"ephemeral 127.0.0.1 port and relays each connection through the session's holder to 127.0.0.1:<port> inside; the same " +
+			"call returns the same forward; at most 16 per session; forwards end with their session.",
+		Result: "{workspace_session_id|null, network_profile, target_port, host:\"127.0.0.1\", port, url|null}",
+		Args: []Arg{
+			{Name: "port", Kind: Integer, Required: true, Min: u64(1), Max: u64(65535), Help: "The port inside the session."},
+			{Name: "workspace_session_id", Kind: String, ID: true, Help: "An active session of this sandbox; without it the port is the user's own."},
 		},
 	},
 	{

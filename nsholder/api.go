@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"syscall"
 	"time"
@@ -22,8 +23,19 @@ type Config struct {
 	HostPaths []string `json:"host_paths"`
 	// HiddenPaths are covered with an empty read-only tmpfs (mode 000)
 	// wherever they would be visible (the supervisor's own directories).
-	HiddenPaths     []string `json:"hidden_paths"`
-	IsolatedNetwork bool     `json:"isolated_network"` // new netns with only lo up
+	HiddenPaths []string `json:"hidden_paths"`
+	// IsolatedNetwork gives the session its own network namespace with lo
+	// up (profiles offline and isolated); Egress then connects it (net.go).
+	IsolatedNetwork bool `json:"isolated_network"`
+	// BlockPrivate installs prohibit routes for the private and link-local
+	// ranges in that namespace (network.isolated.allow_private: false).
+	BlockPrivate bool `json:"block_private,omitempty"`
+	// ResolvConf, when set, replaces the session's /etc/resolv.conf.
+	ResolvConf string `json:"resolv_conf,omitempty"`
+	// Egress, when set, is started for the holder once it is ready (profile
+	// isolated); setup fails at stage "network" when it cannot start. It
+	// stays on the supervisor side.
+	Egress *Egress `json:"-"`
 	// IDMapping is sandbox.id_mapping: "single" (or "") maps only 0 to the
 	// caller; "subid" also maps 1… to the caller's /etc/subuid and
 	// /etc/subgid ranges through newuidmap/newgidmap (§5.4 Identity).
@@ -200,6 +212,10 @@ type Holder interface {
 	// existing file's mode (0644 for a new file). It reports whether the
 	// file was created.
 	WriteFile(ctx context.Context, path string, data []byte, mode *fs.FileMode) (created bool, err error)
+	// DialLoopback connects to 127.0.0.1:port inside the session's network
+	// namespace (the holder connects and hands over the socket); timeout
+	// bounds the connect.
+	DialLoopback(ctx context.Context, port int, timeout time.Duration) (net.Conn, error)
 	// Close stops the holder: SIGTERM, wait grace, SIGKILL; the whole PID
 	// namespace dies with it. It returns once the process has exited.
 	Close(grace time.Duration) error

@@ -129,6 +129,20 @@ func start(ctx context.Context, self string, cfg Config, opts startOptions) (Hol
 		return nil, &SetupError{Stage: stageHandshake, Err: "holder answered setup without ready"}
 	}
 	c.ready = *r.hdr.Ready
+	if cfg.Egress != nil {
+		helper, err := startEgress(ctx, *cfg.Egress, cmd.Process.Pid)
+		if err != nil {
+			c.kill()
+			return nil, &SetupError{Stage: stageNetwork, Err: err.Error()}
+		}
+		// The helper lives exactly as long as the holder (and, through
+		// Pdeathsig, never longer than the supervisor).
+		go func() {
+			<-c.done
+			_ = helper.Process.Kill()
+		}()
+		c.helper = helper
+	}
 	return c, nil
 }
 
@@ -143,6 +157,7 @@ type client struct {
 	conn   *ctlConn
 	stderr *tailBuffer
 	ready  readyState
+	helper *exec.Cmd // the network helper (profile isolated), or nil
 
 	mu      sync.Mutex
 	nextReq uint64
@@ -393,6 +408,35 @@ func (c *client) WriteFile(ctx context.Context, path string, data []byte, mode *
 		return false, err
 	}
 	return r.hdr.Created, nil
+}
+
+// DialLoopback asks the holder for a socket connected to 127.0.0.1:port in
+// the session's network namespace.
+func (c *client) DialLoopback(ctx context.Context, port int, timeout time.Duration) (net.Conn, error) {
+	r, err := c.do(ctx, &ctlHeader{Op: opDial, Port: port, GraceMS: timeout.Milliseconds()}, nil)
+	if err != nil {
+		return nil, err
+	}
+	if r.fd < 0 {
+		c.discard(r)
+		return nil, errors.New("holder dial: reply without a socket")
+	}
+	f := os.NewFile(uintptr(r.fd), "session-conn")
+	defer f.Close() // FileConn dups it
+	conn, err := net.FileConn(f)
+	if err != nil {
+		return nil, fmt.Errorf("holder dial: %w", err)
+	}
+	return conn, nil
+}
+
+// HelperPid is the host PID of the session's network helper, 0 when it
+// has none.
+func HelperPid(h Holder) int {
+	if c, ok := h.(*client); ok && c.helper != nil {
+		return c.helper.Process.Pid
+	}
+	return 0
 }
 
 // Close stops the holder and returns once it has exited. The first step

@@ -1,6 +1,7 @@
 // Package nsholder is the holder process mode of sandbox-supervisor: the
 // code that runs inside a session's user, mount, PID, IPC and UTS namespaces
-// (plus a network namespace with only lo for isolated sessions), assembles
+// (plus a network namespace of its own for the offline and isolated network
+// profiles; net.go: the isolated profile's helper and port relays), assembles
 // its root, mounts the workspace overlay and serves requests from the
 // supervisor. The supervisor never joins namespaces itself (design rule 2);
 // it starts this mode with clone flags and talks to it.

@@ -223,6 +223,13 @@ func (s *server) handle(hdr *ctlHeader, payload []byte, fd int) {
 		s.replyErr(hdr.ID, s.quiesce())
 	case opShutdown:
 		s.shutdown(time.Duration(hdr.GraceMS) * time.Millisecond)
+	case opDial:
+		f, err := dialLoopback(hdr.Port, time.Duration(hdr.GraceMS)*time.Millisecond)
+		if err != nil {
+			s.replyErr(hdr.ID, err)
+			return
+		}
+		s.reply(&ctlHeader{ID: hdr.ID}, nil, f)
 	case opLstat, opReadFile, opReadDir, opWrite:
 		if err := checkPath(hdr.Op, hdr.Path); err != nil {
 			s.replyErr(hdr.ID, err)

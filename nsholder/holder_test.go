@@ -523,7 +523,9 @@ func TestSignal(t *testing.T) {
 	}
 }
 
-func TestIsolatedNetwork(t *testing.T) {
+// TestOfflineNetwork: a holder with its own network namespace and no
+// helper (profile offline) has lo only, no route, and its own ports.
+func TestOfflineNetwork(t *testing.T) {
 	f1, f2 := newFixture(t), newFixture(t)
 	c1, c2 := f1.config("sess-net-1"), f2.config("sess-net-2")
 	c1.IsolatedNetwork, c2.IsolatedNetwork = true, true
@@ -543,7 +545,7 @@ func TestIsolatedNetwork(t *testing.T) {
 	r2 := s2.spawn(bind)
 	o1, o2 := r1.wait(t, 20*time.Second), r2.wait(t, 20*time.Second)
 	if !strings.Contains(o1, "bound") || !strings.Contains(o2, "bound") || r1.status != 0 || r2.status != 0 {
-		t.Errorf("both isolated holders must bind the port: %q / %q", o1, o2)
+		t.Errorf("both offline holders must bind the port: %q / %q", o1, o2)
 	}
 }
 

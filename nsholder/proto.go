@@ -49,6 +49,7 @@ const (
 	opReadDir  = "readdir"  // Path; reply Infos
 	opWrite    = "writefile"
 	opShutdown = "shutdown" // GraceMS; no reply: SIGTERM the session, wait, exit
+	opDial     = "dial"     // Port, GraceMS (connect timeout); reply FD (a connected TCP socket)
 	opReply    = "reply"
 	opEvent    = "event"
 )
@@ -67,6 +68,7 @@ type ctlHeader struct {
 	Max     int64         `json:"max,omitempty"`
 	Mode    *fs.FileMode  `json:"mode,omitempty"`
 	GraceMS int64         `json:"grace_ms,omitempty"`
+	Port    int           `json:"port,omitempty"`
 
 	Err     *wireError  `json:"err,omitempty"`
 	Info    *FileInfo   `json:"info,omitempty"`

@@ -63,6 +63,7 @@ const (
 	stageMountOverlay = "mount_overlay"
 	stagePivotRoot    = "pivot_root"
 	stageReady        = "ready"
+	stageNetwork      = "network"
 )
 
 // sessionRoot is what setup leaves for the server.
@@ -168,6 +169,11 @@ func setupRoot(cfg *Config, own *owners, notify func(*FSNotice)) (*sessionRoot, 
 	if err := copyResolvConf(root, "/", cfg.Scratch, binds); err != nil {
 		return fail(&stageError{stageMountRoot, err})
 	}
+	if cfg.ResolvConf != "" && cfg.Image == nil {
+		if err := replaceResolvConf(root, cfg.Scratch, cfg.ResolvConf); err != nil {
+			return fail(&stageError{stageMountRoot, err})
+		}
+	}
 
 	overlayStart := time.Now()
 	ws := filepath.Join(root, "workspace")
@@ -210,6 +216,11 @@ func setupRoot(cfg *Config, own *owners, notify func(*FSNotice)) (*sessionRoot, 
 	if cfg.IsolatedNetwork {
 		if err := loopbackUp(); err != nil {
 			return fail(atStage(stageReady, "bring lo up: %w", err))
+		}
+		if cfg.BlockPrivate {
+			if err := blockPrivate(); err != nil {
+				return fail(atStage(stageNetwork, "%w", err))
+			}
 		}
 	}
 	res.workspace, err = os.OpenFile("/workspace", os.O_RDONLY|unix.O_DIRECTORY, 0)
@@ -561,6 +572,53 @@ func copyResolvConf(root, hostRoot, scratch string, binds []bindTarget) error {
 			return fmt.Errorf("resolv.conf: %w", err)
 		}
 		return nil
+	}
+	return nil
+}
+
+// replaceResolvConf gives a host-image session its own resolver file: the
+// host's /etc is a read-only bind, so a file in scratch is bound over
+// /etc/resolv.conf (or written to its target when that is a symlink into a
+// scratch-backed directory such as /run).
+func replaceResolvConf(root, scratch, content string) error {
+	const rc = "/etc/resolv.conf"
+	at := filepath.Join(root, rc)
+	fi, err := os.Lstat(at)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // no /etc in the root: nothing resolves names anyway
+	}
+	if err != nil {
+		return fmt.Errorf("resolv.conf: %w", err)
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		link, err := os.Readlink(at)
+		if err != nil {
+			return fmt.Errorf("resolv.conf: %w", err)
+		}
+		if !filepath.IsAbs(link) {
+			link = filepath.Join(filepath.Dir(rc), link)
+		}
+		link = filepath.Clean(link)
+		for _, d := range scratchDirs {
+			if strings.HasPrefix(link, d.at+"/") {
+				dst := filepath.Join(scratch, d.name, link[len(d.at):])
+				if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+					return fmt.Errorf("resolv.conf: %w", err)
+				}
+				return os.WriteFile(dst, []byte(content), 0o644)
+			}
+		}
+		return fmt.Errorf("resolv.conf: %s is a symlink to %s, outside the session's writable directories", rc, link)
+	}
+	src := filepath.Join(scratch, "resolv.conf")
+	if err := os.WriteFile(src, []byte(content), 0o644); err != nil {
+		return fmt.Errorf("resolv.conf: %w", err)
+	}
+	if err := unix.Mount(src, at, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind resolv.conf: %w", err)
+	}
+	if err := unix.Mount("", at, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("resolv.conf read-only: %w", err)
 	}
 	return nil
 }

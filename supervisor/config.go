@@ -36,6 +36,12 @@ type Config struct {
 			ResponseTimeoutS float64 `yaml:"response_timeout_s"`
 		} `yaml:"forward"`
 	} `yaml:"http"`
+	Network struct {
+		Isolated struct {
+			AllowPrivate bool   `yaml:"allow_private"`
+			Helper       string `yaml:"helper"`
+		} `yaml:"isolated"`
+	} `yaml:"network"`
 	Manager struct {
 		WorkspaceRoots      []string `yaml:"workspace_roots"`
 		MaxSandboxes        int      `yaml:"max_sandboxes"`
@@ -156,6 +162,7 @@ func DefaultConfig() *Config {
 	m := &c.Manager
 	m.MaxSandboxes, m.MaxCreateCount, m.MaxWorkspaceEntries = 64, 16, 1000000
 	m.Export.MaxStreamBytes, m.Export.MaxDecompressedBytes, m.Export.MaxApplyEntries = 2<<30, 8<<30, 1000000
+	c.Network.Isolated.Helper = "auto"
 	c.Images.Pull, c.Images.CacheMaxBytes = "missing", 20<<30
 	c.Sandbox.DefaultOverlay = "auto"
 	c.Sandbox.HostPaths = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/nix"}
@@ -280,6 +287,7 @@ func (c *Config) validate() error {
 		enum("images.pull", c.Images.Pull, "missing", "never"),
 		enum("sandbox.default_overlay", c.Sandbox.DefaultOverlay, "auto", "kernel", "fuse"),
 		enum("sandbox.id_mapping", c.Sandbox.IDMapping, "single", "subid"),
+		enum("network.isolated.helper", c.Network.Isolated.Helper, "auto", "pasta", "slirp4netns"),
 	} {
 		if e != nil {
 			return e

@@ -50,6 +50,7 @@ var handlers = map[string]handler{
 	"create_workspace_session":   (*Supervisor).createWorkspaceSession,
 	"destroy_workspace_session":  (*Supervisor).destroyWorkspaceSession,
 	"list_workspace_sessions":    (*Supervisor).listWorkspaceSessions,
+	"forward_port":               (*Supervisor).forwardPort,
 	"diff_workspace_session":     (*Supervisor).diffWorkspaceSession,
 	"publish_workspace_session":  (*Supervisor).publishWorkspaceSession,
 	"events":                     (*Supervisor).eventsView,

@@ -51,6 +51,8 @@ type DoctorOptions struct {
 	Env []string
 	// FuseDevice defaults to /dev/fuse.
 	FuseDevice string
+	// TunDevice defaults to /dev/net/tun (network_profile isolated).
+	TunDevice string
 	// SubUIDFile and SubGIDFile default to /etc/subuid and /etc/subgid.
 	SubUIDFile, SubGIDFile string
 	// ProcSys defaults to /proc/sys (sysctls).
@@ -160,6 +162,7 @@ func Doctor(ctx context.Context, opt DoctorOptions) DoctorReport {
 		}
 	}
 	def(&d.opt.FuseDevice, "/dev/fuse")
+	def(&d.opt.TunDevice, "/dev/net/tun")
 	def(&d.opt.SubUIDFile, "/etc/subuid")
 	def(&d.opt.SubGIDFile, "/etc/subgid")
 	def(&d.opt.ProcSys, "/proc/sys")
@@ -191,7 +194,7 @@ func Doctor(ctx context.Context, opt DoctorOptions) DoctorReport {
 	}
 	userns, overlay, fuseOverlay := d.checkNamespacesAndOverlay(ctx)
 	r.Checks = append(r.Checks, userns, overlay, d.checkFuse(), fuseOverlay, d.checkSubID(),
-		d.checkCgroup(), d.checkDocker(ctx), d.checkSystemdUser(ctx))
+		d.checkCgroup(), d.checkDocker(ctx), d.checkSystemdUser(ctx), d.checkNetHelper(), d.checkTun())
 	r.OK = true
 	for _, c := range r.Checks {
 		if c.Required && !c.OK {
@@ -449,6 +452,66 @@ func (d *doctor) checkFuse() DoctorCheck {
 		c.Fix = "sudo modprobe fuse (and make it permanent: echo fuse | sudo tee /etc/modules-load.d/fuse.conf); " + dev + " must then exist with mode 0666"
 	default:
 		c.Fix = "sudo chmod 0666 " + dev
+	}
+	return c
+}
+
+// checkNetHelper: network_profile isolated needs pasta or slirp4netns
+// (optional: shared and offline sessions need neither).
+func (d *doctor) checkNetHelper() DoctorCheck {
+	c := DoctorCheck{ID: "net_helper"}
+	want := "auto"
+	if d.opt.Config != nil && d.opt.Config.Network.Isolated.Helper != "" {
+		want = d.opt.Config.Network.Isolated.Helper
+	}
+	names := []string{nsholder.HelperPasta, nsholder.HelperSlirp4netns}
+	if want != "auto" {
+		names = []string{want}
+	}
+	for i, n := range names {
+		if p, ok := d.lookPath(n); ok {
+			c.OK, c.Detail = true, "network_profile isolated uses "+n+" ("+p+")"
+			if want == "auto" && i == 0 {
+				if _, ok := d.lookPath(nsholder.HelperSlirp4netns); !ok {
+					c.Detail += "; slirp4netns, the alternative, is not installed (sudo apt-get install slirp4netns)"
+				}
+			} else if want == "auto" {
+				c.Detail += "; pasta is preferred where installed (sudo apt-get install passt)"
+			}
+			return c
+		}
+	}
+	c.Detail = "neither pasta nor slirp4netns is on PATH: network_profile isolated sessions cannot be created (shared and offline work)"
+	c.Fix = "sudo apt-get install passt (pasta; or slirp4netns)"
+	if want != "auto" {
+		c.Detail = want + " (network.isolated.helper) is not on PATH: network_profile isolated sessions cannot be created"
+		c.Fix = "sudo apt-get install " + helperPackages[want]
+	}
+	return c
+}
+
+// checkTun: both helpers open /dev/net/tun inside the session's namespace;
+// a 0600 device makes pasta fail with "Failed to open tun socket in
+// namespace".
+func (d *doctor) checkTun() DoctorCheck {
+	c := DoctorCheck{ID: "net_tun"}
+	dev := d.opt.TunDevice
+	f, err := os.OpenFile(dev, os.O_RDWR, 0)
+	if err == nil {
+		f.Close()
+		c.OK, c.Detail = true, dev+" opens read-write (network_profile isolated needs it)"
+		return c
+	}
+	msg := err.Error()
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		msg = pe.Err.Error()
+	}
+	c.Detail = "cannot open " + dev + ": " + msg + " (only network_profile isolated needs it)"
+	if errors.Is(err, fs.ErrNotExist) {
+		c.Fix = "sudo modprobe tun; " + dev + " must then exist with mode 0666"
+	} else {
+		c.Fix = "sudo chmod 0666 " + dev + " (as distributions ship it)"
 	}
 	return c
 }

@@ -212,7 +212,7 @@ func TestDoctorJSONShape(t *testing.T) {
 		}
 		ids = append(ids, c["id"].(string))
 	}
-	want := "userns kernel_overlay fuse_device fuse_overlay subid cgroup_delegation docker systemd_user"
+	want := "userns kernel_overlay fuse_device fuse_overlay subid cgroup_delegation docker systemd_user net_helper net_tun"
 	if strings.Join(ids, " ") != want {
 		t.Errorf("ids = %v, want %s", ids, want)
 	}
@@ -242,6 +242,62 @@ func TestDoctorFuseFallback(t *testing.T) {
 			}
 			if !f.OK && (f.Fix == "" || !strings.Contains(f.Detail, tc.probe.FuseReason)) {
 				t.Errorf("fuse_overlay failure without reason or fix: %+v", f)
+			}
+		})
+	}
+}
+
+// TestDoctorNetwork: the helper and /dev/net/tun checks are optional and
+// name the fix: the package to install, the device mode.
+func TestDoctorNetwork(t *testing.T) {
+	if os.Geteuid() == 0 {
+		t.Skip("root opens a mode-000 file")
+	}
+	for _, tc := range []struct {
+		name              string
+		bins              []string
+		helper            string
+		tunMode           os.FileMode // 0: absent
+		helperOK, tunOK   bool
+		helperFix, tunFix string
+	}{
+		{name: "nothing", helperFix: "sudo apt-get install passt (pasta; or slirp4netns)", tunFix: "sudo modprobe tun; "},
+		{name: "pasta, tun 0600", bins: []string{"pasta"}, tunMode: 0o200, helperOK: true, tunFix: "sudo chmod 0666 "},
+		{name: "slirp4netns, tun ok", bins: []string{"slirp4netns"}, tunMode: 0o600, helperOK: true, tunOK: true},
+		{name: "wanted slirp4netns missing", bins: []string{"pasta"}, helper: "slirp4netns", tunMode: 0o600, tunOK: true, helperFix: "sudo apt-get install slirp4netns"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opt := doctorOptions(t, probeOK)
+			bin := filepath.Join(t.TempDir(), "bin")
+			if err := os.MkdirAll(bin, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range tc.bins {
+				if err := os.WriteFile(filepath.Join(bin, b), []byte("#!/bin/sh\n"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			opt.Env = []string{"PATH=" + bin}
+			opt.TunDevice = filepath.Join(t.TempDir(), "tun")
+			if tc.tunMode != 0 {
+				if err := os.WriteFile(opt.TunDevice, nil, tc.tunMode); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.helper != "" {
+				opt.Config = DefaultConfig()
+				opt.Config.Network.Isolated.Helper = tc.helper
+			}
+			r := Doctor(context.Background(), opt)
+			h, tun := r.Check("net_helper"), r.Check("net_tun")
+			if h.ID == "" || h.Required || h.OK != tc.helperOK || !strings.HasPrefix(h.Fix, tc.helperFix) || (tc.helperFix == "") != (h.Fix == "") {
+				t.Errorf("net_helper = %+v", h)
+			}
+			if tun.ID == "" || tun.Required || tun.OK != tc.tunOK || !strings.HasPrefix(tun.Fix, tc.tunFix) || (tc.tunFix == "") != (tun.Fix == "") {
+				t.Errorf("net_tun = %+v", tun)
+			}
+			if !r.OK {
+				t.Errorf("optional network checks failed the report: %+v", r)
 			}
 		})
 	}

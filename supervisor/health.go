@@ -152,6 +152,7 @@ func (s *Supervisor) health(c *call) (any, error) {
 		"user_namespaces": s.probes.userNS,
 		"cgroup":          cgroup,
 		"docker":          map[string]any{"available": s.docker.Available, "reason": s.docker.Reason},
+		"network":         s.netHelperStatus(),
 		"store":           map[string]any{"status": storeStatus, "data_dir": s.dirs.Data, "free_bytes": free, "error": storeErr},
 		"counts":          map[string]any{"sandboxes": nSandboxes, "workspace_sessions": s.sessionCount(), "running_commands": s.runningCommands()},
 		"event_store":     s.obsStats(nil),

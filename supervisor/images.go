@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/nsholder"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/images"
 )
 
@@ -106,16 +107,19 @@ func (s *Supervisor) acquireImage(c *call, image string, count int) (*images.Res
 // imageFiles are the files the supervisor provides in an image session's
 // root (§5.4): /etc/hosts and /etc/hostname for the session's hostname,
 // and for a shared network the host's resolver configuration.
-func imageFiles(hostname string, isolated bool) map[string]string {
+func imageFiles(hostname, network string) map[string]string {
 	files := map[string]string{
 		"/etc/hostname": hostname + "\n",
 		"/etc/hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" +
 			"127.0.1.1\t" + hostname + "\n",
 	}
-	if !isolated {
+	switch network {
+	case netShared:
 		if b, err := os.ReadFile("/etc/resolv.conf"); err == nil {
 			files["/etc/resolv.conf"] = string(b)
 		}
+	case netIsolated:
+		files["/etc/resolv.conf"] = nsholder.ResolvConf
 	}
 	return files
 }

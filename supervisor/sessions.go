@@ -74,6 +74,9 @@ type session struct {
 	lease  *layers.Lease
 	ledger map[string]*command // running commands
 	gone   bool                // destroyed: whoever waited at the gate finds it gone
+	// forwards are the session's forward_port listeners by target port
+	// (network.go); they end with the session.
+	forwards map[int]*forward
 }
 
 func (ss *session) isGone() bool {
@@ -251,11 +254,19 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 		Scratch:         filepath.Join(ss.dir, "scratch"),
 		HostPaths:       s.cfg.Sandbox.HostPaths,
 		HiddenPaths:     append([]string{s.dirs.Data, s.dirs.Config, s.dirs.Runtime}, s.cfg.Sandbox.HiddenPaths...),
-		IsolatedNetwork: ss.rec.NetworkProfile == "isolated",
+		IsolatedNetwork: ss.rec.NetworkProfile == netIsolated || ss.rec.NetworkProfile == netOffline,
+		BlockPrivate:    ss.rec.NetworkProfile == netIsolated && !s.cfg.Network.Isolated.AllowPrivate,
 		IDMapping:       s.cfg.Sandbox.IDMapping,
 		Shim:            s.shimPath,
 		Overlay:         ss.rec.OverlayDriver,
 		CoalesceMs:      s.cfg.Observability.FileActivity.CoalesceMs,
+	}
+	egress, err := s.egressFor(ss)
+	if err != nil {
+		return err
+	}
+	if egress != nil {
+		cfg.Egress, cfg.ResolvConf = egress, nsholder.ResolvConf
 	}
 	if sb.rec.Rootfs != "host" {
 		if s.shimPath == "" {
@@ -267,13 +278,13 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 			return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at mount_root: image rootfs %s: %v", sb.rec.Rootfs, err).With("stage", "mount_root")
 		}
 		cfg.HostPaths = nil
-		cfg.Image = &nsholder.ImageRoot{Rootfs: img.Rootfs, Files: imageFiles(ss.id(), ss.rec.NetworkProfile == "isolated")}
+		cfg.Image = &nsholder.ImageRoot{Rootfs: img.Rootfs, Files: imageFiles(ss.id(), ss.rec.NetworkProfile)}
 	}
 	setup := time.Duration(s.cfg.Runtime.Workspace.SetupTimeoutS * float64(time.Second))
 	hctx, cancel := context.WithTimeout(ctx, setup)
 	defer cancel()
 	sp, _ := s.spanCtx(ctx, sb, "holder", "holder.spawn", map[string]any{"workspace_session_id": ss.id(),
-		"overlay_driver": ss.rec.OverlayDriver, "lowers": len(cfg.Lowers), "isolated_network": cfg.IsolatedNetwork})
+		"overlay_driver": ss.rec.OverlayDriver, "lowers": len(cfg.Lowers), "network_profile": ss.rec.NetworkProfile})
 	h, err := nsholder.Start(hctx, s.self, cfg)
 	if err == nil {
 		// Measured by the holder during its setup, which ended just now.
@@ -429,6 +440,7 @@ func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session,
 	ss.holder = nil
 	ss.gone = true
 	ss.mu.Unlock()
+	ss.closeForwards()
 	if h != nil {
 		if err := h.Close(grace); err != nil {
 			s.log.Warn("close holder", "workspace_session_id", ss.id(), "err", err)
@@ -476,6 +488,7 @@ func (ss *session) object() map[string]any {
 		"finalize_policy": rec.FinalizePolicy, "state": rec.State, "created_at": rec.CreatedAt,
 		"base_revision": rec.BaseRevision, "overlay_driver": rec.OverlayDriver,
 		"active_command_session_ids": ss.running(), "upper_bytes": dirBytes(ss.upper()), "holder_pid": pid,
+		"forwards": ss.forwardObjects(),
 	}
 }
 

@@ -274,15 +274,15 @@ func TestNetworkProfiles(t *testing.T) {
 		if _, err := os.Stat("/usr/bin/python3"); err != nil {
 			skipOrFail(t, "python3 is needed to bind a port inside a session")
 		}
-		i1, i2 := e.session(id, "--network-profile", "isolated"), e.session(id, "--network-profile", "isolated")
+		i1, i2 := e.session(id, "--network-profile", "offline"), e.session(id, "--network-profile", "offline")
 		for _, ws := range []string{i1, i2} {
 			out := e.exec(id, "--workspace-session-id", ws, "--yield-time-ms", "3000", serve)
 			if !strings.Contains(out["output"].(string), "bound") {
-				t.Fatalf("isolated %s: %v", ws, out)
+				t.Fatalf("offline %s: %v", ws, out)
 			}
 		}
 		if out := e.exec(id, "--workspace-session-id", i1, "ls /sys/class/net"); out["output"] != "lo" {
-			t.Fatalf("isolated interfaces: %v", out)
+			t.Fatalf("offline interfaces: %v", out)
 		}
 		s1, s2 := e.session(id), e.session(id)
 		first := e.exec(id, "--workspace-session-id", s1, "--yield-time-ms", "3000", serve)

@@ -1,0 +1,310 @@
+package supervisor
+
+// Network profiles (contract amendment A3) and port forwards (§3.6).
+//
+//   - shared: the user's network namespace.
+//   - isolated: the session's own namespace, connected by pasta or
+//     slirp4netns (nsholder/net.go says what is and is not reachable).
+//     network.isolated.helper picks one (auto: pasta, else slirp4netns);
+//     a missing helper fails the creation with operation_failed at stage
+//     "network" naming the Debian package, never a silent fallback.
+//   - offline: the session's own namespace with only lo.
+//
+// network.isolated.allow_private defaults to false: an agent needs the
+// public registries and DNS, while the private ranges hold what a
+// sandboxed command should not probe — the LAN, the host's own non-loopback
+// addresses (docker0, libvirt, VPN interfaces), cloud metadata at
+// 169.254.169.254. A company registry on a private address needs true.
+//
+// Forwards: for a session with its own namespace the supervisor listens on
+// 127.0.0.1:0 and relays each accepted connection through the holder
+// (dialSession, also the seam for the HTTP /forward/isolated=… routes).
+// The relay copies in both directions with half-closes; TCP flow control
+// is the back-pressure (a slow reader stops the copy, the kernel buffers
+// fill, the writer waits). Nothing of a connection survives it: both
+// descriptors are closed when both directions are done.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/nsholder"
+)
+
+// Network profiles.
+const (
+	netShared   = "shared"
+	netIsolated = "isolated"
+	netOffline  = "offline"
+)
+
+// maxForwards is the per-session forward limit (§3.6).
+const maxForwards = 16
+
+// helperPackages names the Debian package of each helper binary.
+var helperPackages = map[string]string{nsholder.HelperPasta: "passt", nsholder.HelperSlirp4netns: "slirp4netns"}
+
+// findNetHelper resolves network.isolated.helper on PATH.
+func findNetHelper(want string) (nsholder.Egress, error) {
+	names := []string{nsholder.HelperPasta, nsholder.HelperSlirp4netns}
+	if want != "" && want != "auto" {
+		names = []string{want}
+	}
+	var pkgs []string
+	for _, n := range names {
+		if p, err := exec.LookPath(n); err == nil {
+			return nsholder.Egress{Helper: n, Path: p}, nil
+		}
+		pkgs = append(pkgs, helperPackages[n])
+	}
+	if len(names) == 1 {
+		return nsholder.Egress{}, fmt.Errorf("network_profile isolated needs %s (network.isolated.helper), which is not installed: install the Debian package %s", names[0], pkgs[0])
+	}
+	return nsholder.Egress{}, fmt.Errorf("network_profile isolated needs pasta or slirp4netns, and neither is installed: install the Debian package passt (or slirp4netns)")
+}
+
+// netHelperStatus is health's "network" entry.
+func (s *Supervisor) netHelperStatus() map[string]any {
+	out := map[string]any{"profiles": []string{netShared, netIsolated, netOffline}, "allow_private": s.cfg.Network.Isolated.AllowPrivate}
+	if e, err := findNetHelper(s.cfg.Network.Isolated.Helper); err != nil {
+		out["isolated"] = map[string]any{"available": false, "helper": nil, "reason": err.Error()}
+	} else {
+		out["isolated"] = map[string]any{"available": true, "helper": e.Helper, "path": e.Path, "reason": nil}
+	}
+	return out
+}
+
+// forward is one loopback listener relaying into a session.
+type forward struct {
+	target int
+	ln     net.Listener
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{} // both ends of every live relay
+	closed bool
+}
+
+func (f *forward) port() int { return f.ln.Addr().(*net.TCPAddr).Port }
+
+func (f *forward) object() map[string]any {
+	return map[string]any{"target_port": f.target, "host": "127.0.0.1", "port": f.port()}
+}
+
+func (f *forward) track(c net.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
+	}
+	f.conns[c] = struct{}{}
+	return true
+}
+
+func (f *forward) untrack(c net.Conn) {
+	f.mu.Lock()
+	delete(f.conns, c)
+	f.mu.Unlock()
+	c.Close()
+}
+
+// close stops accepting, ends every relay and waits for them.
+func (f *forward) close() {
+	f.mu.Lock()
+	f.closed = true
+	for c := range f.conns {
+		c.Close()
+	}
+	f.mu.Unlock()
+	f.ln.Close()
+	f.wg.Wait()
+}
+
+// forwardObjects lists a session's forwards by target port.
+func (ss *session) forwardObjects() []map[string]any {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ports := make([]int, 0, len(ss.forwards))
+	for p := range ss.forwards {
+		ports = append(ports, p)
+	}
+	sort.Ints(ports)
+	out := make([]map[string]any, 0, len(ports))
+	for _, p := range ports {
+		out = append(out, ss.forwards[p].object())
+	}
+	return out
+}
+
+// closeForwards ends every forward of a session (§5.7).
+func (ss *session) closeForwards() {
+	ss.mu.Lock()
+	fs := ss.forwards
+	ss.forwards = nil
+	ss.mu.Unlock()
+	for _, f := range fs {
+		f.close()
+	}
+}
+
+// dialSession connects to 127.0.0.1:port inside a session with its own
+// network namespace, through its holder. It is the one way into such a
+// session, for forward_port's listeners and the HTTP /forward/isolated=…
+// routes alike.
+func (s *Supervisor) dialSession(ctx context.Context, ss *session, port int) (net.Conn, error) {
+	ss.mu.Lock()
+	h, gone := ss.holder, ss.gone
+	ss.mu.Unlock()
+	if gone || h == nil {
+		return nil, fmt.Errorf("dial %s:%d: %w", ss.id(), port, nsholder.ErrExited)
+	}
+	timeout := time.Duration(s.cfg.HTTP.Forward.ConnectTimeoutS * float64(time.Second))
+	ctx, cancel := context.WithTimeout(ctx, timeout+time.Second)
+	defer cancel()
+	c, err := h.DialLoopback(ctx, port, timeout)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s:%d: %w", ss.id(), port, err)
+	}
+	return c, nil
+}
+
+func (s *Supervisor) forwardPort(c *call) (any, error) {
+	target := int(c.args.Uint("port"))
+	if !c.args.Has("workspace_session_id") {
+		return map[string]any{"workspace_session_id": nil, "network_profile": netShared, "target_port": target,
+			"host": "127.0.0.1", "port": target, "url": nil}, nil
+	}
+	ss, e := c.sb.lookupSession(c.args.String("workspace_session_id"))
+	if e != nil {
+		return nil, e
+	}
+	if e := ss.admit(); e != nil {
+		return nil, e
+	}
+	res := map[string]any{"workspace_session_id": ss.id(), "network_profile": ss.rec.NetworkProfile, "target_port": target,
+		"host": "127.0.0.1", "url": nil}
+	if ss.rec.NetworkProfile == netShared {
+		res["port"] = target
+		return res, nil
+	}
+	f, existed, e := ss.addForward(target)
+	if e != nil {
+		return nil, e
+	}
+	res["port"] = f.port()
+	if !existed {
+		go s.serveForward(ss, f)
+		s.eventCtx(c.ctx, c.sb, "forward.opened", map[string]any{"workspace_session_id": ss.id(), "target_port": target, "port": f.port()})
+	}
+	return res, nil
+}
+
+// addForward returns the session's forward to target, opening its
+// listener when there is none yet.
+func (ss *session) addForward(target int) (*forward, bool, *catalog.Error) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.gone {
+		return nil, false, notFoundSession(ss.id())
+	}
+	if f := ss.forwards[target]; f != nil {
+		return f, true, nil
+	}
+	if len(ss.forwards) >= maxForwards {
+		return nil, false, catalog.Errorf(catalog.ServerBusy, "forward limit reached for workspace session %s", ss.id()).
+			With("max_forwards", maxForwards).With("workspace_session_id", ss.id())
+	}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		return nil, false, catalog.Errorf(catalog.OperationFailed, "forward_port: listen on loopback: %v", err)
+	}
+	f := &forward{target: target, ln: ln, conns: map[net.Conn]struct{}{}}
+	if ss.forwards == nil {
+		ss.forwards = map[int]*forward{}
+	}
+	ss.forwards[target] = f
+	f.wg.Add(1) // the accept loop, counted before close can wait for it
+	return f, false, nil
+}
+
+// serveForward accepts until the listener is closed.
+func (s *Supervisor) serveForward(ss *session, f *forward) {
+	defer f.wg.Done()
+	for {
+		c, err := f.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			s.log.Warn("forward accept", "workspace_session_id", ss.id(), "target_port", f.target, "err", err)
+			time.Sleep(50 * time.Millisecond) // EMFILE and the like: do not spin
+			continue
+		}
+		if !f.track(c) {
+			c.Close()
+			return
+		}
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			defer f.untrack(c)
+			inner, err := s.dialSession(context.Background(), ss, f.target)
+			if err != nil {
+				s.log.Debug("forward dial", "workspace_session_id", ss.id(), "target_port", f.target, "err", err)
+				return
+			}
+			if !f.track(inner) {
+				inner.Close()
+				return
+			}
+			defer f.untrack(inner)
+			relay(c, inner)
+		}()
+	}
+}
+
+// relay copies both ways; each direction's EOF half-closes the other side,
+// and the function returns when both directions are done.
+func relay(a, b net.Conn) {
+	done := make(chan struct{}, 2)
+	pipe := func(dst, src net.Conn) {
+		// Plain reads and writes through a buffer, not io.Copy's splice:
+		// splice borrows pipes from a runtime pool that is only drained by
+		// the garbage collector, so an idle supervisor would sit on two
+		// descriptors per direction of every past concurrent connection.
+		buf := make([]byte, 32<<10)
+		_, _ = io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, buf)
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		} else {
+			_ = dst.Close()
+		}
+		done <- struct{}{}
+	}
+	go pipe(a, b)
+	go pipe(b, a)
+	<-done
+	<-done
+}
+
+// egressFor is the helper of a new isolated session, or the creation's
+// error naming the missing package.
+func (s *Supervisor) egressFor(ss *session) (*nsholder.Egress, error) {
+	if ss.rec.NetworkProfile != netIsolated {
+		return nil, nil
+	}
+	e, err := findNetHelper(s.cfg.Network.Isolated.Helper)
+	if err != nil {
+		return nil, catalog.Errorf(catalog.OperationFailed, "workspace setup failed at network: %v", err).
+			With("stage", "network").With("network_profile", netIsolated)
+	}
+	e.StateDir = ss.dir
+	return &e, nil
+}
