@@ -11,7 +11,7 @@
 // next to the measured values and never asserted. It exits non-zero only when
 // something breaks (an operation fails, a tool that must exist is missing).
 //
-//	go run ./tests/bench [-bin DIR] [-reps N] [-quick] [-only 2,4,6]
+//	go run ./tests/bench [-bin DIR] [-reps N] [-quick] [-only 2,4,6] [-json FILE] [-profile FILE]
 //
 // It starts its own supervisor (SANDBOX_NO_AUTOSTART=1) on a temporary
 // EPHEMERAL_SANDBOX_HOME and removes every temporary file at the end.
@@ -59,6 +59,7 @@ func main() {
 	reps := flag.Int("reps", 5, "measured repetitions per case (the exec round trip uses 6× as many)")
 	quick := flag.Bool("quick", false, "fast smoke run: small trees, 2 reps, 8 live sessions")
 	only := flag.String("only", "", "comma-separated section numbers to run (1-7); default all")
+	profile := flag.String("profile", "", "write a CPU profile of the supervisor to this file (go tool pprof bin/sandbox-supervisor FILE)")
 	flag.Parse()
 	if *reps < 1 {
 		fmt.Fprintln(os.Stderr, "bench: -reps must be ≥ 1")
@@ -78,6 +79,14 @@ func main() {
 		cfg = config{reps: 2, sizes: []int{100, 1000, 2000}, liveSessions: 8, quick: true}
 	}
 	cfg.only = sections
+	if *profile != "" {
+		p, err := filepath.Abs(*profile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench: -profile:", err)
+			os.Exit(2)
+		}
+		cfg.profile = p
+	}
 	bin, err := filepath.Abs(*binFlag)
 	if err == nil {
 		_, err = os.Stat(filepath.Join(bin, "sandbox-supervisor"))
@@ -101,6 +110,7 @@ type config struct {
 	liveSessions int
 	quick        bool
 	only         map[int]bool // sections to run; empty means all
+	profile      string       // supervisor CPU profile path, or ""
 }
 
 // bench is one run: a temporary root, a supervisor and a client.
@@ -205,7 +215,11 @@ func (b *bench) start() error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(filepath.Join(b.cfg.bin, "sandbox-supervisor"), "serve")
+	args := []string{"serve"}
+	if b.cfg.profile != "" {
+		args = append(args, "-cpuprofile", b.cfg.profile)
+	}
+	cmd := exec.Command(filepath.Join(b.cfg.bin, "sandbox-supervisor"), args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group: a terminal ^C reaches us, and we stop it with SIGTERM.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -29,9 +29,9 @@ type publishParams struct {
 
 func (b *bench) publishParams() publishParams {
 	if b.cfg.quick {
-		return publishParams{changed: []int{1, 10, 100}, parallel: 3, parallelEach: 100, mergeLines: 1000}
+		return publishParams{changed: []int{1, 100, 1000}, parallel: 3, parallelEach: 100, mergeLines: 1000}
 	}
-	return publishParams{changed: []int{1, 100, 1000}, parallel: 6, parallelEach: 100, mergeLines: 10000}
+	return publishParams{changed: []int{1, 100, 1000, 10000}, parallel: 6, parallelEach: 100, mergeLines: 10000}
 }
 
 func (b *bench) publication() {
