@@ -447,7 +447,16 @@ func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session,
 			s.log.Warn("release lease", "workspace_session_id", ss.id(), "err", err)
 		}
 	}
-	removeTree(ss.dir)
+	// Renamed aside at once, removed in the background: deleting a large
+	// upper dir and its attribution copies took longer than publishing it.
+	// A crash before the removal ends leaves a directory without a record,
+	// which the next start removes (removeOrphanSessionDirs).
+	gone := ss.dir + ".removing"
+	if err := os.Rename(ss.dir, gone); err != nil {
+		removeTree(ss.dir)
+	} else if !sb.goBackground(func() { removeTree(gone) }) {
+		removeTree(gone)
+	}
 	sb.mu.Lock()
 	delete(sb.sessions, ss.id())
 	live := sb.rec.LiveWorkspaceSessions[:0]

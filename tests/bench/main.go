@@ -266,6 +266,11 @@ func (b *bench) cleanup() {
 	if err := b.stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench: supervisor shutdown:", err)
 	}
+	if b.cfg.profile != "" { // keep the supervisor's log beside its profile
+		if data, err := os.ReadFile(b.supLog); err == nil {
+			_ = os.WriteFile(b.cfg.profile+".log", data, 0o644)
+		}
+	}
 	// Overlay work dirs are mode 000: make everything removable first.
 	_ = filepath.WalkDir(b.root, func(p string, d fs.DirEntry, err error) error {
 		if err == nil && d.IsDir() {
