@@ -7,7 +7,8 @@
 // against `git merge-file`) and sandbox creation from a Docker image, first and
 // cached, against `docker run --rm IMAGE true`; the overlay drivers side by side (native directory,
 // kernel overlay, the FUSE overlay, fuse-overlayfs) on read, write, git status and stat workloads;
-// and a Go module build inside a kernel and a FUSE session. It prints medians and ratios; targets are printed
+// a Go module build inside a kernel and a FUSE session; and 8 sessions running
+// no-op commands at once. It prints medians and ratios; targets are printed
 // next to the measured values and never asserted. It exits non-zero only when
 // something breaks (an operation fails, a tool that must exist is missing).
 //
@@ -59,7 +60,7 @@ func main() {
 	binFlag := flag.String("bin", "./bin", "directory holding the sandbox binaries")
 	reps := flag.Int("reps", 5, "measured repetitions per case (the exec round trip uses 6× as many)")
 	quick := flag.Bool("quick", false, "fast smoke run: small trees, 2 reps, 8 live sessions")
-	only := flag.String("only", "", "comma-separated section numbers to run (1-7); default all")
+	only := flag.String("only", "", "comma-separated section numbers to run (1-8); default all")
 	jsonOut := flag.String("json", "", "also write every figure, with alternatives, ratios and targets, as one JSON document to this file (- = standard output; the text then goes to standard error)")
 	profile := flag.String("profile", "", "write a CPU profile of the supervisor to this file (go tool pprof bin/sandbox-supervisor FILE)")
 	flag.Parse()
@@ -70,8 +71,8 @@ func main() {
 	sections := map[int]bool{}
 	for _, f := range strings.FieldsFunc(*only, func(r rune) bool { return r == ',' || r == ' ' }) {
 		n, err := strconv.Atoi(f)
-		if err != nil || n < 1 || n > 7 {
-			fmt.Fprintf(os.Stderr, "bench: -only: bad section %q (want numbers 1-7)\n", f)
+		if err != nil || n < 1 || n > 8 {
+			fmt.Fprintf(os.Stderr, "bench: -only: bad section %q (want numbers 1-8)\n", f)
 			os.Exit(2)
 		}
 		sections[n] = true
@@ -159,6 +160,7 @@ func run(cfg config) int {
 	b.section(5, "5. sandbox creation from a Docker image", b.imageCreation)
 	b.section(6, "6. overlay drivers: native, kernel, fuse, fuse-overlayfs", b.overlays)
 	b.section(7, "7. go build of a module inside a session: kernel vs fuse", b.goBuild)
+	b.section(8, "8. concurrency: 8 sessions at once; 4 KiB file operations", b.concurrency)
 	if ctx.Err() != nil {
 		fmt.Fprintln(os.Stderr, "bench: interrupted")
 		return 130
