@@ -42,9 +42,11 @@ install: build
 
 # Benchmarks: medians and ratios against alternatives measured in the same
 # run, no thresholds. `make bench BENCHFLAGS=-quick` for a fast smoke run.
+# `make bench BENCHJSON=bench.json` also writes the run as one JSON document.
 BENCHFLAGS ?=
+BENCHJSON  ?=
 bench: build
-	$(GO) run ./tests/bench -bin $(BIN) $(BENCHFLAGS)
+	$(GO) run ./tests/bench -bin $(BIN) $(if $(BENCHJSON),-json $(BENCHJSON)) $(BENCHFLAGS)
 
 clean:
 	rm -rf $(BIN)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -69,15 +70,75 @@ type View struct {
 type viewLayer struct {
 	id   string
 	root string
+	// dirs memoizes probes of directory prefixes ("" = the layer root). A
+	// published layer never changes, so a probe's result holds for the
+	// View's life; without it every lookup re-probed each ancestor in each
+	// layer (lstat + three xattr/marker checks per component), which made
+	// a publish of thousands of files spend most of its time there.
+	mu   *sync.Mutex
+	dirs map[string]probeResult
 }
 
 // View returns the merged view of m.
 func (s *Stack) View(m Manifest) *View {
 	v := &View{manifest: m, layers: make([]viewLayer, len(m.Layers))}
 	for i, l := range m.Layers {
-		v.layers[i] = viewLayer{id: l.LayerID, root: s.LayerDir(l)}
+		v.layers[i] = viewLayer{id: l.LayerID, root: s.LayerDir(l), mu: &sync.Mutex{}, dirs: map[string]probeResult{}}
 	}
 	return v
+}
+
+// probe is probe(l.root, comps) with the parent's probe memoized.
+func (l *viewLayer) probe(comps []string) (probeResult, error) {
+	if l.dirs == nil {
+		return probe(l.root, comps)
+	}
+	if len(comps) == 0 {
+		return l.probeDir(nil)
+	}
+	parent, err := l.probeDir(comps[:len(comps)-1])
+	if err != nil {
+		return probeResult{}, err
+	}
+	switch {
+	case parent.state == probeBlocked:
+		return parent, nil
+	case parent.state == probeNone:
+		return probeResult{state: probeNone, cut: parent.cut}, nil
+	case !parent.fi.IsDir():
+		// What probe does at a component that is not a real directory.
+		return probeResult{state: probeBlocked, viaSymlink: parent.fi.Mode()&fs.ModeSymlink != 0}, nil
+	}
+	return probeLast(parent.host, comps[len(comps)-1], parent.cut)
+}
+
+// probeDir returns the memoized probe of a directory prefix. Errors (a
+// missing layer) are not memoized.
+func (l *viewLayer) probeDir(comps []string) (probeResult, error) {
+	key := strings.Join(comps, "/")
+	l.mu.Lock()
+	r, ok := l.dirs[key]
+	l.mu.Unlock()
+	if ok {
+		return r, nil
+	}
+	r, err := l.probeUncachedParent(comps)
+	if err != nil {
+		return probeResult{}, err
+	}
+	l.mu.Lock()
+	l.dirs[key] = r
+	l.mu.Unlock()
+	return r, nil
+}
+
+// probeUncachedParent probes comps, reusing the memoized probe of its
+// parent, so a deep prefix costs one component once.
+func (l *viewLayer) probeUncachedParent(comps []string) (probeResult, error) {
+	if len(comps) == 0 {
+		return probe(l.root, nil)
+	}
+	return l.probe(comps)
 }
 
 // Manifest is the manifest this view shows.
@@ -138,6 +199,9 @@ func probe(root string, comps []string) (probeResult, error) {
 	}
 	cur := root
 	for j, c := range comps {
+		if j == len(comps)-1 {
+			return probeLast(cur, c, cut)
+		}
 		p := filepath.Join(cur, c)
 		fi, err := os.Lstat(p)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -152,12 +216,6 @@ func probe(root string, comps []string) (probeResult, error) {
 		if isWhiteoutFile(p, fi) {
 			return probeResult{state: probeBlocked}, nil
 		}
-		if j == len(comps)-1 {
-			if fi.IsDir() && isOpaqueDir(p) {
-				cut = true
-			}
-			return probeResult{state: probeFound, cut: cut, host: p, fi: fi}, nil
-		}
 		if !fi.IsDir() {
 			return probeResult{state: probeBlocked, viaSymlink: fi.Mode()&fs.ModeSymlink != 0}, nil
 		}
@@ -167,6 +225,29 @@ func probe(root string, comps []string) (probeResult, error) {
 		cur = p
 	}
 	return probeResult{state: probeNone, cut: cut}, nil
+}
+
+// probeLast probes the last component c in the real directory cur, cut
+// saying whether an opaque directory above already hides lower layers.
+func probeLast(cur, c string, cut bool) (probeResult, error) {
+	p := filepath.Join(cur, c)
+	fi, err := os.Lstat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		if _, werr := os.Lstat(filepath.Join(cur, whPrefix+c)); werr == nil {
+			return probeResult{state: probeBlocked}, nil
+		}
+		return probeResult{state: probeNone, cut: cut}, nil
+	}
+	if err != nil {
+		return probeResult{}, err
+	}
+	if isWhiteoutFile(p, fi) {
+		return probeResult{state: probeBlocked}, nil
+	}
+	if fi.IsDir() && isOpaqueDir(p) {
+		cut = true
+	}
+	return probeResult{state: probeFound, cut: cut, host: p, fi: fi}, nil
 }
 
 func notExist(op, p string) error {
@@ -211,8 +292,8 @@ func (v *View) lookup(op, p string) (probeResult, int, error) {
 // a layer's probe stopped at a symlink parent on the way).
 func (v *View) find(comps []string) (probeResult, int, bool, error) {
 	viaSymlink := false
-	for i, l := range v.layers {
-		r, err := probe(l.root, comps)
+	for i := range v.layers {
+		r, err := v.layers[i].probe(comps)
 		if err != nil {
 			return probeResult{}, -1, false, err
 		}
@@ -335,7 +416,7 @@ func (v *View) ReadDir(path string) ([]Entry, error) {
 	var out []Entry
 	for i := first; i < len(v.layers); i++ {
 		if i > first {
-			r, err = probe(v.layers[i].root, comps)
+			r, err = v.layers[i].probe(comps)
 			if err != nil {
 				return nil, fmt.Errorf("readdir %q: %w", path, err)
 			}

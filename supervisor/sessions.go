@@ -432,6 +432,10 @@ func (s *Supervisor) destroySession(ctx context.Context, sb *sandbox, ss *sessio
 	return n, err
 }
 
+// sessionTrashDir (below a sandbox's directory) holds the directories of
+// closed sessions while they are removed in the background.
+const sessionTrashDir = "trash"
+
 // closeSession tears a session down: holder, lease, directory, record.
 func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session, grace time.Duration) (int64, error) {
 	upperBytes := dirBytes(ss.upper())
@@ -459,7 +463,20 @@ func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session,
 			s.log.Warn("release lease", "workspace_session_id", ss.id(), "err", err)
 		}
 	}
-	removeTree(ss.dir)
+	// Moved to the sandbox's trash at once, removed in the background:
+	// deleting a large upper dir and its attribution copies took longer
+	// than publishing it. sessions/ only ever holds live sessions; a crash
+	// before the removal ends leaves trash that the next start empties
+	// (removeOrphanSessionDirs).
+	trash := filepath.Join(sb.dir, sessionTrashDir)
+	gone := filepath.Join(trash, ss.id())
+	if err := os.MkdirAll(trash, 0o700); err != nil {
+		removeTree(ss.dir)
+	} else if err := os.Rename(ss.dir, gone); err != nil {
+		removeTree(ss.dir)
+	} else if !sb.goBackground(func() { removeTree(gone) }) {
+		removeTree(gone)
+	}
 	sb.mu.Lock()
 	delete(sb.sessions, ss.id())
 	live := sb.rec.LiveWorkspaceSessions[:0]

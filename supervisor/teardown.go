@@ -105,8 +105,10 @@ func (s *Supervisor) persistedLeases(ctx context.Context, sb *sandbox) [][]layer
 }
 
 // removeOrphanSessionDirs deletes session directories without a record
-// (a crash during session creation).
+// (a crash during session creation) and empties the trash of closed
+// sessions a crash left behind (closeSession).
 func (s *Supervisor) removeOrphanSessionDirs(ctx context.Context, sb *sandbox) (removed int) {
+	removeTree(filepath.Join(sb.dir, sessionTrashDir))
 	ents, err := os.ReadDir(filepath.Join(sb.dir, "sessions"))
 	if err != nil {
 		return 0

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -51,4 +52,46 @@ func TestDestroyRightAfterPublishing(t *testing.T) {
 			e.fail(1, "not_found", "sandbox-manager-cli", "inspect_sandbox", "--sandbox-id", id)
 		}
 	})
+}
+
+// TestSessionTrashEmptiedAtStart: a closed session's directory leaves
+// sessions/ at once and is removed in the background from the sandbox's
+// trash/; what a crash leaves there (here planted while the supervisor is
+// stopped, with a directory a command made unreadable) is removed at the
+// next start, and a live session is untouched.
+func TestSessionTrashEmptiedAtStart(t *testing.T) {
+	e, id := sandboxWithProject(t)
+	gone, kept := e.session(id), e.session(id)
+	e.exec(id, "--workspace-session-id", gone, "mkdir -p a/b && echo x > a/b/f.txt")
+	e.exec(id, "--workspace-session-id", kept, "echo kept > kept.txt")
+	if d := e.rt(id, "destroy_workspace_session", "--workspace-session-id", gone); d["destroyed"] != true {
+		t.Fatalf("destroy: %v", d)
+	}
+	sessions := filepath.Join(e.data(), "sandboxes", id, "sessions")
+	if _, err := os.Stat(filepath.Join(sessions, gone)); !os.IsNotExist(err) {
+		t.Fatalf("session directory still in sessions/ after destroy: %v", err)
+	}
+	e.stop()
+	trash := filepath.Join(e.data(), "sandboxes", id, "trash")
+	left := filepath.Join(trash, "ws-crashed", "upper", "d")
+	if err := os.MkdirAll(left, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(left, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(left, 0); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	ents, err := os.ReadDir(trash)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	if len(ents) != 0 {
+		t.Fatalf("trash not emptied at start: %d entries, first %s", len(ents), ents[0].Name())
+	}
+	if r := e.rt(id, "file_read", "--workspace-session-id", kept, "--path", "kept.txt"); strings.TrimSpace(fmt.Sprint(r["content"])) != "kept" {
+		t.Fatalf("live session after restart: %v", r)
+	}
 }

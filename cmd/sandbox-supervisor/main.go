@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
@@ -59,10 +60,19 @@ func serve(args []string, stderr io.Writer) int {
 	endpoint := fs.String("endpoint", "", "Unix socket path (default: SANDBOX_SUPERVISOR_SOCKET, config, runtime dir)")
 	listen := fs.String("listen", "", "optional loopback TCP RPC listener tcp://127.0.0.1:PORT (default: config supervisor.listen)")
 	httpFlag := fs.String("http", "", "optional loopback HTTP listener (API, event stream) tcp://127.0.0.1:PORT (default: config http.listen)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (for `make bench -profile`)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	log := slog.New(serviceLogHandler(stderr))
+	if *cpuProfile != "" {
+		stopProfile, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			log.Error("cpu profile", "err", err)
+			return 1
+		}
+		defer stopProfile()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	opts := supervisor.Options{ConfigPath: *cfg, Endpoint: *endpoint, Listen: *listen, HTTP: *httpFlag, Version: version, Logger: log}
@@ -83,6 +93,22 @@ func serve(args []string, stderr io.Writer) int {
 	}
 	log.Error("supervisor failed", "err", err)
 	return 1
+}
+
+// startCPUProfile profiles the process until the returned function runs.
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile %s: %w", path, err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile %s: %w", path, err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 // doctor checks the host capabilities (§4.5, §13) against the configuration

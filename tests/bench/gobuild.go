@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -66,7 +67,7 @@ func (b *bench) goBuild() {
 		}
 		b.destroySandbox(sbx)
 	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := b.table(tabwriter.AlignRight)
 	fmt.Fprintf(tw, "driver\tgo build ./... (GOCACHE cleared, median of %d)\t\n", reps)
 	for _, r := range rows {
 		if r.na != "" {
@@ -78,11 +79,14 @@ func (b *bench) goBuild() {
 	tw.Flush()
 	for _, r := range rows {
 		if r.na != "" {
-			fmt.Printf("%s: %s\n", r.driver, r.na)
+			b.printf("%s: %s\n", r.driver, r.na)
 		}
 	}
 	if rows[0].na == "" && rows[1].na == "" {
-		fmt.Printf("fuse/kernel: %s\n", ratio(median(rows[1].ds), median(rows[0].ds)))
+		f, k := median(rows[1].ds), median(rows[0].ds)
+		b.target("go build, fuse / kernel", ratio(f, k), ratioValue(f, k), "≤", 1.3, "×", "")
+	} else {
+		b.target("go build, fuse / kernel", "n/a", math.NaN(), "≤", 1.3, "×", "not measured")
 	}
 }
 

@@ -26,7 +26,7 @@ func (b *bench) imageCreation() {
 	image := benchImage()
 	out, err := exec.CommandContext(ctx, "docker", "image", "inspect", "--format", "{{.Id}}", image).CombinedOutput()
 	if err != nil {
-		fmt.Printf("skipped: no Docker Engine with %s (sudo .ci/docker.sh $USER): %s\n", image, oneLine(string(out)))
+		b.printf("skipped: no Docker Engine with %s (sudo .ci/docker.sh $USER): %s\n", image, oneLine(string(out)))
 		return
 	}
 	id := strings.TrimSpace(string(out))
@@ -59,10 +59,10 @@ func (b *bench) imageCreation() {
 			cold, warm, host, exec1, docker = append(cold, dc), append(warm, dw), append(host, dh), append(exec1, de), append(docker, dd)
 		}
 	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := b.table(tabwriter.AlignRight)
 	fmt.Fprintln(tw, "image\tcreate_sandbox first (export+unpack)\tcreate_sandbox cached\tcreate_sandbox host\tfirst exec true\tdocker run --rm true\tdocker/first\tdocker/cached\t")
 	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", image, ms(median(cold)), ms(median(warm)), ms(median(host)), ms(median(exec1)),
 		ms(median(docker)), ratio(median(docker), median(cold)), ratio(median(docker), median(warm)))
 	tw.Flush()
-	fmt.Println("a 10-file workspace; first exec = an implicit session (holder + image root overlay + command + publish) in the cold sandbox")
+	b.println("a 10-file workspace; first exec = an implicit session (holder + image root overlay + command + publish) in the cold sandbox")
 }

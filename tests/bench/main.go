@@ -7,11 +7,12 @@
 // against `git merge-file`) and sandbox creation from a Docker image, first and
 // cached, against `docker run --rm IMAGE true`; the overlay drivers side by side (native directory,
 // kernel overlay, the FUSE overlay, fuse-overlayfs) on read, write, git status and stat workloads;
-// and a Go module build inside a kernel and a FUSE session. It prints medians and ratios; targets are printed
+// a Go module build inside a kernel and a FUSE session; and 8 sessions running
+// no-op commands at once. It prints medians and ratios; targets are printed
 // next to the measured values and never asserted. It exits non-zero only when
 // something breaks (an operation fails, a tool that must exist is missing).
 //
-//	go run ./tests/bench [-bin DIR] [-reps N] [-quick] [-only 2,4,6]
+//	go run ./tests/bench [-bin DIR] [-reps N] [-quick] [-only 2,4,6] [-json FILE] [-profile FILE]
 //
 // It starts its own supervisor (SANDBOX_NO_AUTOSTART=1) on a temporary
 // EPHEMERAL_SANDBOX_HOME and removes every temporary file at the end.
@@ -25,6 +26,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"math"
 	"net"
@@ -58,7 +60,9 @@ func main() {
 	binFlag := flag.String("bin", "./bin", "directory holding the sandbox binaries")
 	reps := flag.Int("reps", 5, "measured repetitions per case (the exec round trip uses 6× as many)")
 	quick := flag.Bool("quick", false, "fast smoke run: small trees, 2 reps, 8 live sessions")
-	only := flag.String("only", "", "comma-separated section numbers to run (1-7); default all")
+	only := flag.String("only", "", "comma-separated section numbers to run (1-8); default all")
+	jsonOut := flag.String("json", "", "also write every figure, with alternatives, ratios and targets, as one JSON document to this file (- = standard output; the text then goes to standard error)")
+	profile := flag.String("profile", "", "write a CPU profile of the supervisor to this file (go tool pprof bin/sandbox-supervisor FILE)")
 	flag.Parse()
 	if *reps < 1 {
 		fmt.Fprintln(os.Stderr, "bench: -reps must be ≥ 1")
@@ -67,8 +71,8 @@ func main() {
 	sections := map[int]bool{}
 	for _, f := range strings.FieldsFunc(*only, func(r rune) bool { return r == ',' || r == ' ' }) {
 		n, err := strconv.Atoi(f)
-		if err != nil || n < 1 || n > 7 {
-			fmt.Fprintf(os.Stderr, "bench: -only: bad section %q (want numbers 1-7)\n", f)
+		if err != nil || n < 1 || n > 8 {
+			fmt.Fprintf(os.Stderr, "bench: -only: bad section %q (want numbers 1-8)\n", f)
 			os.Exit(2)
 		}
 		sections[n] = true
@@ -78,6 +82,15 @@ func main() {
 		cfg = config{reps: 2, sizes: []int{100, 1000, 2000}, liveSessions: 8, quick: true}
 	}
 	cfg.only = sections
+	cfg.json = *jsonOut
+	if *profile != "" {
+		p, err := filepath.Abs(*profile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench: -profile:", err)
+			os.Exit(2)
+		}
+		cfg.profile = p
+	}
 	bin, err := filepath.Abs(*binFlag)
 	if err == nil {
 		_, err = os.Stat(filepath.Join(bin, "sandbox-supervisor"))
@@ -101,6 +114,8 @@ type config struct {
 	liveSessions int
 	quick        bool
 	only         map[int]bool // sections to run; empty means all
+	profile      string       // supervisor CPU profile path, or ""
+	json         string       // JSON report path, "-" or ""
 }
 
 // bench is one run: a temporary root, a supervisor and a client.
@@ -114,6 +129,9 @@ type bench struct {
 	done   chan error
 	client *catalog.Client
 	failed bool
+	out    io.Writer      // the printed report
+	rep    *report        // the JSON report
+	cur    *reportSection // the section running, nil outside
 }
 
 func run(cfg config) int {
@@ -122,7 +140,11 @@ func run(cfg config) int {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		return 1
 	}
-	b := &bench{cfg: cfg, root: root, home: filepath.Join(root, "h"), supLog: filepath.Join(root, "supervisor.log")}
+	b := &bench{cfg: cfg, root: root, home: filepath.Join(root, "h"), supLog: filepath.Join(root, "supervisor.log"),
+		out: os.Stdout, rep: &report{Started: time.Now().UTC().Format(time.RFC3339), Sections: []*reportSection{}, Targets: []reportTarget{}}}
+	if cfg.json == "-" {
+		b.out = os.Stderr // standard output carries the JSON document
+	}
 	b.sock = filepath.Join(b.home, "run", "supervisor.sock")
 	defer b.cleanup()
 
@@ -138,6 +160,7 @@ func run(cfg config) int {
 	b.section(5, "5. sandbox creation from a Docker image", b.imageCreation)
 	b.section(6, "6. overlay drivers: native, kernel, fuse, fuse-overlayfs", b.overlays)
 	b.section(7, "7. go build of a module inside a session: kernel vs fuse", b.goBuild)
+	b.section(8, "8. concurrency: 8 sessions at once; 4 KiB file operations", b.concurrency)
 	if ctx.Err() != nil {
 		fmt.Fprintln(os.Stderr, "bench: interrupted")
 		return 130
@@ -145,6 +168,13 @@ func run(cfg config) int {
 	if err := b.stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench: supervisor shutdown:", err)
 		b.failed = true
+	}
+	b.rep.Failed = b.failed
+	if cfg.json != "" {
+		if err := b.writeReport(cfg.json); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: -json:", err)
+			return 1
+		}
 	}
 	if b.failed {
 		fmt.Fprintln(os.Stderr, "bench: FAILED (see above); supervisor log tail:")
@@ -174,7 +204,10 @@ func (b *bench) section(n int, title string, f func()) {
 	if ctx.Err() != nil || (len(b.cfg.only) > 0 && !b.cfg.only[n]) {
 		return
 	}
-	fmt.Printf("\n== %s ==\n", title)
+	b.printf("\n== %s ==\n", title)
+	b.cur = &reportSection{Number: n, Title: title, Tables: []reportTable{}, Notes: []string{}, Targets: []reportTarget{}}
+	b.rep.Sections = append(b.rep.Sections, b.cur)
+	defer func() { b.cur = nil }()
 	defer func() {
 		if r := recover(); r != nil {
 			f, ok := r.(failure)
@@ -182,7 +215,8 @@ func (b *bench) section(n int, title string, f func()) {
 				panic(r)
 			}
 			b.failed = true
-			fmt.Printf("FAILED: %v\n", f.err)
+			b.cur.Failed = f.err.Error()
+			b.printf("FAILED: %v\n", f.err)
 			fmt.Fprintf(os.Stderr, "bench: %s: %v\n", title, f.err)
 		}
 	}()
@@ -205,7 +239,11 @@ func (b *bench) start() error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(filepath.Join(b.cfg.bin, "sandbox-supervisor"), "serve")
+	args := []string{"serve"}
+	if b.cfg.profile != "" {
+		args = append(args, "-cpuprofile", b.cfg.profile)
+	}
+	cmd := exec.Command(filepath.Join(b.cfg.bin, "sandbox-supervisor"), args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group: a terminal ^C reaches us, and we stop it with SIGTERM.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -251,6 +289,11 @@ func (b *bench) stop() error {
 func (b *bench) cleanup() {
 	if err := b.stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench: supervisor shutdown:", err)
+	}
+	if b.cfg.profile != "" { // keep the supervisor's log beside its profile
+		if data, err := os.ReadFile(b.supLog); err == nil {
+			_ = os.WriteFile(b.cfg.profile+".log", data, 0o644)
+		}
 	}
 	// Overlay work dirs are mode 000: make everything removable first.
 	_ = filepath.WalkDir(b.root, func(p string, d fs.DirEntry, err error) error {
@@ -333,13 +376,15 @@ func execOK(res map[string]any) error {
 
 func (b *bench) header() {
 	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-	fmt.Printf("sandbox bench: %s, Linux %s, %d CPUs, uid %d, reps %d", runtime.Version(),
+	b.rep.Go, b.rep.Kernel, b.rep.CPUs, b.rep.UID = runtime.Version(), strings.TrimSpace(string(kernel)), runtime.NumCPU(), os.Getuid()
+	b.rep.Reps, b.rep.Quick = b.cfg.reps, b.cfg.quick
+	b.printf("sandbox bench: %s, Linux %s, %d CPUs, uid %d, reps %d", runtime.Version(),
 		strings.TrimSpace(string(kernel)), runtime.NumCPU(), os.Getuid(), b.cfg.reps)
 	if b.cfg.quick {
-		fmt.Print(" (quick)")
+		b.print(" (quick)")
 	}
-	fmt.Println()
-	fmt.Println("all times are medians of the measured reps, each case after one untimed warm-up; ratios are alternative/session")
+	b.println()
+	b.println("all times are medians of the measured reps, each case after one untimed warm-up; ratios are alternative/session")
 }
 
 // ---------------------------------------------------------------- part 1
@@ -405,17 +450,19 @@ func (b *bench) sessionCreation() {
 		rows = append(rows, row{t: t, snapshot: snap, session: median(sess), destroy: median(dest), worktree: median(wt), cp: median(cp), driver: driver})
 	}
 
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := b.table(tabwriter.AlignRight)
 	fmt.Fprintln(tw, "tree\tfiles\tcreate_sandbox (once)\tsession create\tsession destroy\tgit worktree add\tcp -a\tworktree/session\tcp/session\t")
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.t.name, r.t.files, ms(r.snapshot), ms(r.session), ms(r.destroy),
 			ms(r.worktree), ms(r.cp), ratio(r.worktree, r.session), ratio(r.cp, r.session))
 	}
 	tw.Flush()
-	fmt.Printf("overlay driver: %s; session create/destroy measured through the socket (Go client, one request per connection)\n", rows[0].driver)
+	b.printf("overlay driver: %s; session create/destroy measured through the socket (Go client, one request per connection)\n", rows[0].driver)
 	first, last, mid := rows[0], rows[len(b.cfg.sizes)-1], rows[1]
-	fmt.Printf("session create %s files / %s files: %s   (target: flat, ≤ 1.5×)\n", count(last.t.files), count(first.t.files), ratio(last.session, first.session))
-	fmt.Printf("git worktree add / session create at %s files: %s   (target: session ≥ 50× faster)\n", count(mid.t.files), ratio(mid.worktree, mid.session))
+	b.target(fmt.Sprintf("session create %s files / %s files (flat)", count(last.t.files), count(first.t.files)),
+		ratio(last.session, first.session), ratioValue(last.session, first.session), "≤", 1.5, "×", "")
+	b.target(fmt.Sprintf("session create / git worktree add at %s files (session ≥ 50× faster)", count(mid.t.files)),
+		ratio(mid.session, mid.worktree), ratioValue(mid.session, mid.worktree), "≤", 0.02, "×", "")
 }
 
 // generateTree writes n files of 100 bytes, 100 per directory.
@@ -551,7 +598,7 @@ func (b *bench) execRoundTrip() {
 	b.destroySandbox(sbx)
 
 	socket := median(methods[0].ds)
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	tw := b.table(0)
 	fmt.Fprintf(tw, "method (median of %d)\tmedian\tmin\tmax\tvs socket\n", n)
 	for _, m := range methods {
 		if m.na != "" {
@@ -561,7 +608,15 @@ func (b *bench) execRoundTrip() {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.name, ms(median(m.ds)), ms(slices.Min(m.ds)), ms(slices.Max(m.ds)), ratio(median(m.ds), socket))
 	}
 	tw.Flush()
-	fmt.Printf("exec_command true through the socket: %s   (target: < 5 ms)\n", ms(socket))
+	b.target("exec_command true through the socket", ms(socket), float64(socket)/1e6, "<", 5, " ms", "")
+	if bw := methods[len(methods)-1]; bw.na == "" {
+		b.target("exec_command socket / bwrap … true (faster than bwrap)", ratio(socket, median(bw.ds)), ratioValue(socket, median(bw.ds)), "<", 1, "×", "")
+	} else {
+		b.target("exec_command socket / bwrap … true (faster than bwrap)", "n/a", math.NaN(), "<", 1, "×", bw.na)
+	}
+	cli, implicit := median(methods[1].ds), median(methods[2].ds)
+	b.target("exec_command sandbox-runtime-cli / socket", ratio(cli, socket), ratioValue(cli, socket), "≤", 1.3, "×", "")
+	b.target("exec_command implicit session / explicit session", ratio(implicit, socket), ratioValue(implicit, socket), "<", 2, "×", "")
 }
 
 // ---------------------------------------------------------------- part 3
@@ -593,7 +648,7 @@ func (b *bench) liveMemory() {
 	}
 	b.destroySandbox(sbx)
 
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := b.table(tabwriter.AlignRight)
 	fmt.Fprintln(tw, "state\tholder procs\tΣ holder VmRSS\tΣ holder RssAnon\tsupervisor VmRSS growth\ttotal extra (VmRSS)\tper session\tper session (PSS)\t")
 	for _, r := range []struct {
 		name string
@@ -608,8 +663,8 @@ func (b *bench) liveMemory() {
 			mib(r.m.supGrowth), mib(total), mib(total/int64(len(ids))), pss)
 	}
 	tw.Flush()
-	fmt.Printf("%d sessions; supervisor VmRSS before: %s. VmRSS counts pages shared with the supervisor binary once per holder,\n", len(ids), mib(before.rss))
-	fmt.Println("so the VmRSS sum overstates; PSS (smaps_rollup, holders + supervisor PSS growth) divides shared pages among their users")
+	b.printf("%d sessions; supervisor VmRSS before: %s. VmRSS counts pages shared with the supervisor binary once per holder,\n", len(ids), mib(before.rss))
+	b.println("so the VmRSS sum overstates; PSS (smaps_rollup, holders + supervisor PSS growth) divides shared pages among their users")
 }
 
 // memInfo is one process's memory in bytes; pss is -1 when smaps_rollup is unreadable.

@@ -29,9 +29,9 @@ type publishParams struct {
 
 func (b *bench) publishParams() publishParams {
 	if b.cfg.quick {
-		return publishParams{changed: []int{1, 10, 100}, parallel: 3, parallelEach: 100, mergeLines: 1000}
+		return publishParams{changed: []int{1, 100, 1000}, parallel: 3, parallelEach: 100, mergeLines: 1000}
 	}
-	return publishParams{changed: []int{1, 100, 1000}, parallel: 6, parallelEach: 100, mergeLines: 10000}
+	return publishParams{changed: []int{1, 100, 1000, 10000}, parallel: 6, parallelEach: 100, mergeLines: 10000}
 }
 
 func (b *bench) publication() {
@@ -39,8 +39,8 @@ func (b *bench) publication() {
 	treeFiles := b.cfg.sizes[1]
 	tree := filepath.Join(b.root, "pubtree")
 	check(generateTree(tree, treeFiles))
-	fmt.Printf("project: generated %s files; publish = publish_workspace_session through the socket (Go client),\n", count(treeFiles))
-	fmt.Println("which captures the upper dir, resolves it against the head, commits one layer and closes the session")
+	b.printf("project: generated %s files; publish = publish_workspace_session through the socket (Go client),\n", count(treeFiles))
+	b.println("which captures the upper dir, resolves it against the head, commits one layer and closes the session")
 	b.publishLatency(tree, p)
 	b.publishParallel(tree, p)
 	b.publishMerge(p)
@@ -159,8 +159,8 @@ func (b *bench) publishLatency(tree string, p publishParams) {
 	check(removeAll(repo))
 	check(removeAll(cpDst))
 
-	fmt.Printf("\n4a. publish latency vs changed files (new files in a fresh directory, written by one untimed exec_command)\n")
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	b.printf("\n4a. publish latency vs changed files (new files in a fresh directory, written by one untimed exec_command)\n")
+	tw := b.table(tabwriter.AlignRight)
 	fmt.Fprintln(tw, "changed files\tpublish\tper file\tgit add -A && commit\tper file\tcp -a\tgit/publish\tcp/publish\t")
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", count(r.n), ms(r.publish), us(r.publish/time.Duration(r.n)),
@@ -168,8 +168,23 @@ func (b *bench) publishLatency(tree string, p publishParams) {
 	}
 	tw.Flush()
 	last := rows[len(rows)-1]
-	fmt.Printf("outcome_summary at %s files: %s\n", count(last.n), last.outcome)
-	fmt.Printf("git repo and cp target hold the same %s-file tree; each rep commits/copies into a new directory\n", count(b.cfg.sizes[1]))
+	b.printf("outcome_summary at %s files: %s\n", count(last.n), last.outcome)
+	b.printf("git repo and cp target hold the same %s-file tree; each rep commits/copies into a new directory\n", count(b.cfg.sizes[1]))
+	for _, r := range rows {
+		if r.n == 1000 {
+			b.target("publish / git add -A && commit, 1k new files", ratio(r.publish, r.git), ratioValue(r.publish, r.git), "≤", 1, "×", "")
+		}
+	}
+	var small *row
+	for i := range rows {
+		if rows[i].n == 100 {
+			small = &rows[i]
+		}
+	}
+	if small != nil && last.n > small.n {
+		perSmall, perLast := small.publish/time.Duration(small.n), last.publish/time.Duration(last.n)
+		b.target(fmt.Sprintf("publish per file, %s files / 100 files (flat)", count(last.n)), ratio(perLast, perSmall), ratioValue(perLast, perSmall), "≤", 1.5, "×", "")
+	}
 }
 
 // ---------------------------------------------------------------- 4b
@@ -223,13 +238,13 @@ func (b *bench) publishParallel(tree string, p publishParams) {
 	}
 	b.destroySandbox(sbx)
 
-	fmt.Printf("\n4b. %d sessions publishing disjoint changes (%d new files each, own directory), all created before the first publish\n", k, each)
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	b.printf("\n4b. %d sessions publishing disjoint changes (%d new files each, own directory), all created before the first publish\n", k, each)
+	tw := b.table(tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\twall time, all publishes\tmedian single publish\tsequential/this\t")
 	fmt.Fprintf(tw, "%d sequential\t%s\t%s\t%s\t\n", k, ms(median(seq)), ms(median(seqEach)), ratio(median(seq), median(seq)))
 	fmt.Fprintf(tw, "%d in parallel\t%s\t%s\t%s\t\n", k, ms(median(par)), ms(median(parEach)), ratio(median(seq), median(par)))
 	tw.Flush()
-	fmt.Printf("parallel speedup: %s on %d CPUs (the commit step holds the exclusive writer lock, so < %d× is expected)\n",
+	b.printf("parallel speedup: %s on %d CPUs (the commit step holds the exclusive writer lock, so < %d× is expected)\n",
 		ratio(median(seq), median(par)), runtime.NumCPU(), k)
 }
 
@@ -313,8 +328,8 @@ func (b *bench) publishMerge(p publishParams) {
 	}
 	b.destroySandbox(sbx)
 
-	fmt.Printf("\n4c. publish of an edit near the bottom of a %s-line file (%d lines edited near the top and published meanwhile)\n", count(L), 3)
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	b.printf("\n4c. publish of an edit near the bottom of a %s-line file (%d lines edited near the top and published meanwhile)\n", count(L), 3)
+	tw := b.table(tabwriter.AlignRight)
 	fmt.Fprintln(tw, "case\tmedian\tmin\tmax\tthis/merging publish\t")
 	for _, r := range []struct {
 		name string
@@ -327,7 +342,7 @@ func (b *bench) publishMerge(p publishParams) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", r.name, ms(median(r.ds)), ms(slices.Min(r.ds)), ms(slices.Max(r.ds)), ratio(median(r.ds), median(merged)))
 	}
 	tw.Flush()
-	fmt.Printf("merge overhead of a publish (merging − non-merging median): %s; merged head verified against the git merge-file replay\n",
+	b.printf("merge overhead of a publish (merging − non-merging median): %s; merged head verified against the git merge-file replay\n",
 		ms(median(merged)-median(plain)))
 }
 
