@@ -110,6 +110,17 @@ func TestMCPOutputSchemas(t *testing.T) {
 		call("file_blame", in(map[string]any{"path": "src/app.txt"}), false)
 		call("file_blame", in(map[string]any{"path": "src/app.txt", "format": "agent-trace"}), false)
 		call("publish_workspace_session", in(map[string]any{"workspace_session_id": wsID}), true) // gone
+		// A conflict: the dry run reports it, the publish is refused.
+		conf := call("create_workspace_session", in(map[string]any{}), false)["workspace_session_id"]
+		call("file_write", in(map[string]any{"path": "README", "content": "mine\n", "workspace_session_id": conf}), false)
+		call("file_write", in(map[string]any{"path": "README", "content": "theirs\n"}), false)
+		dry := call("publish_workspace_session", in(map[string]any{"workspace_session_id": conf, "dry_run": true, "default_strategy": "reject"}), false)
+		if dry["would_commit"] != false {
+			t.Errorf("conflicting dry run: %v", dry)
+		}
+		call("publish_workspace_session", in(map[string]any{"workspace_session_id": conf, "default_strategy": "reject"}), true)
+		// Refused before the supervisor: the same envelope.
+		call("file_read", in(map[string]any{"path": "README", "frobnicate": true}), true)
 		// A session without changes publishes nothing.
 		idle := call("create_workspace_session", in(map[string]any{"network_profile": "offline"}), false)
 		call("publish_workspace_session", in(map[string]any{"workspace_session_id": idle["workspace_session_id"], "dry_run": true}), false)

@@ -11,6 +11,8 @@
 // $SANDBOX_MCP_SANDBOX_ID) names a default. A call result carries the whole
 // response object in structuredContent and the same object as compact JSON
 // in one text item; isError is true iff the response has a top-level error.
+// A tool whose operation declares an exact result (catalog Op.Output) sends
+// it as outputSchema, or'd with the error envelope (see OutputSchema).
 // The command-output tools are the exception (see commandResult): one text
 // item, the output once, escapes stripped, bounded by max_output_tokens.
 //
