@@ -326,7 +326,7 @@ func TestMCPAgentFlow(t *testing.T) {
 			t.Logf("file_edit tool:\n%s", b)
 		}
 	}
-	if len(tools) != 32 {
+	if len(tools) != 33 {
 		t.Errorf("%d tools, want every operation of every set", len(tools))
 	}
 	if r := c.send("tools/call", map[string]any{"name": "no_such_tool", "arguments": map[string]any{}}, false); r["error"].(map[string]any)["code"] != float64(-32602) {
@@ -532,7 +532,7 @@ func TestMCPReadmeSnippets(t *testing.T) {
 			t.Fatalf("%s: initialize %v", client, r)
 		}
 		tools := c.send("tools/list", nil, false)["result"].(map[string]any)["tools"].([]any)
-		if len(tools) != 32 {
+		if len(tools) != 33 {
 			t.Errorf("%s: %d tools", client, len(tools))
 		}
 	}
