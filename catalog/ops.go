@@ -235,7 +235,7 @@ var ops = []Op{
 			"with it, the change stays private to that session until publish_workspace_session. " +
 			"Missing parents are created (0755); new files get 0644, existing files keep their mode.",
 		Result: `{"type":"create"|"update", path, bytes_written} (+ revision, layer_id when sessionless)`,
-		Output: writeOut(oneOfStr("create", "update"), map[string]any{}),
+		Output: fileWriteOut(),
 		Args: []Arg{
 			{Name: "path", Kind: Path, Required: true, Help: "Workspace-relative path or /workspace/…"},
 			{Name: "content", Kind: String, Required: true, Help: "The new content."},
@@ -250,7 +250,7 @@ var ops = []Op{
 			"Edits apply in order on LF-normalized text; the file's line ending, BOM and mode are kept. " +
 			"Each old_string must match exactly once unless replace_all is true.",
 		Result: `{"type":"edit", path, edits_applied, replacements, bytes_written} (+ revision, layer_id when sessionless)`,
-		Output: writeOut(oneOfStr("edit"), map[string]any{"edits_applied": integer, "replacements": integer}, "edits_applied", "replacements"),
+		Output: fileEditOut(),
 		Args: []Arg{
 			{Name: "path", Kind: Path, Required: true, Help: "Workspace-relative path or /workspace/…"},
 			{Name: "edits", Kind: JSONArray, Required: true, MaxItems: 1000, AcceptJSONString: true,
