@@ -265,7 +265,11 @@ type Op struct {
 	Summary string // one line
 	Help    string // longer text
 	Result  string // what a success returns
-	Args    []Arg
+	// Output is the exact JSON Schema (type object) of a success, declared
+	// where the result is small and stable; nil where it is not (command
+	// output, observability views). MCP sends it as the tool's outputSchema.
+	Output map[string]any
+	Args   []Arg
 
 	Effect Effect
 	// Idempotent: repeating the call with the same arguments has no further

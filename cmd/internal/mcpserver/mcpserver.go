@@ -11,6 +11,8 @@
 // $SANDBOX_MCP_SANDBOX_ID) names a default. A call result carries the whole
 // response object in structuredContent and the same object as compact JSON
 // in one text item; isError is true iff the response has a top-level error.
+// A tool whose operation declares an exact result (catalog Op.Output) sends
+// it as outputSchema, or'd with the error envelope (see OutputSchema).
 // The command-output tools are the exception (see commandResult): one text
 // item, the output once, escapes stripped, bounded by max_output_tokens.
 //
@@ -187,6 +189,7 @@ func newServer(ops []catalog.Op, caller Caller, opts Options) *server.MCPServer 
 // the annotations its catalog declaration implies.
 func Tool(op *catalog.Op, opts Options) mcp.Tool {
 	t := mcp.NewToolWithRawSchema(op.ID, Description(op), InputSchema(op, opts))
+	t.RawOutputSchema = OutputSchema(op)
 	h := op.Hints()
 	t.Title = op.DisplayTitle()
 	t.Annotations = mcp.ToolAnnotation{
@@ -197,6 +200,22 @@ func Tool(op *catalog.Op, opts Options) mcp.Tool {
 		OpenWorldHint:   mcp.ToBoolPtr(h.OpenWorld),
 	}
 	return t
+}
+
+// OutputSchema is the tool output schema of op, nil when the catalog
+// declares no exact result. Clients that check it (the MCP TypeScript SDK)
+// validate every structuredContent, error results included, and an error
+// carries the contract's envelope there (§3.1); so the schema is the
+// declared result or the envelope.
+func OutputSchema(op *catalog.Op) json.RawMessage {
+	if op.Output == nil {
+		return nil
+	}
+	envelope := map[string]any{"type": "object", "required": []string{"error"}, "additionalProperties": true,
+		"properties": map[string]any{"error": map[string]any{"type": "object", "required": []string{"kind", "message", "details"},
+			"additionalProperties": true, "properties": map[string]any{
+				"kind": map[string]any{"type": "string"}, "message": map[string]any{"type": "string"}, "details": map[string]any{"type": "object"}}}}}
+	return catalog.CompactJSON(map[string]any{"type": "object", "anyOf": []any{op.Output, envelope}})
 }
 
 // filter lists the tools in catalog order and hides the reject tool. At

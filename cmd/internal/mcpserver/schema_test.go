@@ -53,6 +53,7 @@ func TestToolSchemasEveryClientAccepts(t *testing.T) {
 			for _, p := range strictViolations(sch, "inputSchema") {
 				t.Errorf("%s: %s", name, p)
 			}
+			checkOutputSchema(t, name, op, tm)
 			if tm["title"] != op.DisplayTitle() {
 				t.Errorf("%s: title %v", name, tm["title"])
 			}
@@ -79,6 +80,54 @@ func TestToolSchemasEveryClientAccepts(t *testing.T) {
 			t.Errorf("%s: readOnly %v", id, op.Hints().ReadOnly)
 		}
 	}
+}
+
+// checkOutputSchema: a tool whose operation declares an exact result sends
+// it as outputSchema, and that schema compiles, is a top-level object, has
+// items on every array and no $ref; command-output tools, which return no
+// structuredContent, send none.
+func checkOutputSchema(t *testing.T, name string, op *catalog.Op, tm map[string]any) {
+	t.Helper()
+	out, has := tm["outputSchema"]
+	if has != (op.Output != nil) {
+		t.Errorf("%s: outputSchema sent %v, catalog declares one %v", name, has, op.Output != nil)
+	}
+	if isCommandOutput(op) && has {
+		t.Errorf("%s: a command-output tool declares an outputSchema", name)
+	}
+	if !has {
+		return
+	}
+	raw, _ := json.Marshal(out)
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	c := jsonschema.NewCompiler()
+	if err := c.AddResource("mem://"+name+".out.json", doc); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	if _, err := c.Compile("mem://" + name + ".out.json"); err != nil {
+		t.Errorf("%s: outputSchema does not compile: %v", name, err)
+	}
+	if sch, _ := out.(map[string]any); sch["type"] != "object" {
+		t.Errorf("%s: outputSchema top-level type %v", name, sch["type"])
+	}
+	for _, p := range arrayOrRefViolations(out, "outputSchema") {
+		t.Errorf("%s: %s", name, p)
+	}
+}
+
+// arrayOrRefViolations is strictViolations without the object rules:
+// output schemas allow additional properties on purpose.
+func arrayOrRefViolations(v any, at string) []string {
+	var out []string
+	for _, p := range strictViolations(v, at) {
+		if !strings.HasSuffix(p, ": object allows additional properties") && !strings.HasSuffix(p, ": object without properties") {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // strictViolations walks a schema the way strict clients do.
