@@ -183,7 +183,7 @@ func Serve(ctx context.Context, opt Options) error {
 		// port someone else may hold now.
 		_ = os.Remove(filepath.Join(runDir, "http.addr"))
 	} else {
-		if httpSrv, err = s.newHTTP(httpAddr, runDir); err != nil {
+		if httpSrv, err = s.newHTTP(httpAddr, runDir, tcp); err != nil {
 			return err
 		}
 		defer os.Remove(filepath.Join(runDir, "http.addr"))
