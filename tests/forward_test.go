@@ -18,9 +18,12 @@ import (
 
 // previewServer is what an agent runs in a session: it echoes each request
 // (method, path with query, body, headers) as JSON, sets a cookie, and on
-// GET /ws speaks just enough WebSocket to echo short frames.
-const previewServer = `import base64, hashlib, json, sys
+// GET /ws speaks just enough WebSocket to echo short frames; GET /stream
+// sends its second chunk only after GET /release.
+const previewServer = `import base64, hashlib, json, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+release = threading.Event()
 
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -31,7 +34,22 @@ class H(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.headers.get("Upgrade", "").lower() == "websocket":
             return self.ws()
+        if self.path == "/stream":
+            return self.stream()
+        if self.path == "/release":
+            release.set()
         self.reply()
+
+    def stream(self):
+        # The second chunk waits for /release, which the client sends only
+        # once it has read the first: a buffering proxy deadlocks here.
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.write(b"6\r\nfirst\n\r\n")
+        release.wait(60)
+        self.wfile.write(b"7\r\nsecond\n\r\n0\r\n\r\n")
 
     def do_POST(self):
         self.reply()
@@ -72,14 +90,14 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 
 // forwardEnv starts a supervisor with the TCP and HTTP listeners and a
 // sandbox whose isolated sessions use pasta.
-func forwardEnv(t *testing.T) (*env, string) {
+func forwardEnv(t *testing.T, config string) (*env, string) {
 	t.Helper()
 	needHelper(t, "pasta")
 	e := newEnv(t)
 	if err := os.MkdirAll(filepath.Join(e.home, "config"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(e.home, "config", "config.yml"), []byte("network:\n  isolated:\n    helper: pasta\n"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(e.home, "config", "config.yml"), []byte("network:\n  isolated:\n    helper: pasta\n"+config), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	e.start("--listen", "tcp://127.0.0.1:0", "--http", "tcp://127.0.0.1:0")
@@ -109,7 +127,7 @@ type echoed struct {
 // the target and its cookie never reaches the browser, X-Forwarded-* say
 // where the request came from, and the answer carries the sandboxing CSP.
 func TestForwardIsolatedHTTP(t *testing.T) {
-	e, id := forwardEnv(t)
+	e, id := forwardEnv(t, "")
 	ws := e.session(id, "--network-profile", "isolated")
 	e.startPreview(id, ws)
 	w := e.web()
@@ -162,6 +180,29 @@ func TestForwardIsolatedHTTP(t *testing.T) {
 		})
 	}
 
+	t.Run("streaming body", func(t *testing.T) {
+		req, err := http.NewRequest("GET", w.url(prefix+"/stream"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+w.token)
+		resp, err := w.c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		br := bufio.NewReader(resp.Body)
+		if first, err := br.ReadString('\n'); first != "first\n" {
+			t.Fatalf("first chunk %q: %v", first, err)
+		}
+		if r, b := w.do("GET", prefix+"/release", "", map[string]string{"Authorization": "Bearer " + w.token}); r.StatusCode != 200 {
+			t.Fatalf("release: HTTP %d %s", r.StatusCode, b)
+		}
+		if rest, err := io.ReadAll(br); err != nil || string(rest) != "second\n" {
+			t.Fatalf("rest %q: %v", rest, err)
+		}
+	})
+
 	resp, body := w.do("GET", prefix+"/", "", nil)
 	if resp.StatusCode != 401 {
 		t.Fatalf("without the token: HTTP %d %s", resp.StatusCode, body)
@@ -183,9 +224,10 @@ func (e *env) webCookie(w *webClient) string {
 }
 
 // TestForwardWebSocket: a WebSocket echo server inside an isolated session
-// works through /forward/isolated=… with the UI token.
+// works through /forward/isolated=… with the UI token, also after the
+// listener's request read timeout (1 s here) has passed.
 func TestForwardWebSocket(t *testing.T) {
-	e, id := forwardEnv(t)
+	e, id := forwardEnv(t, "supervisor:\n  request_read_timeout_s: 1\n")
 	ws := e.session(id, "--network-profile", "isolated")
 	e.startPreview(id, ws)
 	w := e.web()
@@ -209,7 +251,10 @@ func TestForwardWebSocket(t *testing.T) {
 		b, _ := io.ReadAll(io.LimitReader(br, 4096))
 		t.Fatalf("handshake: %s %v %s", resp.Status, resp.Header, b)
 	}
-	for _, msg := range []string{"hello through the holder", "second frame"} {
+	for i, msg := range []string{"hello through the holder", "after the read timeout"} {
+		if i == 1 {
+			time.Sleep(1500 * time.Millisecond) // past request_read_timeout_s
+		}
 		mask := []byte{1, 2, 3, 4}
 		frame := []byte{0x81, 0x80 | byte(len(msg))}
 		frame = append(frame, mask...)
@@ -242,7 +287,7 @@ func TestForwardWebSocket(t *testing.T) {
 // TestForwardRefusals: the route's errors of §2.8, each an envelope, and a
 // shared target reached on the host's loopback.
 func TestForwardRefusals(t *testing.T) {
-	e, id := forwardEnv(t)
+	e, id := forwardEnv(t, "")
 	offline := e.session(id, "--network-profile", "offline")
 	w := e.web()
 	target := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
