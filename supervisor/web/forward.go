@@ -190,11 +190,6 @@ func (f *forwarder) serve(w http.ResponseWriter, r *http.Request) {
 	h.Del("Content-Security-Policy")
 	h.Del("Cache-Control")
 	h.Set("X-Frame-Options", "SAMEORIGIN") // the console may frame a preview
-	if r.Header.Get("Upgrade") != "" {
-		// The server's read deadline (request_read_timeout_s) would
-		// otherwise cut a WebSocket once the handshake is that old.
-		_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-	}
 	f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
 }
 
