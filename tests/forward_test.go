@@ -248,7 +248,7 @@ func TestForwardWebSocket(t *testing.T) {
 	}
 	// The RFC 6455 example key's accept value.
 	if resp.StatusCode != http.StatusSwitchingProtocols || resp.Header.Get("Sec-WebSocket-Accept") != "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=" {
-		b, _ := io.ReadAll(io.LimitReader(br, 4096))
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		t.Fatalf("handshake: %s %v %s", resp.Status, resp.Header, b)
 	}
 	for i, msg := range []string{"hello through the holder", "after the read timeout"} {
