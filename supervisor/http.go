@@ -37,6 +37,7 @@ func (s *Supervisor) newHTTP(addr, runDir string, tcp net.Listener) (*web.Server
 		ln.Close()
 		return nil, catalog.Errorf(catalog.ConfigError, "%v", err)
 	}
+	s.httpBase = "http://" + ln.Addr().String()
 	s.log.Info("supervisor listening on HTTP", "addr", tcpAddrString(ln))
 	return srv, nil
 }

@@ -72,6 +72,7 @@ type Supervisor struct {
 	active   atomic.Int64  // requests being executed
 
 	gatewayToken []byte // TCP peers must present it (§2.2); never logged
+	httpBase     string // http://host:port of the HTTP listener, "" without one; set before serving
 }
 
 // Serve runs the supervisor until ctx is cancelled, then shuts down cleanly:

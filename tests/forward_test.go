@@ -132,6 +132,19 @@ func TestForwardIsolatedHTTP(t *testing.T) {
 	e.startPreview(id, ws)
 	w := e.web()
 	prefix := "/forward/isolated=" + ws + "/8000"
+	for _, tc := range []struct{ ws, want string }{
+		{ws, "http://" + w.addr + prefix + "/"},
+		{"", "http://" + w.addr + "/forward/shared/8000/"},
+		{e.session(id, "--network-profile", "offline"), ""},
+	} {
+		args := []string{"forward_port", "--port", "8000"}
+		if tc.ws != "" {
+			args = append(args, "--workspace-session-id", tc.ws)
+		}
+		if got, _ := e.rt(id, args...)["url"].(string); got != tc.want {
+			t.Errorf("forward_port %v: url %q, want %q", args, got, tc.want)
+		}
+	}
 
 	cookie := e.webCookie(w)
 	for _, tc := range []struct {
