@@ -2,6 +2,8 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
@@ -10,8 +12,9 @@ import (
 
 // newHTTP binds the HTTP listener (§2.8) on addr, writes http.addr into
 // runDir (before the socket exists, like listen.addr) and prepares the
-// server; Serve starts it.
-func (s *Supervisor) newHTTP(addr, runDir string) (*web.Server, error) {
+// server; Serve starts it. tcp is the TCP listener or nil: /forward refuses
+// its port like the HTTP listener's own.
+func (s *Supervisor) newHTTP(addr, runDir string, tcp net.Listener) (*web.Server, error) {
 	token, err := readToken(s.dirs.Config, "ui.token")
 	if err != nil {
 		return nil, err
@@ -20,13 +23,21 @@ func (s *Supervisor) newHTTP(addr, runDir string) (*web.Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	fwd := web.ForwardConfig{Forwarder: webForwarder{s},
+		ConnectTimeout:  time.Duration(s.cfg.HTTP.Forward.ConnectTimeoutS * float64(time.Second)),
+		ResponseTimeout: time.Duration(s.cfg.HTTP.Forward.ResponseTimeoutS * float64(time.Second))}
+	if tcp != nil {
+		fwd.OwnPorts = append(fwd.OwnPorts, tcp.Addr().(*net.TCPAddr).Port)
+	}
 	srv, err := web.New(web.Config{Listener: ln, Token: token, Dispatcher: webDispatcher{s}, Events: webEvents{s}, Commands: webCommands{s},
-		Logger: s.log, MaxBodyBytes: s.cfg.Supervisor.MaxRequestBytes,
+		Forward: fwd,
+		Logger:  s.log, MaxBodyBytes: s.cfg.Supervisor.MaxRequestBytes,
 		ReadTimeout: time.Duration(s.cfg.Supervisor.RequestReadTimeoutS * float64(time.Second))})
 	if err != nil {
 		ln.Close()
 		return nil, catalog.Errorf(catalog.ConfigError, "%v", err)
 	}
+	s.httpBase = "http://" + ln.Addr().String()
 	s.log.Info("supervisor listening on HTTP", "addr", tcpAddrString(ln))
 	return srv, nil
 }
@@ -92,4 +103,38 @@ func (t cmdTranscript) Result() map[string]any {
 	r := t.cmd.rec
 	return map[string]any{"command_session_id": r.CommandSessionID, "workspace_session_id": r.WorkspaceSessionID,
 		"status": r.Status, "exit_code": r.ExitCode, "total_lines": t.cmd.tr.Total()}
+}
+
+// webForwarder opens /forward/isolated=… connections through the session's
+// holder, like forward_port's listeners.
+type webForwarder struct{ s *Supervisor }
+
+// session finds a live isolated session by ID in any sandbox: the route
+// names no sandbox, and session IDs are unique across them.
+func (f webForwarder) session(id string) *session {
+	f.s.mu.Lock()
+	sbs := make([]*sandbox, 0, len(f.s.sandboxes))
+	for _, sb := range f.s.sandboxes {
+		sbs = append(sbs, sb)
+	}
+	f.s.mu.Unlock()
+	for _, sb := range sbs {
+		if ss, e := sb.lookupSession(id); e == nil {
+			if ss.isGone() || ss.rec.NetworkProfile != netIsolated {
+				return nil
+			}
+			return ss
+		}
+	}
+	return nil
+}
+
+func (f webForwarder) IsolatedSession(id string) bool { return f.session(id) != nil }
+
+func (f webForwarder) DialSession(ctx context.Context, id string, port int) (net.Conn, error) {
+	ss := f.session(id)
+	if ss == nil {
+		return nil, fmt.Errorf("dial %s:%d: %w", id, port, catalog.Errorf(catalog.NotFound, "no isolated workspace session %s", id))
+	}
+	return f.s.dialSession(ctx, ss, port)
 }

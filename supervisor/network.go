@@ -179,7 +179,7 @@ func (s *Supervisor) forwardPort(c *call) (any, error) {
 	target := int(c.args.Uint("port"))
 	if !c.args.Has("workspace_session_id") {
 		return map[string]any{"workspace_session_id": nil, "network_profile": netShared, "target_port": target,
-			"host": "127.0.0.1", "port": target, "url": nil}, nil
+			"host": "127.0.0.1", "port": target, "url": s.forwardURL("shared", target)}, nil
 	}
 	ss, e := c.sb.lookupSession(c.args.String("workspace_session_id"))
 	if e != nil {
@@ -191,8 +191,12 @@ func (s *Supervisor) forwardPort(c *call) (any, error) {
 	res := map[string]any{"workspace_session_id": ss.id(), "network_profile": ss.rec.NetworkProfile, "target_port": target,
 		"host": "127.0.0.1", "url": nil}
 	if ss.rec.NetworkProfile == netShared {
-		res["port"] = target
+		res["port"], res["url"] = target, s.forwardURL("shared", target)
 		return res, nil
+	}
+	if ss.rec.NetworkProfile == netIsolated {
+		// offline sessions have no /forward route (§2.8): url stays null.
+		res["url"] = s.forwardURL("isolated="+ss.id(), target)
 	}
 	f, existed, e := ss.addForward(target)
 	if e != nil {
@@ -204,6 +208,15 @@ func (s *Supervisor) forwardPort(c *call) (any, error) {
 		s.eventCtx(c.ctx, c.sb, "forward.opened", map[string]any{"workspace_session_id": ss.id(), "target_port": target, "port": f.port()})
 	}
 	return res, nil
+}
+
+// forwardURL is the /forward/<kind>/<port>/ URL of §2.8 on the HTTP
+// listener, or nil without one.
+func (s *Supervisor) forwardURL(kind string, port int) any {
+	if s.httpBase == "" {
+		return nil
+	}
+	return fmt.Sprintf("%s/forward/%s/%d/", s.httpBase, kind, port)
 }
 
 // addForward returns the session's forward to target, opening its

@@ -72,6 +72,7 @@ type Supervisor struct {
 	active   atomic.Int64  // requests being executed
 
 	gatewayToken []byte // TCP peers must present it (§2.2); never logged
+	httpBase     string // http://host:port of the HTTP listener, "" without one; set before serving
 }
 
 // Serve runs the supervisor until ctx is cancelled, then shuts down cleanly:
@@ -183,7 +184,7 @@ func Serve(ctx context.Context, opt Options) error {
 		// port someone else may hold now.
 		_ = os.Remove(filepath.Join(runDir, "http.addr"))
 	} else {
-		if httpSrv, err = s.newHTTP(httpAddr, runDir); err != nil {
+		if httpSrv, err = s.newHTTP(httpAddr, runDir, tcp); err != nil {
 			return err
 		}
 		defer os.Remove(filepath.Join(runDir, "http.addr"))

@@ -2,7 +2,9 @@
 // GET /health, token login at /auth, POST /api/rpc (the socket's request
 // handling, reached through Dispatcher) and the live event stream
 // GET /api/events (SSE over the event store, through Events) and a
-// command's transcript while it runs, GET /api/commands/{id}/stream.
+// command's transcript while it runs, GET /api/commands/{id}/stream, and
+// the preview routes /forward/shared/<port>/… and
+// /forward/isolated=<session>/<port>/… (forward.go).
 //
 // It never listens on anything but the loopback listener it is given, never
 // logs, echoes or traces the UI token, and never imports the supervisor: the
@@ -54,6 +56,7 @@ type Config struct {
 	Dispatcher Dispatcher
 	Events     Events
 	Commands   Commands
+	Forward    ForwardConfig
 	Logger     *slog.Logger
 	// MaxBodyBytes bounds a /api/rpc body (the socket's max_request_bytes).
 	MaxBodyBytes int
@@ -110,6 +113,7 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("GET /api/events", s.authed(s.events))
 	mux.HandleFunc("GET /api/commands/{id}/stream", s.authed(s.commandStream))
 	mux.HandleFunc("GET /{$}", s.authed(s.index))
+	mux.HandleFunc("/forward/", s.authed(newForwarder(cfg.Forward, tcp.Port, cfg.Logger).serve))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, catalog.Errorf(catalog.NotFound, "no such route: %s %s", r.Method, r.URL.Path))
 	})
