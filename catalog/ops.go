@@ -8,7 +8,7 @@ var families = []Family{
 	{Group: Runtime, Name: "file", Help: "Files inside the sandbox's workspace (/workspace in its sessions), never on the host: the published state (sessionless) or a session's private view. Symlinks are never followed: a path with a symlink as any component but the last is refused by every file operation, with or without a session, with invalid_request `path \"P\": component \"C\" is a symlink` (details.path, details.component); a symlink as the last component is reported as its kind (not a regular file / not a directory (Symlink))."},
 	{Group: Runtime, Name: "workspace_session", Help: "Private copy-on-write views and their publication."},
 	{Group: Runtime, Name: "network", Help: "Port forwarding into sessions."},
-	{Group: Runtime, Name: "supervisor_http", Capability: true, Help: "The optional loopback HTTP listener: /health, /api/rpc and the /api/events stream (the console pages and the /forward/… routes are not built yet)."},
+	{Group: Runtime, Name: "supervisor_http", Capability: true, Help: "The optional loopback HTTP listener: /health, /api/rpc, the /api/events stream and the /forward/… preview routes (the console pages are not built yet)."},
 	{Group: Runtime, Name: "network_isolation", Capability: true, Help: "shared sessions use the user's network; isolated ones get their own network with outbound access through pasta or slirp4netns and no host loopback; offline ones see only their own loopback."},
 	{Group: Runtime, Name: "reserved_paths", Capability: true, Help: "Path components starting with .wh. are reserved and refused at publish."},
 	{Group: Runtime, Name: "shell_security", Capability: true, Help: "Every command runs with no_new_privs, a capability drop and a seccomp deny-list."},
