@@ -88,40 +88,33 @@ func (sb *sandbox) admittedSessions() int {
 
 // admitCommand reserves a command slot in sb or says which cap is full.
 func (s *Supervisor) admitCommand(sb *sandbox) (*slot, *catalog.Error) {
-	s.admitMu.Lock()
-	defer s.admitMu.Unlock()
-	if sb.admittedCommands() >= s.cfg.Runtime.Command.MaxActivePerSandbox {
-		return nil, catalog.Errorf(catalog.ServerBusy, "command admission refused").
-			With("max_active_commands", s.cfg.Runtime.Command.MaxActivePerSandbox).With("limit_scope", "sandbox")
-	}
-	total := 0
-	for _, o := range s.allSandboxes() {
-		total += o.admittedCommands()
-	}
-	if total >= s.cfg.Supervisor.MaxActiveCommands {
-		return nil, catalog.Errorf(catalog.ServerBusy, "command admission refused").
-			With("max_active_commands", s.cfg.Supervisor.MaxActiveCommands).With("limit_scope", "supervisor")
-	}
-	return s.reserve(sb, slotCommand), nil
+	return s.admit(sb, slotCommand, (*sandbox).admittedCommands, "command admission refused", "max_active_commands",
+		s.cfg.Runtime.Command.MaxActivePerSandbox, s.cfg.Supervisor.MaxActiveCommands)
 }
 
 // admitSession reserves a session slot in sb or says which cap is full.
 func (s *Supervisor) admitSession(sb *sandbox) (*slot, *catalog.Error) {
+	return s.admit(sb, slotSession, (*sandbox).admittedSessions, "workspace session limit reached", "max_workspace_sessions",
+		s.cfg.Runtime.Workspace.MaxSessionsPerSandbox, s.cfg.Supervisor.MaxSessions)
+}
+
+// admit checks the per-sandbox cap, then the supervisor-wide one, and
+// reserves a slot of kind k, all under admitMu; count is what a sandbox
+// already holds of that kind (running or live, plus reserved).
+func (s *Supervisor) admit(sb *sandbox, k slotKind, count func(*sandbox) int, msg, capField string, perSandbox, perSupervisor int) (*slot, *catalog.Error) {
 	s.admitMu.Lock()
 	defer s.admitMu.Unlock()
-	if sb.admittedSessions() >= s.cfg.Runtime.Workspace.MaxSessionsPerSandbox {
-		return nil, catalog.Errorf(catalog.ServerBusy, "workspace session limit reached").
-			With("max_workspace_sessions", s.cfg.Runtime.Workspace.MaxSessionsPerSandbox).With("limit_scope", "sandbox")
+	if count(sb) >= perSandbox {
+		return nil, catalog.Errorf(catalog.ServerBusy, "%s", msg).With(capField, perSandbox).With("limit_scope", "sandbox")
 	}
 	total := 0
 	for _, o := range s.allSandboxes() {
-		total += o.admittedSessions()
+		total += count(o)
 	}
-	if total >= s.cfg.Supervisor.MaxSessions {
-		return nil, catalog.Errorf(catalog.ServerBusy, "workspace session limit reached").
-			With("max_workspace_sessions", s.cfg.Supervisor.MaxSessions).With("limit_scope", "supervisor")
+	if total >= perSupervisor {
+		return nil, catalog.Errorf(catalog.ServerBusy, "%s", msg).With(capField, perSupervisor).With("limit_scope", "supervisor")
 	}
-	return s.reserve(sb, slotSession), nil
+	return s.reserve(sb, k), nil
 }
 
 func (s *Supervisor) reserve(sb *sandbox, k slotKind) *slot {

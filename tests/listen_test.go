@@ -181,6 +181,25 @@ func TestTCPListenerRefusesNonLoopback(t *testing.T) {
 // deterministically, and the files are read the moment the socket answers.
 func TestRuntimeFilesBeforeSocket(t *testing.T) {
 	e := newEnv(t)
+	watch := watchRunDir(t, e)
+	e.start("--listen", "tcp://127.0.0.1:0")
+	if addr := e.tcpAddr(); !strings.HasPrefix(addr, "tcp://127.0.0.1:") {
+		t.Fatalf("listen.addr right after the socket answered: %q", addr)
+	}
+	b, err := os.ReadFile(filepath.Join(e.home, "run", "supervisor.pid"))
+	if err != nil || strings.TrimSpace(string(b)) != strconv.Itoa(e.sup.Process.Pid) {
+		t.Fatalf("supervisor.pid right after the socket answered: %q %v (pid %d)", b, err, e.sup.Process.Pid)
+	}
+	watch.completeBeforeSocket(t, "listen.addr", "supervisor.pid")
+}
+
+// runDirWatch watches the supervisor's runtime directory with inotify, set up
+// before the supervisor starts, so the order in which its files appear is
+// read afterwards without any timing.
+type runDirWatch struct{ fd int }
+
+func watchRunDir(t *testing.T, e *env) runDirWatch {
+	t.Helper()
 	run := filepath.Join(e.home, "run")
 	if err := os.MkdirAll(run, 0o700); err != nil {
 		t.Fatal(err)
@@ -189,23 +208,22 @@ func TestRuntimeFilesBeforeSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Close(fd)
+	t.Cleanup(func() { unix.Close(fd) })
 	if _, err := unix.InotifyAddWatch(fd, run, unix.IN_CREATE|unix.IN_CLOSE_WRITE|unix.IN_MOVED_TO); err != nil {
 		t.Fatal(err)
 	}
-	e.start("--listen", "tcp://127.0.0.1:0")
-	if addr := e.tcpAddr(); !strings.HasPrefix(addr, "tcp://127.0.0.1:") {
-		t.Fatalf("listen.addr right after the socket answered: %q", addr)
-	}
-	b, err := os.ReadFile(filepath.Join(run, "supervisor.pid"))
-	if err != nil || strings.TrimSpace(string(b)) != strconv.Itoa(e.sup.Process.Pid) {
-		t.Fatalf("supervisor.pid right after the socket answered: %q %v (pid %d)", b, err, e.sup.Process.Pid)
-	}
+	return runDirWatch{fd}
+}
 
+// completeBeforeSocket checks that every file in files was completely
+// written (closed after writing, or renamed into place) before
+// supervisor.sock was created.
+func (w runDirWatch) completeBeforeSocket(t *testing.T, files ...string) {
+	t.Helper()
 	complete := map[string]bool{}
 	var seen []string
 	buf := make([]byte, 64<<10)
-	n, err := unix.Read(fd, buf)
+	n, err := unix.Read(w.fd, buf)
 	if err != nil {
 		t.Fatalf("inotify read: %v", err)
 	}
@@ -215,7 +233,7 @@ func TestRuntimeFilesBeforeSocket(t *testing.T) {
 		off += unix.SizeofInotifyEvent + int(ev.Len)
 		seen = append(seen, fmt.Sprintf("%s:%#x", name, ev.Mask))
 		if name == "supervisor.sock" && ev.Mask&unix.IN_CREATE != 0 {
-			for _, f := range []string{"listen.addr", "supervisor.pid"} {
+			for _, f := range files {
 				if !complete[f] {
 					t.Errorf("the socket was created before %s was complete; events %v", f, seen)
 				}

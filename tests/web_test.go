@@ -19,9 +19,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
 )
 
 // webClient talks to the HTTP listener (§2.8) of a supervisor started with
@@ -414,45 +411,12 @@ func TestHTTPRefusesNonLoopback(t *testing.T) {
 // the socket file exists, so whoever sees the supervisor answer can log in.
 func TestHTTPAddrBeforeSocket(t *testing.T) {
 	e := newEnv(t)
-	run := filepath.Join(e.home, "run")
-	if err := os.MkdirAll(run, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	if _, err := unix.InotifyAddWatch(fd, run, unix.IN_CREATE|unix.IN_CLOSE_WRITE|unix.IN_MOVED_TO); err != nil {
-		t.Fatal(err)
-	}
+	watch := watchRunDir(t, e)
 	e.start("--http", "tcp://127.0.0.1:0")
 	if w := e.web(); !strings.HasPrefix(w.addr, "127.0.0.1:") {
 		t.Fatalf("http.addr right after the socket answered: %q", w.addr)
 	}
-	complete := map[string]bool{}
-	var seen []string
-	buf := make([]byte, 64<<10)
-	n, err := unix.Read(fd, buf)
-	if err != nil {
-		t.Fatalf("inotify read: %v", err)
-	}
-	for off := 0; off+unix.SizeofInotifyEvent <= n; {
-		ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-		name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
-		off += unix.SizeofInotifyEvent + int(ev.Len)
-		seen = append(seen, fmt.Sprintf("%s:%#x", name, ev.Mask))
-		if name == "supervisor.sock" && ev.Mask&unix.IN_CREATE != 0 {
-			if !complete["http.addr"] {
-				t.Errorf("the socket was created before http.addr was complete; events %v", seen)
-			}
-			return
-		}
-		if ev.Mask&(unix.IN_CLOSE_WRITE|unix.IN_MOVED_TO) != 0 {
-			complete[name] = true
-		}
-	}
-	t.Fatalf("no creation of supervisor.sock among the events %v", seen)
+	watch.completeBeforeSocket(t, "http.addr")
 }
 
 type sseEvent struct {
