@@ -199,30 +199,15 @@ func probe(root string, comps []string) (probeResult, error) {
 	}
 	cur := root
 	for j, c := range comps {
-		if j == len(comps)-1 {
-			return probeLast(cur, c, cut)
+		r, err := probeLast(cur, c, cut)
+		if err != nil || r.state != probeFound || j == len(comps)-1 {
+			return r, err
 		}
-		p := filepath.Join(cur, c)
-		fi, err := os.Lstat(p)
-		if errors.Is(err, fs.ErrNotExist) {
-			if _, werr := os.Lstat(filepath.Join(cur, whPrefix+c)); werr == nil {
-				return probeResult{state: probeBlocked}, nil
-			}
-			return probeResult{state: probeNone, cut: cut}, nil
+		if !r.fi.IsDir() {
+			// Never descend through anything but a real directory.
+			return probeResult{state: probeBlocked, viaSymlink: r.fi.Mode()&fs.ModeSymlink != 0}, nil
 		}
-		if err != nil {
-			return probeResult{}, err
-		}
-		if isWhiteoutFile(p, fi) {
-			return probeResult{state: probeBlocked}, nil
-		}
-		if !fi.IsDir() {
-			return probeResult{state: probeBlocked, viaSymlink: fi.Mode()&fs.ModeSymlink != 0}, nil
-		}
-		if isOpaqueDir(p) {
-			cut = true
-		}
-		cur = p
+		cur, cut = r.host, r.cut
 	}
 	return probeResult{state: probeNone, cut: cut}, nil
 }

@@ -137,34 +137,7 @@ func TestTCPListener(t *testing.T) {
 }
 
 func TestTCPListenerRefusesNonLoopback(t *testing.T) {
-	for _, tc := range []struct{ flag, config string }{
-		{flag: "tcp://0.0.0.0:0"},
-		{flag: "tcp://localhost:0"},
-		{flag: "tcp://[::]:0"},
-		{flag: "tcp://10.1.2.3:7000"},
-		{flag: "http://127.0.0.1:0"},
-		{flag: "/tmp/x.sock"},
-		{config: "supervisor:\n  listen: tcp://0.0.0.0:7000\n"},
-		{config: "supervisor:\n  listen: tcp://example.com:7000\n"},
-	} {
-		e := newEnv(t)
-		args := []string{"serve"}
-		if tc.flag != "" {
-			args = append(args, "--listen", tc.flag)
-		}
-		if tc.config != "" {
-			writeConfig(t, e, tc.config)
-		}
-		cmd := exec.Command(bin("sandbox-supervisor"), args...)
-		cmd.Env = e.environ()
-		out, err := cmd.CombinedOutput()
-		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "config_error") {
-			t.Errorf("%+v: want exit 2 with config_error, got %v %s", tc, err, out)
-		}
-		if _, err := os.Stat(e.socket()); !os.IsNotExist(err) {
-			t.Errorf("%+v: a socket was left behind: %v", tc, err)
-		}
-	}
+	refusesNonLoopback(t, "--listen", "supervisor", "listen.addr")
 	// The config key opens the listener too.
 	e := newEnv(t)
 	writeConfig(t, e, "supervisor:\n  listen: tcp://127.0.0.1:0\n")
@@ -245,4 +218,42 @@ func (w runDirWatch) completeBeforeSocket(t *testing.T, files ...string) {
 		}
 	}
 	t.Fatalf("no creation of supervisor.sock among the events %v", seen)
+}
+
+// refusesNonLoopback: a listener flag (or its config section's listen key)
+// naming anything but a loopback literal refuses the start with exit 2 and
+// config_error, leaving neither the socket nor the listener's address file.
+func refusesNonLoopback(t *testing.T, flag, section, addrFile string) {
+	t.Helper()
+	for _, tc := range []struct{ flag, config string }{
+		{flag: "tcp://0.0.0.0:0"},
+		{flag: "tcp://localhost:0"},
+		{flag: "tcp://[::]:0"},
+		{flag: "tcp://10.1.2.3:7000"},
+		{flag: "tcp://192.168.1.2:8080"},
+		{flag: "http://127.0.0.1:0"},
+		{flag: "/tmp/x.sock"},
+		{config: section + ":\n  listen: tcp://0.0.0.0:7000\n"},
+		{config: section + ":\n  listen: tcp://example.com:7000\n"},
+	} {
+		e := newEnv(t)
+		args := []string{"serve"}
+		if tc.flag != "" {
+			args = append(args, flag, tc.flag)
+		}
+		if tc.config != "" {
+			writeConfig(t, e, tc.config)
+		}
+		cmd := exec.Command(bin("sandbox-supervisor"), args...)
+		cmd.Env = e.environ()
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "config_error") {
+			t.Errorf("%s %+v: want exit 2 with config_error, got %v %s", flag, tc, err, out)
+		}
+		for _, f := range []string{e.socket(), filepath.Join(e.home, "run", addrFile)} {
+			if _, err := os.Stat(f); !os.IsNotExist(err) {
+				t.Errorf("%s %+v: %s left behind: %v", flag, tc, f, err)
+			}
+		}
+	}
 }

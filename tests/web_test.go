@@ -367,36 +367,7 @@ func TestHTTPRPC(t *testing.T) {
 }
 
 func TestHTTPRefusesNonLoopback(t *testing.T) {
-	for _, tc := range []struct{ flag, config string }{
-		{flag: "tcp://0.0.0.0:0"},
-		{flag: "tcp://localhost:0"},
-		{flag: "tcp://[::]:0"},
-		{flag: "tcp://192.168.1.2:8080"},
-		{flag: "http://127.0.0.1:0"},
-		{flag: "/tmp/x.sock"},
-		{config: "http:\n  listen: tcp://0.0.0.0:7000\n"},
-		{config: "http:\n  listen: tcp://example.com:7000\n"},
-	} {
-		e := newEnv(t)
-		args := []string{"serve"}
-		if tc.flag != "" {
-			args = append(args, "--http", tc.flag)
-		}
-		if tc.config != "" {
-			writeConfig(t, e, tc.config)
-		}
-		cmd := exec.Command(bin("sandbox-supervisor"), args...)
-		cmd.Env = e.environ()
-		out, err := cmd.CombinedOutput()
-		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "config_error") {
-			t.Errorf("%+v: want exit 2 with config_error, got %v %s", tc, err, out)
-		}
-		for _, f := range []string{e.socket(), filepath.Join(e.home, "run", "http.addr")} {
-			if _, err := os.Stat(f); !os.IsNotExist(err) {
-				t.Errorf("%+v: %s left behind: %v", tc, f, err)
-			}
-		}
-	}
+	refusesNonLoopback(t, "--http", "http", "http.addr")
 	// The config key opens the listener (what the systemd unit relies on).
 	e := newEnv(t)
 	writeConfig(t, e, "http:\n  listen: tcp://127.0.0.1:0\n")

@@ -1,7 +1,6 @@
 package web
 
 import (
-	"errors"
 	"net/http"
 	"strconv"
 	"time"
@@ -63,35 +62,16 @@ func (s *Server) commandStream(w http.ResponseWriter, r *http.Request) {
 	}
 	tr, err := s.cfg.Commands.Follow(sandboxID, commandID)
 	if err != nil {
-		var ce *catalog.Error
-		if !errors.As(err, &ce) {
-			ce = catalog.Errorf(catalog.OperationFailed, "follow command %s: %v", commandID, err)
-		}
-		status := http.StatusInternalServerError
-		if ce.Kind == catalog.NotFound {
-			status = http.StatusNotFound
-		}
-		writeError(w, status, ce)
+		writeCause(w, "follow command "+commandID, err)
 		return
 	}
-	select {
-	case s.streams <- struct{}{}:
-		defer func() { <-s.streams }()
-	default:
-		writeError(w, http.StatusServiceUnavailable, catalog.Errorf(catalog.ServerBusy, "too many event streams").
-			With("max_event_streams", MaxEventStreams))
+	done, ok := s.takeStream(w)
+	if !ok {
 		return
 	}
-	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(time.Time{})
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.WriteHeader(http.StatusOK)
-	send := func(event, id string, data []byte) bool {
-		if err := rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout)); err != nil {
-			return false
-		}
-		return writeSSE(w, event, id, data) == nil && rc.Flush() == nil
-	}
+	defer done()
+	out := startSSE(w)
+	send := out.send
 	tick := time.NewTicker(heartbeat)
 	defer tick.Stop()
 	for {
@@ -133,10 +113,7 @@ func (s *Server) commandStream(w http.ResponseWriter, r *http.Request) {
 			case <-tr.Done():
 				break wait
 			case <-tick.C:
-				if err := rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout)); err != nil {
-					return
-				}
-				if _, err := w.Write([]byte(": heartbeat\n\n")); err != nil || rc.Flush() != nil {
+				if !out.heartbeat() {
 					return
 				}
 			}

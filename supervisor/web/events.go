@@ -87,14 +87,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = int(n)
 	}
-	select {
-	case s.streams <- struct{}{}:
-		defer func() { <-s.streams }()
-	default:
-		writeError(w, http.StatusServiceUnavailable, catalog.Errorf(catalog.ServerBusy, "too many event streams").
-			With("max_event_streams", MaxEventStreams))
+	done, ok := s.takeStream(w)
+	if !ok {
 		return
 	}
+	defer done()
 	// Subscribe before reading the store: whatever is stored meanwhile
 	// arrives live, and what both deliver is sent once (by sequence).
 	live, cancel := s.cfg.Events.Subscribe(streamBuffer)
@@ -104,18 +101,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	if replay {
 		var err error
 		if recs, skipped, err = s.cfg.Events.Replay(sandboxID, after, limit); err != nil {
-			var ce *catalog.Error
-			if !errors.As(err, &ce) {
-				ce = catalog.Errorf(catalog.OperationFailed, "read event store: %v", err)
-			}
-			status := http.StatusInternalServerError
-			switch ce.Kind {
-			case catalog.NotFound:
-				status = http.StatusNotFound
-			case catalog.InvalidRequest:
-				status = http.StatusBadRequest
-			}
-			writeError(w, status, ce)
+			writeCause(w, "read event store", err)
 			return
 		}
 	} else if sandboxID != "" {
@@ -128,16 +114,8 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(time.Time{}) // the stream outlives the request read timeout
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.WriteHeader(http.StatusOK)
-	send := func(event, id string, data []byte) bool {
-		if err := rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout)); err != nil {
-			return false
-		}
-		return writeSSE(w, event, id, data) == nil && rc.Flush() == nil
-	}
+	out := startSSE(w)
+	send := out.send
 	if !send("ready", "", catalog.CompactJSON(map[string]any{"heartbeat_s": int(heartbeat / time.Second)})) {
 		return
 	}
@@ -175,10 +153,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		case <-s.done:
 			return
 		case <-tick.C:
-			if err := rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout)); err != nil {
-				return
-			}
-			if _, err := w.Write([]byte(": heartbeat\n\n")); err != nil || rc.Flush() != nil {
+			if !out.heartbeat() {
 				return
 			}
 		case rec, ok := <-live:
@@ -193,4 +168,67 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+// takeStream takes one of the MaxEventStreams slots (server_busy when none
+// is free); done gives it back.
+func (s *Server) takeStream(w http.ResponseWriter) (done func(), ok bool) {
+	select {
+	case s.streams <- struct{}{}:
+		return func() { <-s.streams }, true
+	default:
+		writeError(w, http.StatusServiceUnavailable, catalog.Errorf(catalog.ServerBusy, "too many event streams").
+			With("max_event_streams", MaxEventStreams))
+		return nil, false
+	}
+}
+
+// startSSE answers 200 with an event stream. Every write of it runs under
+// its own deadline and is flushed; false means the client is gone or too
+// slow.
+func startSSE(w http.ResponseWriter) sseStream {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Time{}) // the stream outlives the request read timeout
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	return sseStream{w, rc}
+}
+
+type sseStream struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func (s sseStream) send(event, id string, data []byte) bool {
+	if err := s.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout)); err != nil {
+		return false
+	}
+	return writeSSE(s.w, event, id, data) == nil && s.rc.Flush() == nil
+}
+
+// heartbeat writes a comment line, which keeps proxies and idle timers from
+// closing a quiet stream.
+func (s sseStream) heartbeat() bool {
+	if err := s.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout)); err != nil {
+		return false
+	}
+	_, err := s.w.Write([]byte(": heartbeat\n\n"))
+	return err == nil && s.rc.Flush() == nil
+}
+
+// writeCause answers a failure of the supervisor behind a stream: its
+// catalog error with the matching status, else operation_failed.
+func writeCause(w http.ResponseWriter, what string, err error) {
+	var ce *catalog.Error
+	if !errors.As(err, &ce) {
+		ce = catalog.Errorf(catalog.OperationFailed, "%s: %v", what, err)
+	}
+	status := http.StatusInternalServerError
+	switch ce.Kind {
+	case catalog.NotFound:
+		status = http.StatusNotFound
+	case catalog.InvalidRequest:
+		status = http.StatusBadRequest
+	}
+	writeError(w, status, ce)
 }
