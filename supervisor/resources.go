@@ -260,8 +260,8 @@ func (s *Supervisor) measureSessions(procRoot string, sess []*liveSession) {
 			if err != nil {
 				continue // exited meanwhile
 			}
-			ls.m.CPUUsec += p.cpuTimeUs()
-			ls.m.MemCur += p.vmRSS
+			ls.m.CPUUsec += p.CPUTimeUs()
+			ls.m.MemCur += p.VmRSS
 			ls.m.PidsCur++
 			r, w := readProcIO(dir)
 			ls.m.IORBytes += r

@@ -1,0 +1,138 @@
+package supervisor
+
+// The one adapter between the supervisor's sandboxes and sessions and the
+// plain inputs of package views. When the sandbox and session types move,
+// only this file follows them.
+
+import (
+	"sort"
+
+	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/views"
+)
+
+// sandboxesSorted returns the registered sandboxes ordered by ID.
+func (s *Supervisor) sandboxesSorted() []*sandbox {
+	s.mu.Lock()
+	all := make([]*sandbox, 0, len(s.sandboxes))
+	for _, sb := range s.sandboxes {
+		all = append(all, sb)
+	}
+	s.mu.Unlock()
+	sort.Slice(all, func(i, j int) bool { return all[i].rec.ID < all[j].rec.ID })
+	return all
+}
+
+// sessionsSorted returns the sandbox's live sessions ordered by ID.
+func (sb *sandbox) sessionsSorted() []*session {
+	sb.mu.Lock()
+	all := make([]*session, 0, len(sb.sessions))
+	for _, ss := range sb.sessions {
+		all = append(all, ss)
+	}
+	sb.mu.Unlock()
+	sort.Slice(all, func(i, j int) bool { return all[i].rec.WorkspaceSessionID < all[j].rec.WorkspaceSessionID })
+	return all
+}
+
+// holderPid is the session's live holder PID, 0 without a holder.
+func (ss *session) holderPid() int {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.holder == nil {
+		return 0
+	}
+	return ss.holder.Pid()
+}
+
+func (ss *session) record() sessionRecord {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.rec
+}
+
+// sessionView copies what the views show of one session.
+func sessionView(ss *session) views.Session {
+	r := ss.record()
+	return views.Session{ID: r.WorkspaceSessionID, Agent: r.Agent, State: r.State, NetworkProfile: r.NetworkProfile,
+		FinalizePolicy: r.FinalizePolicy, OverlayDriver: r.OverlayDriver, Lease: r.Lease.Layers, HolderPid: ss.holderPid()}
+}
+
+func sessionViews(sessions []*session) []views.Session {
+	out := make([]views.Session, 0, len(sessions))
+	for _, ss := range sessions {
+		out = append(out, sessionView(ss))
+	}
+	return out
+}
+
+// holderViews lists the live holders of sbs' sessions, in order.
+func holderViews(sbs []*sandbox) []views.Holder {
+	var out []views.Holder
+	for _, sb := range sbs {
+		for _, ss := range sb.sessionsSorted() {
+			if pid := ss.holderPid(); pid > 0 {
+				out = append(out, views.Holder{SandboxID: sb.rec.ID, WorkspaceID: ss.id(), Pid: pid})
+			}
+		}
+	}
+	return out
+}
+
+// snapshotSource is one sandbox as snapshot asks for it.
+type snapshotSource struct {
+	s  *Supervisor
+	sb *sandbox
+}
+
+func (src snapshotSource) Sandbox() views.Sandbox {
+	sb := src.sb
+	sb.mu.Lock()
+	rec := sb.rec
+	cmds := make([]*command, 0, len(sb.commands))
+	for _, cmd := range sb.commands {
+		cmds = append(cmds, cmd)
+	}
+	sb.mu.Unlock()
+	out := views.Sandbox{ID: rec.ID, State: rec.State, Failed: rec.State == stateFailed, Error: rec.Error,
+		RuntimeDir: sb.dir, Stack: sb.stack, Sessions: sessionViews(sb.sessionsSorted())}
+	for _, cmd := range cmds {
+		cmd.mu.Lock()
+		cr := cmd.rec
+		cmd.mu.Unlock()
+		if cr.Status != cmdRunning {
+			continue // the status read_command_lines reports
+		}
+		out.Running = append(out.Running, views.Command{SessionID: cr.WorkspaceSessionID, ID: cr.CommandSessionID, Cmd: cr.Cmd})
+	}
+	return out
+}
+
+func (src snapshotSource) Resources() (map[string]any, map[string]map[string]any, error) {
+	return src.s.snapshotResources(src.sb)
+}
+
+func (src snapshotSource) EventStore() any { return src.s.obsStats(src.sb) }
+
+func (src snapshotSource) NoSamples() string { return src.s.noSamples("sandbox", snapshotWindowMs) }
+
+// What other files of the supervisor still call by their old names; the
+// lead re-points these callers at merge.
+type (
+	procStat = views.ProcStat
+	nsID     = views.NSID
+)
+
+func readProc(dir string) (procStat, error)           { return views.ReadProc(dir) }
+func readSmall(name string, max int) ([]byte, error)  { return views.ReadSmall(name, max) }
+func statNS(pidDir, kind string) (nsID, error)        { return views.StatNS(pidDir, kind) }
+func readNames(dir string, max int) ([]string, error) { return views.ReadNames(dir, max) }
+func boundedError(msg string) string                  { return views.BoundedError(msg) }
+func nonNil(s []string) []string                      { return views.NonNil(s) }
+func summarizeStack(st *layers.Stack, maxNodes, maxDepth int) (views.StackSummary, error) {
+	return views.SummarizeStack(st, maxNodes, maxDepth)
+}
+
+func buildTopology(procRoot string, sessions []*session) map[string]any {
+	return views.BuildTopology(procRoot, sessionViews(sessions))
+}
