@@ -2,10 +2,12 @@ package views
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"reflect"
 	"testing"
 
+	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 )
 
@@ -82,5 +84,37 @@ func TestViewSummarizeStack(t *testing.T) {
 	sum, _ = SummarizeStack(st, 1, 64)
 	if !sum.Estimated || !sum.Layers[0].Estimated {
 		t.Fatalf("a walk cut by the node bound is not marked estimated: %+v", sum.Layers[0])
+	}
+}
+
+func TestViewLayerstackLayerAndWorkspace(t *testing.T) {
+	ws := t.TempDir()
+	writeTree(t, ws, map[string]string{"a.txt": "hello\n"})
+	st, _, err := layers.Create(context.Background(), filepath.Join(t.TempDir(), "layerstack"), ws, layers.SnapshotOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"missing", ".", "..", "../layers", "a/b"} {
+		_, err := LayerstackLayer(st, id, 10, 64)
+		var ce *catalog.Error
+		if !errors.As(err, &ce) || ce.Kind != catalog.NotFound {
+			t.Errorf("layer %q: %v, want not_found", id, err)
+		}
+	}
+	out, err := LayerstackLayer(st, layers.BaseLayerID, 10, 64)
+	if err != nil || !reflect.DeepEqual(out["entries"], []layerEntry{{"a.txt", "write"}}) || out["truncated"] != false {
+		t.Fatalf("base layer: %v %v", out, err)
+	}
+
+	a, _ := st.Acquire("workspace-session:ws-a")
+	b, _ := st.Acquire("workspace-session:ws-b")
+	defer a.Release()
+	defer b.Release()
+	upper := t.TempDir()
+	writeTree(t, upper, map[string]string{"new.txt": "1234"})
+	w := LayerstackWorkspace(st, "ws-a", a.Manifest().Layers, upper, 1024, 64)
+	mounts := w["mounts"].([]map[string]any)
+	if len(mounts) != 1 || !reflect.DeepEqual(mounts[0]["shared_with"], []string{"ws-b"}) || w["upper_bytes"] != int64(4) || w["estimated"] != false {
+		t.Fatalf("workspace view: %v", w)
 	}
 }
