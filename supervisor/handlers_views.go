@@ -24,7 +24,7 @@ func (s *Supervisor) health(c *call) (any, error) {
 	return views.Health(views.HealthInput{
 		Version: s.version, Started: s.started, Kernel: kernelRelease(),
 		UserNS: s.probes.userNS, KernelOverlay: s.probes.kernelOverlay, FuseOverlay: s.probes.fuseOverlay,
-		FuseDevice: s.probes.fuseDevice, Docker: views.Availability(s.docker),
+		FuseDevice: s.probes.fuseDevice, Docker: views.Availability{Available: s.docker.Available, Reason: s.docker.Reason},
 		StoreErr: s.store.ping(c.ctx), DataDir: s.dirs.Data,
 		Sandboxes: nSandboxes, Sessions: s.sessionCount(), RunningCommands: s.runningCommands(), AnyFailed: failed,
 		Cgroup: cg, Network: s.netHelperStatus(), EventStore: s.obsStats(nil),
