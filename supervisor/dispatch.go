@@ -124,7 +124,7 @@ func snapshotError(se *layers.SnapshotError) *catalog.Error {
 	case "changed":
 		e = catalog.Errorf(catalog.OperationFailed, "workspace changed during snapshot: %s", se.Path)
 	default:
-		e = catalog.Errorf(catalog.OperationFailed, "workspace snapshot failed: %v", se)
+		e = catalog.Errorf(catalog.OperationFailed, "workspace snapshot failed: %w", se)
 	}
 	return e.With("path", se.Path).With("reason", se.Reason)
 }
