@@ -2,6 +2,8 @@ package catalog
 
 import (
 	"encoding/json"
+	"errors"
+	"io/fs"
 	"os"
 	"reflect"
 	"strings"
@@ -38,6 +40,12 @@ func TestDeclarationsAreWellFormed(t *testing.T) {
 		}
 		if op.Group == Runtime && op.Scope != ScopeSandbox {
 			t.Errorf("%s: runtime operations are sandbox-scoped", op.ID)
+		}
+		if op.Group == Observability && !op.Cancellable {
+			t.Errorf("%s: observability operations only read, so they stop with their client (Cancellable)", op.ID)
+		}
+		if op.Cancellable && op.Effect != ReadOnly && op.ID != "export_changes" {
+			t.Errorf("%s: only reads may stop with their client; export_changes, which writes only its destination, is the one exception", op.ID)
 		}
 		args := map[string]bool{}
 		for _, a := range op.Args {
@@ -322,5 +330,33 @@ func TestErrorEnvelope(t *testing.T) {
 	}
 	if ErrorFromResponse(map[string]any{"ok": true}) != nil {
 		t.Fatal("success taken for an error")
+	}
+}
+
+// TestErrorCause: the wire error keeps the domain error it stands for,
+// visible to errors.Is and errors.As, and never sends it.
+func TestErrorCause(t *testing.T) {
+	cause := &fs.PathError{Op: "open", Path: "a", Err: fs.ErrNotExist}
+	for _, e := range []*Error{
+		Wrap(NotFound, cause, "file not found: %s", "a"),
+		Errorf(NotFound, "file not found: %w", cause),
+	} {
+		var pe *fs.PathError
+		if !errors.Is(e, fs.ErrNotExist) || !errors.As(e, &pe) || pe != cause {
+			t.Fatalf("%v: the cause is not visible", e)
+		}
+		if strings.Contains(string(e.MarshalEnvelope()), "open") && !strings.Contains(e.Message, "open") {
+			t.Fatalf("the cause leaked into the envelope: %s", e.MarshalEnvelope())
+		}
+		var m map[string]map[string]any
+		if err := json.Unmarshal(e.MarshalEnvelope(), &m); err != nil || len(m["error"]) != 3 {
+			t.Fatalf("envelope %s", e.MarshalEnvelope())
+		}
+	}
+	if e := Wrap(NotFound, cause, "file not found: %s", "a"); e.Message != "file not found: a" {
+		t.Fatalf("Wrap's message %q", e.Message)
+	}
+	if e := Errorf(InvalidRequest, "plain %d", 1); e.Cause != nil || e.Message != "plain 1" {
+		t.Fatalf("Errorf without %%w: %+v", e)
 	}
 }

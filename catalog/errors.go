@@ -3,6 +3,7 @@ package catalog
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 )
 
@@ -26,17 +27,34 @@ const (
 
 // Error is the contract's error envelope body. It is the only error type that
 // crosses the wire; handlers return it to choose the kind a client sees.
+// Cause is the domain error it stands for, kept for errors.Is/As on the
+// supervisor's side and never sent.
 type Error struct {
 	Kind    string         `json:"kind"`
 	Message string         `json:"message"`
 	Details map[string]any `json:"details"`
+	Cause   error          `json:"-"`
 }
 
 func (e *Error) Error() string { return e.Kind + ": " + e.Message }
 
-// Errorf builds an *Error with empty details.
+// Unwrap returns the cause, so errors.Is and errors.As see through the
+// wire error to the domain error it was made from.
+func (e *Error) Unwrap() error { return e.Cause }
+
+// Errorf builds an *Error with empty details. A %w verb in format makes
+// the wrapped error its Cause, as fmt.Errorf would.
 func Errorf(kind, format string, a ...any) *Error {
-	return &Error{Kind: kind, Message: fmt.Sprintf(format, a...), Details: map[string]any{}}
+	wrapped := fmt.Errorf(format, a...)
+	return &Error{Kind: kind, Message: wrapped.Error(), Details: map[string]any{}, Cause: errors.Unwrap(wrapped)}
+}
+
+// Wrap builds an *Error of kind whose Cause is err; the message is format's
+// (err is not appended to it).
+func Wrap(kind string, err error, format string, a ...any) *Error {
+	e := Errorf(kind, format, a...)
+	e.Cause = err
+	return e
 }
 
 // With returns e with one more detail set; it mutates and returns e so calls chain.
@@ -52,6 +70,7 @@ func (e *Error) With(key string, value any) *Error {
 // the contract's order (kind, message, details; details always an object).
 func (e *Error) Envelope() any {
 	body := *e
+	body.Cause = nil
 	if body.Details == nil {
 		body.Details = map[string]any{}
 	}

@@ -278,6 +278,18 @@ type Op struct {
 	// OpenWorld: the operation reaches outside the supervisor's own state
 	// (the network, a Docker registry, the host filesystem by path).
 	OpenWorld bool
+
+	// Streams: the operation sends progress lines when the request sets
+	// _stream_logs (§2.5); the others never do.
+	Streams bool
+	// Span names the span of the whole operation (§10.2), a child of the
+	// request's supervisor.dispatch span; "" means none.
+	Span string
+	// Cancellable operations only read (export writes only its destination,
+	// through temp + rename), so they stop when their client disconnects;
+	// every other one completes even then (§2.4: a command keeps running, a
+	// publish still commits).
+	Cancellable bool
 }
 
 // DisplayTitle is Title, else the ID with underscores as spaces and the

@@ -62,7 +62,7 @@ var sandboxIDArg = Arg{Name: "sandbox_id", Kind: String, Required: true, ID: tru
 
 var ops = []Op{
 	{
-		ID: "create_sandbox", Group: Management, Family: "management", Scope: ScopeSystem,
+		ID: "create_sandbox", Group: Management, Family: "management", Scope: ScopeSystem, Streams: true, Span: "sandbox.create",
 		Title: "Create sandbox", Effect: Additive, OpenWorld: true,
 		Summary: "Create sandboxes from a workspace directory.",
 		Help: "Snapshots the workspace directory into the base layer B000001-base of a new LayerStack. " +
@@ -92,7 +92,7 @@ var ops = []Op{
 		Result:  `{"docker":"available","images":[…]} or {"images":[],"docker":"unavailable","error":"<reason>"}`,
 	},
 	{
-		ID: "list_workspace_directories", Group: Management, Family: "management", Scope: ScopeSystem,
+		ID: "list_workspace_directories", Group: Management, Family: "management", Scope: ScopeSystem, Cancellable: true,
 		Title: "List workspace directories", Effect: ReadOnly,
 		Summary: "List directories for picking a workspace root.",
 		Help:    "Without path: the picker roots (manager.workspace_roots, else $HOME). With path: its immediate subdirectories, symlinks not followed.",
@@ -102,7 +102,7 @@ var ops = []Op{
 		},
 	},
 	{
-		ID: "destroy_sandbox", Group: Management, Family: "management", Scope: ScopeSystem,
+		ID: "destroy_sandbox", Group: Management, Family: "management", Scope: ScopeSystem, Streams: true, Span: "sandbox.destroy",
 		Title: "Destroy sandbox", Effect: Destructive, Idempotent: true,
 		Summary: "Destroy a sandbox and everything it owns on disk.",
 		Help:    "Nothing is published; the host workspace is untouched.",
@@ -125,7 +125,7 @@ var ops = []Op{
 		Args:    []Arg{sandboxIDArg},
 	},
 	{
-		ID: "squash_layerstacks", Group: Management, Family: "management", Scope: ScopeSystem,
+		ID: "squash_layerstacks", Group: Management, Family: "management", Scope: ScopeSystem, Streams: true, Span: "layerstack.squash",
 		Title: "Squash layer stack", Effect: Additive, Idempotent: true,
 		Summary: "Fold runs of published layers into squashed layers.",
 		Help: "Every run of two or more layers above the base that no live session's newest layer splits becomes one S layer; " +
@@ -134,7 +134,7 @@ var ops = []Op{
 		Args:   []Arg{sandboxIDArg},
 	},
 	{
-		ID: "export_changes", Group: Management, Family: "management", Scope: ScopeSystem,
+		ID: "export_changes", Group: Management, Family: "management", Scope: ScopeSystem, Streams: true, Span: "layerstack.export", Cancellable: true,
 		Title: "Export changes to the host", Effect: Destructive, Idempotent: true, OpenWorld: true,
 		Summary: "Export the sandbox's published changes to a host directory, an archive or git commits.",
 		Help: "Folds every non-base layer of head (newest wins, whiteouts and opaque cuts applied) and writes it to dest. " +
@@ -156,7 +156,7 @@ var ops = []Op{
 		},
 	},
 	{
-		ID: "exec_command", Group: Runtime, Family: "command", Scope: ScopeSandbox,
+		ID: "exec_command", Group: Runtime, Family: "command", Scope: ScopeSandbox, Span: "command.exec",
 		Title: "Run command in sandbox", Effect: Destructive, OpenWorld: true,
 		Summary: "Run a shell command inside the sandbox (not on the host).",
 		Help: "Runs /bin/bash --noprofile --norc -c COMMAND in a PTY with cwd /workspace, inside the sandbox's namespaces over a copy-on-write view of the workspace. " +
@@ -213,7 +213,7 @@ var ops = []Op{
 		},
 	},
 	{
-		ID: "file_read", Group: Runtime, Family: "file", Scope: ScopeSandbox,
+		ID: "file_read", Group: Runtime, Family: "file", Scope: ScopeSandbox, Cancellable: true,
 		Title: "Read file in sandbox", Effect: ReadOnly,
 		Summary: "Read a window of lines of a UTF-8 file inside the sandbox (not on the host).",
 		Help: "Without workspace_session_id: the sandbox's published state; with it: that session's private view. " +
@@ -264,7 +264,7 @@ var ops = []Op{
 		},
 	},
 	{
-		ID: "file_blame", Group: Runtime, Family: "file", Scope: ScopeSandbox,
+		ID: "file_blame", Group: Runtime, Family: "file", Scope: ScopeSandbox, Cancellable: true,
 		Title: "Blame file lines", Effect: ReadOnly,
 		Summary: "Which session, command or operation wrote each line of a file.",
 		Help:    "Ranges tile every line exactly once. Without workspace_session_id: the sandbox's published state; with it: the session's own view.",
@@ -278,7 +278,7 @@ var ops = []Op{
 		},
 	},
 	{
-		ID: "file_list", Group: Runtime, Family: "file", Scope: ScopeSandbox,
+		ID: "file_list", Group: Runtime, Family: "file", Scope: ScopeSandbox, Cancellable: true,
 		Title: "List directory in sandbox", Effect: ReadOnly,
 		Summary: "List one directory level inside the sandbox (not on the host).",
 		Help:    "Sorted by name bytes; kind is file, directory, symlink or other.",
@@ -306,7 +306,7 @@ var ops = []Op{
 		},
 	},
 	{
-		ID: "publish_workspace_session", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox,
+		ID: "publish_workspace_session", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox, Span: "workspace_session.publish",
 		Title: "Publish workspace session", Effect: Destructive,
 		Summary: "Publish an explicit session's changes as one new layer, or nothing.",
 		Help: "Every changed path is resolved against the current published state with its strategy (merge, ours, theirs, reject); " +
@@ -344,7 +344,7 @@ var ops = []Op{
 		Output:  sessionsOut(),
 	},
 	{
-		ID: "diff_workspace_session", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox,
+		ID: "diff_workspace_session", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox, Cancellable: true,
 		Title: "Diff workspace session", Effect: ReadOnly,
 		Summary: "What a session changed: per-path status and unified diffs against its base or the current head.",
 		Help:    "Also lists the session-changed paths that head has changed meanwhile (they will go through resolution).",
@@ -371,14 +371,14 @@ var ops = []Op{
 		},
 	},
 	{
-		ID: "snapshot", Group: Observability, Family: "snapshot", Scope: ScopeSystemOrSandbox,
+		ID: "snapshot", Group: Observability, Family: "snapshot", Scope: ScopeSystemOrSandbox, Cancellable: true,
 		Title: "Activity snapshot", Effect: ReadOnly,
 		Summary: "What every sandbox (or one) is doing now: sessions, running commands, layer stack.",
 		Result:  "sandbox: {sandbox_id, lifecycle_state, availability, …, workspaces[], stack}; system: {sandboxes:[…]}",
 		Args:    []Arg{obsSandboxArg},
 	},
 	{
-		ID: "trace", Group: Observability, Family: "trace", Scope: ScopeSystemOrSandbox,
+		ID: "trace", Group: Observability, Family: "trace", Scope: ScopeSystemOrSandbox, Cancellable: true,
 		Title: "Request trace", Effect: ReadOnly,
 		Summary: "The span tree of one request (by its request_id), the last one by default.",
 		Result:  "{view:\"trace\", trace, spans:[{span, offset_ms, children, events}]}",
@@ -386,7 +386,7 @@ var ops = []Op{
 			{Name: "trace_id", Kind: String, Default: "last", NonEmpty: true, Help: "A request_id or a synthetic trace id; \"last\" is the newest."}},
 	},
 	{
-		ID: "events", Group: Observability, Family: "events", Scope: ScopeSystemOrSandbox,
+		ID: "events", Group: Observability, Family: "events", Scope: ScopeSystemOrSandbox, Cancellable: true,
 		Title: "Event log", Effect: ReadOnly,
 		Summary: "Recorded events, oldest first.",
 		Help:    "Every record carries seq, one supervisor-wide sequence number (it continues across restarts); the HTTP listener's event stream GET /api/events uses it as the SSE id, so a console resumes after the last record it has with Last-Event-ID or ?last_event_id=.",
@@ -397,7 +397,7 @@ var ops = []Op{
 			{Name: "last_n", Kind: Integer, Min: u64(1), Max: u64(500), Help: "Only the newest n."}},
 	},
 	{
-		ID: "resources", Group: Observability, Family: "resources", Scope: ScopeSystemOrSandbox,
+		ID: "resources", Group: Observability, Family: "resources", Scope: ScopeSystemOrSandbox, Cancellable: true,
 		Title: "Resource use", Effect: ReadOnly,
 		Summary: "Sampled resource use: a sandbox's series, or the fleet's latest per sandbox.",
 		Help:    "Reads the samples the supervisor records every observability.resource_stats.sample_interval_ms; it never samples on demand.",
@@ -405,21 +405,21 @@ var ops = []Op{
 		Args:    []Arg{obsSandboxArg, windowArg},
 	},
 	{
-		ID: "daemon", Group: Observability, Family: "daemon", Scope: ScopeSystemOrSandbox,
+		ID: "daemon", Group: Observability, Family: "daemon", Scope: ScopeSystemOrSandbox, Cancellable: true,
 		Title: "Supervisor process", Effect: ReadOnly,
 		Summary: "The supervisor process: pid, uptime, memory, goroutines, descriptors, holders.",
 		Result:  "{view:\"daemon\", scope, daemon:{…, holders:[…]}}",
 		Args:    []Arg{obsSandboxArg},
 	},
 	{
-		ID: "topology", Group: Observability, Family: "topology", Scope: ScopeSandbox,
+		ID: "topology", Group: Observability, Family: "topology", Scope: ScopeSandbox, Cancellable: true,
 		Title: "Session processes", Effect: ReadOnly,
 		Summary: "Holders and the processes of each session, by PID namespace.",
 		Result:  "{view:\"topology\", scope:\"sandbox\", topology:{schema_version:2, workspaces:[…]}}",
 		Args:    []Arg{obsSandboxRequired},
 	},
 	{
-		ID: "cgroup", Group: Observability, Family: "cgroup", Scope: ScopeSandbox,
+		ID: "cgroup", Group: Observability, Family: "cgroup", Scope: ScopeSandbox, Cancellable: true,
 		Title: "Cgroup samples", Effect: ReadOnly,
 		Summary: "The resource samples of a sandbox or one of its sessions, and its processes.",
 		Result:  "{view:\"cgroup\", scope, availability, errors[], series:[…], topology}",
@@ -428,7 +428,7 @@ var ops = []Op{
 			windowArg},
 	},
 	{
-		ID: "layerstack", Group: Observability, Family: "layerstack", Scope: ScopeSandbox,
+		ID: "layerstack", Group: Observability, Family: "layerstack", Scope: ScopeSandbox, Cancellable: true,
 		Title: "Layer stack", Effect: ReadOnly,
 		Summary: "Layers, sizes and leases; or one session's mounts; or one layer's entries.",
 		Result:  "{view:\"layerstack\", manifest_version, root_hash, layers:[…], …}",
@@ -439,14 +439,14 @@ var ops = []Op{
 			{Name: "limit", Kind: Integer, Default: uint64(500), Min: u64(1), Max: u64(5000), Help: "Entries of a layer."}},
 	},
 	{
-		ID: "health", Group: Observability, Family: "health", Scope: ScopeSystem,
+		ID: "health", Group: Observability, Family: "health", Scope: ScopeSystem, Cancellable: true,
 		Title: "Supervisor health", Effect: ReadOnly,
 		Summary: "The supervisor's health and the host capabilities it probed at start.",
 		Result:  "{status, version, uptime_s, uid, kernel, overlay_drivers, fuse, user_namespaces, cgroup, docker, store, counts, event_store}",
 		Output:  healthOut(),
 	},
 	{
-		ID: "file_activity", Group: Observability, Family: "file_activity", Scope: ScopeSandbox,
+		ID: "file_activity", Group: Observability, Family: "file_activity", Scope: ScopeSandbox, Cancellable: true,
 		Title: "File activity", Effect: ReadOnly,
 		Summary: "File changes made inside workspace sessions, oldest first.",
 		Help: "One record per create, write, truncate, rename, unlink, mkdir, rmdir, symlink or chmod: " +

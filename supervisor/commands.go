@@ -227,7 +227,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 		if errors.Is(err, nsholder.ErrNoShell) {
 			return nil, catalog.Errorf(catalog.OperationFailed, "no shell in rootfs")
 		}
-		return nil, catalog.Errorf(catalog.OperationFailed, "spawn command: %v", err).With("workspace_session_id", ss.id())
+		return nil, catalog.Errorf(catalog.OperationFailed, "spawn command: %w", err).With("workspace_session_id", ss.id())
 	}
 	cmd.proc = proc
 	ss.ledger[id] = cmd

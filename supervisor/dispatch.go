@@ -2,14 +2,11 @@ package supervisor
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
-	"runtime/debug"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/images"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/rpc"
 )
 
 // call is one request on its way through a handler.
@@ -25,9 +22,8 @@ type call struct {
 
 type handler func(s *Supervisor, c *call) (any, error)
 
-// handlers maps operation IDs to their implementation. An operation declared
-// in the catalog without an entry here is unknown_op, exactly like an
-// undeclared one.
+// handlers maps operation IDs to their implementation; newMux registers
+// them against the catalog's declarations.
 var handlers = map[string]handler{
 	"create_sandbox":             (*Supervisor).createSandbox,
 	"list_docker_images":         (*Supervisor).listDockerImages,
@@ -64,166 +60,56 @@ var handlers = map[string]handler{
 	"file_activity":              (*Supervisor).fileActivity,
 }
 
-// cancellableOps only read (export writes only its destination, files via
-// temp + rename): when their client disconnects they stop early (the
-// request context is cancelled). Every other operation completes even then
-// (§2.4: a command keeps running, a publish still commits).
-var cancellableOps = map[string]bool{"export_changes": true, "diff_workspace_session": true, "file_read": true,
-	"file_list": true, "file_blame": true, "list_workspace_directories": true}
-
-func cancellable(op *catalog.Op) bool {
-	return cancellableOps[op.ID] || op.Group == catalog.Observability
-}
-
-// streamingOps may send progress lines (§2.5).
-var streamingOps = map[string]bool{"create_sandbox": true, "destroy_sandbox": true, "squash_layerstacks": true, "export_changes": true}
-
-// requester is where a request came from, as handleLine needs it.
-type requester struct {
-	tcp bool // the TCP RPC listener: the gateway token is required
-	// hangup returns the context of a cancellable operation, cancelled
-	// with cause errClientGone when the client goes away, and its stop.
-	hangup   func() (context.Context, func())
-	progress func(string) // _stream_logs lines (§2.5)
-}
-
-// handleLine runs §2.4 steps 3-9 for one request line and returns the
-// response value (a result or a *catalog.Error).
-func (s *Supervisor) handleLine(line []byte, w requester) (out any) {
-	raw, perr := catalog.ParseLine(line)
-	if perr != nil {
-		return perr
-	}
-	if e := s.authorize(raw, w.tcp); e != nil { // §2.4 step 4; strips the token
-		return e
-	}
-	req, perr := catalog.DecodeRequest(raw)
-	if perr != nil {
-		return perr
-	}
-	if req.RequestID == "" {
-		req.RequestID = s.ids.new("req-")
-	}
-	op, known := catalog.Lookup(req.Op)
-	h := handlers[req.Op]
-	if !known || h == nil {
-		return catalog.Errorf(catalog.UnknownOp, "unknown operation: %s", req.Op).With("op", req.Op)
-	}
-	if e := normalizeScope(op, req); e != nil {
-		return e
-	}
-	ctx := context.Background()
-	if cancellable(op) {
-		var stop func()
-		ctx, stop = w.hangup()
-		defer stop()
-	}
-	c := &call{ctx: ctx, req: req, op: op, progress: func(string) {}}
-	if req.StreamLogs && streamingOps[op.ID] {
-		c.progress = w.progress
-	}
-	if req.Scope.Kind == "sandbox" {
-		sb, e := s.resolveSandbox(req.Scope.SandboxID, op.Group == catalog.Observability)
-		if e != nil {
-			return e
-		}
-		c.sb = sb
-		// The sandbox's gate keeps destroy from tearing it down under us.
-		if !sb.gate.TryRLock() {
-			return sb.busyError()
-		}
-		defer sb.gate.RUnlock()
-	}
-	args, verr := op.Validate(req.Args)
-	if verr != nil {
-		return verr
-	}
-	c.args = args
-	defer func() {
-		if r := recover(); r != nil {
-			s.log.Error("handler panic", "op", op.ID, "panic", r, "stack", string(debug.Stack()))
-			out = catalog.Errorf(catalog.InternalError, "internal error in %s", op.ID)
-		}
-	}()
-	c.span = s.requestSpan(c) // root span of non-observability ops; c.ctx carries it
-	res, err := s.runTraced(c, h)
-	if err = clientGone(c.ctx, err); errors.Is(err, errClientGone) {
-		s.log.Info("request cancelled: the client disconnected", "op", op.ID, "request_id", req.RequestID)
-	}
-	c.span.finish(err)
-	if err != nil {
-		return s.toError(op.ID, err)
-	}
-	return res
-}
-
-// clientGone attributes a handler's failure to its client's disconnect when
-// that cancelled the request, whatever error the interrupted work returned
-// (some wrap it without %w), so the request's span says "cancelled".
-func clientGone(ctx context.Context, err error) error {
-	if err == nil || !errors.Is(context.Cause(ctx), errClientGone) {
-		return err
-	}
-	if errors.Is(err, errClientGone) {
-		return err
-	}
-	return fmt.Errorf("%w (%w): %v", context.Canceled, errClientGone, err)
-}
-
-// normalizeScope applies §2.3's sandbox_id placement rules and §2.4 step 6.
-func normalizeScope(op *catalog.Op, req *catalog.Request) *catalog.Error {
-	if op.Group != catalog.Management {
-		if v, present := req.Args["sandbox_id"]; present && v != nil {
-			id, ok := v.(string)
-			if !ok {
-				return catalog.Errorf(catalog.InvalidRequest, "sandbox_id must be a string")
-			}
-			if req.Scope.Kind == "sandbox" && req.Scope.SandboxID != id {
-				return catalog.Errorf(catalog.InvalidRequest, "sandbox_id in args does not match scope")
-			}
-			if req.Scope.Kind == "system" && op.Scope != catalog.ScopeSystem {
-				req.Scope = catalog.RequestScope{Kind: "sandbox", SandboxID: id}
-			}
-			if op.Arg("sandbox_id") == nil {
-				delete(req.Args, "sandbox_id")
-			}
+// newMux registers every handler against its operation's catalog
+// declaration; a handler without a declaration or a declaration without a
+// handler refuses the start (TestRegistry keeps both from landing).
+func (s *Supervisor) newMux() (*rpc.Mux, error) {
+	m := rpc.New(rpc.Config{Log: s.log, Authorize: s.authorize, NewRequestID: func() string { return s.ids.new("req-") },
+		Bind: s.bindScope, Errors: errorTranslators})
+	for id, h := range handlers {
+		if err := m.Handle(id, s.run(h)); err != nil {
+			return nil, err
 		}
 	}
-	switch {
-	case op.Scope == catalog.ScopeSandbox && req.Scope.Kind != "sandbox":
-		return catalog.Errorf(catalog.InvalidRequest, "operation %s requires sandbox scope", op.ID)
-	case op.Scope == catalog.ScopeSystem && req.Scope.Kind != "system":
-		return catalog.Errorf(catalog.InvalidRequest, "operation %s requires system scope", op.ID)
+	if missing := m.Missing(); len(missing) > 0 {
+		return nil, fmt.Errorf("operations declared in the catalog without a handler: %v", missing)
 	}
-	return nil
+	return m, nil
 }
 
-// toError maps a handler error to the contract's error kinds. This is the
-// one place where domain errors become wire errors.
-func (s *Supervisor) toError(op string, err error) *catalog.Error {
-	var ce *catalog.Error
-	if errors.As(err, &ce) {
-		return ce
+// errorTranslators give rpc the contract kinds of the domain errors it
+// cannot import.
+var errorTranslators = []func(error) *catalog.Error{rpc.As(snapshotError), rpc.As(imageError), symlinkComponentError}
+
+// bindScope resolves a sandbox-scoped request's sandbox and holds its gate
+// for the request, which keeps destroy from tearing it down under us.
+func (s *Supervisor) bindScope(r *rpc.Request) (func(), error) {
+	if r.Req.Scope.Kind != "sandbox" {
+		return func() {}, nil
 	}
-	var se *layers.SnapshotError
-	if errors.As(err, &se) {
-		return snapshotError(se)
+	sb, e := s.resolveSandbox(r.Req.Scope.SandboxID, r.Op.Group == catalog.Observability)
+	if e != nil {
+		return nil, e
 	}
-	var ie *images.Error
-	if errors.As(err, &ie) {
-		return imageError(ie)
+	if !sb.gate.TryRLock() {
+		return nil, sb.busyError()
 	}
-	if ce := symlinkComponentError(err); ce != nil {
-		return ce
+	r.State = sb
+	return sb.gate.RUnlock, nil
+}
+
+// run adapts a handler to rpc: the call it sees, and the request's
+// supervisor.dispatch span around it.
+func (s *Supervisor) run(h handler) rpc.Handler {
+	return func(r *rpc.Request) (any, error) {
+		c := &call{ctx: r.Ctx, req: r.Req, op: r.Op, args: r.Args, progress: r.Progress}
+		c.sb, _ = r.State.(*sandbox)
+		c.span = s.requestSpan(c) // root span of non-observability ops; c.ctx carries it
+		res, err := s.runTraced(c, h)
+		err = rpc.ClientGone(c.ctx, err)
+		c.span.finish(err)
+		return res, err
 	}
-	if errors.Is(err, fs.ErrNotExist) {
-		return catalog.Errorf(catalog.NotFound, "%v", err)
-	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return catalog.Errorf(catalog.OperationFailed, "%s: %v", op, err)
-	}
-	s.log.Warn("operation failed", "op", op, "err", err)
-	return catalog.Errorf(catalog.OperationFailed, "%s failed: %v", op, err)
 }
 
 func snapshotError(se *layers.SnapshotError) *catalog.Error {
@@ -238,7 +124,7 @@ func snapshotError(se *layers.SnapshotError) *catalog.Error {
 	case "changed":
 		e = catalog.Errorf(catalog.OperationFailed, "workspace changed during snapshot: %s", se.Path)
 	default:
-		e = catalog.Errorf(catalog.OperationFailed, "workspace snapshot failed: %v", se)
+		e = catalog.Errorf(catalog.OperationFailed, "workspace snapshot failed: %w", se)
 	}
 	return e.With("path", se.Path).With("reason", se.Reason)
 }

@@ -9,7 +9,7 @@
 //     never cut short); only requests that arrive while draining get
 //     server_shutting_down.
 //   - Domain errors that are not *catalog.Error become operation_failed
-//     (an I/O failure of a valid request), in toError only.
+//     (an I/O failure of a valid request), in rpc.Mux.Error only.
 //   - Resource views: window_ms is at least 1; a snapshot's resources are
 //     the last 30 samples of the last minute; the fleet's current is the
 //     newest sandbox sample within window_ms; the cgroup view adds

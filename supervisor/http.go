@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/rpc"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/web"
 )
 
@@ -35,15 +36,15 @@ func (s *Supervisor) newHTTP(addr, runDir string, tcp net.Listener) (*web.Server
 		ReadTimeout: time.Duration(s.cfg.Supervisor.RequestReadTimeoutS * float64(time.Second))})
 	if err != nil {
 		ln.Close()
-		return nil, catalog.Errorf(catalog.ConfigError, "%v", err)
+		return nil, catalog.Errorf(catalog.ConfigError, "%w", err)
 	}
 	s.httpBase = "http://" + ln.Addr().String()
 	s.log.Info("supervisor listening on HTTP", "addr", tcpAddrString(ln))
 	return srv, nil
 }
 
-// webDispatcher runs /api/rpc requests through the socket's handleLine: the
-// same validation, handlers, envelope and limits.
+// webDispatcher runs /api/rpc requests through the socket's mux: the same
+// validation, handlers, envelope and limits.
 type webDispatcher struct{ s *Supervisor }
 
 func (d webDispatcher) Dispatch(ctx context.Context, body []byte, progress func(string)) any {
@@ -61,13 +62,9 @@ func (d webDispatcher) Dispatch(ctx context.Context, body []byte, progress func(
 	}
 	s.active.Add(1)
 	defer s.active.Add(-1)
-	return s.handleLine(body, requester{progress: progress, hangup: func() (context.Context, func()) {
-		// Only the operations that may stop early see the hang-up, as on
-		// the socket; the others complete (§2.4).
-		rctx, cancel := context.WithCancelCause(context.Background())
-		stop := context.AfterFunc(ctx, func() { cancel(errClientGone) })
-		return rctx, func() { stop(); cancel(nil) }
-	}})
+	// Only the operations that may stop early see the hang-up, as on the
+	// socket; the others complete (§2.4).
+	return s.mux.Serve(body, rpc.Origin{Progress: progress, Conn: func() (context.Context, func()) { return rpc.HangupOf(ctx) }})
 }
 
 // webCommands gives the transcript stream the commands of a sandbox.

@@ -40,12 +40,12 @@ func listenAddr(flagName, flag string, cfgValue *string) (string, error) {
 func tcpListen(addr, runDir, addrName string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, catalog.Errorf(catalog.ConfigError, "listen on tcp://%s: %v", addr, err)
+		return nil, catalog.Errorf(catalog.ConfigError, "listen on tcp://%s: %w", addr, err)
 	}
 	addrFile := filepath.Join(runDir, addrName)
 	if err := writeRuntimeFile(addrFile, []byte("tcp://"+ln.Addr().String()+"\n")); err != nil {
 		ln.Close()
-		return nil, catalog.Errorf(catalog.ConfigError, "write %s: %v", addrFile, err)
+		return nil, catalog.Errorf(catalog.ConfigError, "write %s: %w", addrFile, err)
 	}
 	return ln, nil
 }
@@ -57,7 +57,7 @@ func readToken(configDir, name string) ([]byte, error) {
 	p := filepath.Join(configDir, name)
 	b, err := os.ReadFile(p)
 	if err != nil {
-		return nil, catalog.Errorf(catalog.ConfigError, "token file %s: %v", p, err)
+		return nil, catalog.Errorf(catalog.ConfigError, "token file %s: %w", p, err)
 	}
 	if n := len(b); n > 0 && b[n-1] == '\n' {
 		b = b[:n-1]

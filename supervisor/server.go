@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -19,6 +18,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/images"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/rpc"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/web"
 )
 
@@ -71,8 +71,9 @@ type Supervisor struct {
 	conns    chan struct{} // connection slots (max_concurrent_connections)
 	active   atomic.Int64  // requests being executed
 
-	gatewayToken []byte // TCP peers must present it (§2.2); never logged
-	httpBase     string // http://host:port of the HTTP listener, "" without one; set before serving
+	mux          *rpc.Mux // the handlers, registered against the catalog (dispatch.go)
+	gatewayToken []byte   // TCP peers must present it (§2.2); never logged
+	httpBase     string   // http://host:port of the HTTP listener, "" without one; set before serving
 }
 
 // Serve runs the supervisor until ctx is cancelled, then shuts down cleanly:
@@ -106,7 +107,7 @@ func Serve(ctx context.Context, opt Options) error {
 		return err
 	}
 	if err := os.MkdirAll(dirs.Data, 0o700); err != nil {
-		return catalog.Errorf(catalog.ConfigError, "create data directory %s: %v", dirs.Data, err)
+		return catalog.Errorf(catalog.ConfigError, "create data directory %s: %w", dirs.Data, err)
 	}
 	unlock, err := lockDataDir(dirs.Data)
 	if err != nil {
@@ -118,11 +119,11 @@ func Serve(ctx context.Context, opt Options) error {
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return catalog.Errorf(catalog.ConfigError, "cannot find the running binary: %v", err)
+		return catalog.Errorf(catalog.ConfigError, "cannot find the running binary: %w", err)
 	}
 	st, err := openStore(ctx, dirs.Data)
 	if err != nil {
-		return catalog.Errorf(catalog.ConfigError, "%v", err)
+		return catalog.Errorf(catalog.ConfigError, "%w", err)
 	}
 	defer st.close()
 
@@ -130,6 +131,9 @@ func Serve(ctx context.Context, opt Options) error {
 		cfg: cfg, dirs: dirs, log: log, ids: newIDSource(), store: st, version: opt.Version,
 		started: time.Now(), self: self, sandboxes: map[string]*sandbox{},
 		conns: make(chan struct{}, cfg.Supervisor.MaxConcurrentConnections),
+	}
+	if s.mux, err = s.newMux(); err != nil {
+		return catalog.Errorf(catalog.InternalError, "%w", err)
 	}
 	s.protected = layers.CompilePatterns(cfg.Runtime.Publish.ProtectedPaths)
 	s.obs = newObsRegistry(cfg, dirs.Data) // stores are created on first append
@@ -191,7 +195,7 @@ func Serve(ctx context.Context, opt Options) error {
 	}
 	pidFile := filepath.Join(runDir, "supervisor.pid")
 	if err := writeRuntimeFile(pidFile, fmt.Appendf(nil, "%d\n", os.Getpid())); err != nil {
-		return catalog.Errorf(catalog.ConfigError, "write pid file %s: %v", pidFile, err)
+		return catalog.Errorf(catalog.ConfigError, "write pid file %s: %w", pidFile, err)
 	}
 	defer os.Remove(pidFile)
 	if ln == nil {
@@ -209,9 +213,9 @@ func Serve(ctx context.Context, opt Options) error {
 
 	go s.runSampler(ctx) // stops when ctx ends, before shutdown tears sessions down
 	var accepting sync.WaitGroup
-	accepting.Go(func() { s.acceptLoop(ln, false) })
+	accepting.Go(func() { s.acceptLoop(ctx, ln, false) })
 	if tcp != nil {
-		accepting.Go(func() { s.acceptLoop(tcp, true) })
+		accepting.Go(func() { s.acceptLoop(ctx, tcp, true) })
 	}
 	if httpSrv != nil {
 		accepting.Go(func() {
@@ -230,13 +234,13 @@ func Serve(ctx context.Context, opt Options) error {
 	if httpSrv != nil {
 		// Like the socket's in-flight requests, HTTP requests finish; event
 		// streams end now.
-		hctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.Supervisor.ShutdownGraceS*float64(time.Second))+30*time.Second)
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(cfg.Supervisor.ShutdownGraceS*float64(time.Second))+30*time.Second)
 		httpSrv.Shutdown(hctx)
 		cancel()
 	}
 	accepting.Wait()
 	s.waitInflight(time.Duration(cfg.Supervisor.ShutdownGraceS * float64(time.Second)))
-	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.Supervisor.ShutdownGraceS*float64(time.Second)))
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(cfg.Supervisor.ShutdownGraceS*float64(time.Second)))
 	s.shutdown(sctx)
 	cancel()
 	if opt.Listener == nil {
@@ -286,24 +290,24 @@ func (s *Supervisor) socketPath(flag string) (string, error) {
 func prepareSocket(socket string) error {
 	dir := filepath.Dir(socket)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		return catalog.Errorf(catalog.ConfigError, "create %s: %v", filepath.Dir(dir), err)
+		return catalog.Errorf(catalog.ConfigError, "create %s: %w", filepath.Dir(dir), err)
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return catalog.Errorf(catalog.ConfigError, "create socket directory %s: %v", dir, err)
+		return catalog.Errorf(catalog.ConfigError, "create socket directory %s: %w", dir, err)
 	}
 	if err := catalog.CheckPrivateDir("socket directory", dir); err != nil {
 		var ce *catalog.Error
 		if errors.As(err, &ce) {
 			return ce
 		}
-		return catalog.Errorf(catalog.ConfigError, "%v", err)
+		return catalog.Errorf(catalog.ConfigError, "%w", err)
 	}
 	if conn, err := net.DialTimeout("unix", socket, time.Second); err == nil {
 		conn.Close()
 		return catalog.Errorf(catalog.ConfigError, "another supervisor is already answering on %s", socket)
 	}
 	if err := os.Remove(socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return catalog.Errorf(catalog.ConfigError, "remove stale socket %s: %v", socket, err)
+		return catalog.Errorf(catalog.ConfigError, "remove stale socket %s: %w", socket, err)
 	}
 	return nil
 }
@@ -314,7 +318,7 @@ func bindUnix(socket string) (net.Listener, error) {
 	ln, err := net.Listen("unix", socket)
 	unix.Umask(old)
 	if err != nil {
-		return nil, catalog.Errorf(catalog.ConfigError, "listen on %s: %v", socket, err)
+		return nil, catalog.Errorf(catalog.ConfigError, "listen on %s: %w", socket, err)
 	}
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	return ln, nil
@@ -339,8 +343,10 @@ func writeRuntimeFile(p string, data []byte) error {
 }
 
 // acceptLoop serves one listener; tcp marks the token-authenticated TCP
-// listener (no peer uid, a gateway token on every request).
-func (s *Supervisor) acceptLoop(ln net.Listener, tcp bool) {
+// listener (no peer uid, a gateway token on every request). Requests run
+// on contexts derived from ctx without its cancellation: at shutdown
+// in-flight requests finish.
+func (s *Supervisor) acceptLoop(ctx context.Context, ln net.Listener, tcp bool) {
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
@@ -361,7 +367,7 @@ func (s *Supervisor) acceptLoop(ln net.Listener, tcp bool) {
 		s.inflight.Add(1)
 		go func() {
 			defer func() { <-s.conns; s.inflight.Done() }()
-			s.serveConn(conn, tcp)
+			s.serveConn(context.WithoutCancel(ctx), conn, tcp)
 		}()
 	}
 }
@@ -395,7 +401,9 @@ func peerUID(conn net.Conn) (int, error) {
 	return int(cred.Uid), nil
 }
 
-func (s *Supervisor) serveConn(conn net.Conn, tcp bool) {
+// serveConn answers the one request of conn; ctx is the connection's
+// context, which rpc cancels when the client hangs up.
+func (s *Supervisor) serveConn(ctx context.Context, conn net.Conn, tcp bool) {
 	defer conn.Close()
 	if !tcp {
 		uid, err := peerUID(conn)
@@ -407,83 +415,23 @@ func (s *Supervisor) serveConn(conn net.Conn, tcp bool) {
 			return
 		}
 	}
-	w := &responseWriter{conn: conn, tcp: tcp}
+	w := rpc.NewLineWriter(conn)
 	timeout := time.Duration(s.cfg.Supervisor.RequestReadTimeoutS * float64(time.Second))
 	_ = conn.SetReadDeadline(time.Now().Add(timeout))
-	line, rerr := readRequestLine(bufio.NewReaderSize(conn, 64<<10), s.cfg.Supervisor.MaxRequestBytes)
+	line, rerr := rpc.ReadLine(bufio.NewReaderSize(conn, 64<<10), s.cfg.Supervisor.MaxRequestBytes)
 	_ = conn.SetReadDeadline(time.Time{})
 	if rerr != nil {
-		w.final(rerr)
+		w.Final(rerr)
 		return
 	}
 	if s.draining.Load() {
-		w.final(catalog.Errorf(catalog.ServerShuttingDown, "the supervisor is shutting down"))
+		w.Final(catalog.Errorf(catalog.ServerShuttingDown, "the supervisor is shutting down"))
 		return
 	}
 	s.active.Add(1)
 	defer s.active.Add(-1)
-	w.final(s.handleLine(line, requester{tcp: tcp, progress: w.progress,
-		hangup: func() (context.Context, func()) { return watchHangup(conn) }}))
-}
-
-// readRequestLine applies §2.4 steps 1-2.
-func readRequestLine(r *bufio.Reader, max int) ([]byte, *catalog.Error) {
-	var buf []byte
-	for {
-		chunk, err := r.ReadSlice('\n')
-		if len(buf)+len(chunk) > max {
-			return nil, catalog.Errorf(catalog.RequestTooLarge, "request exceeds %d bytes", max).With("limit", max)
-		}
-		buf = append(buf, chunk...)
-		switch {
-		case err == nil:
-			return buf[:len(buf)-1], nil
-		case errors.Is(err, bufio.ErrBufferFull):
-			continue
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			return nil, catalog.Errorf(catalog.InvalidRequest, "request read timed out")
-		default:
-			return nil, catalog.Errorf(catalog.InvalidRequest, "request is missing its terminating newline")
-		}
-	}
-}
-
-// responseWriter serializes progress lines and the one final response line.
-type responseWriter struct {
-	mu   sync.Mutex
-	conn net.Conn
-	done bool
-	tcp  bool // the request came over the TCP listener: it needs the gateway token
-}
-
-func (w *responseWriter) progress(msg string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.done {
-		return
-	}
-	_ = w.conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
-	_, _ = w.conn.Write(catalog.LogLine(msg)) // a vanished client must not fail the operation
-}
-
-func (w *responseWriter) final(v any) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.done {
-		return
-	}
-	w.done = true
-	var line []byte
-	if e, ok := v.(*catalog.Error); ok {
-		line = e.MarshalEnvelope()
-	} else {
-		line = catalog.CompactJSON(v)
-		if len(line)+1 > catalog.MaxLineBytes {
-			line = catalog.Errorf(catalog.InternalError, "response too large").MarshalEnvelope()
-		}
-	}
-	_ = w.conn.SetWriteDeadline(time.Now().Add(30 * time.Second))
-	_, _ = w.conn.Write(append(line, '\n'))
+	w.Final(s.mux.Serve(line, rpc.Origin{TCP: tcp, Progress: w.Progress,
+		Conn: func() (context.Context, func()) { return rpc.WatchHangup(ctx, conn) }}))
 }
 
 // execShim returns the sandbox-exec-shim binary installed next to self, or
@@ -495,75 +443,4 @@ func execShim(self string) string {
 		return ""
 	}
 	return p
-}
-
-// errClientGone is the cause of a request context cancelled because its
-// client closed the connection.
-var errClientGone = errors.New("the client closed the connection")
-
-// watchHangup returns a context that is cancelled (cause errClientGone) as
-// soon as the peer has closed the connection for good, and a stop function
-// that ends the watch; call stop before closing conn. Only a full close
-// counts: the kernel then reports POLLHUP on our end. A peer that merely
-// shut down its sending side after the request (a half-close) still waits
-// for the answer, raises only POLLRDHUP, and is not cancelled. On TCP a
-// peer's close is a FIN, indistinguishable from a half-close until we
-// write, so there the watch catches only resets. The watch runs on a
-// duplicate descriptor, so it never races the connection's own Close.
-func watchHangup(conn net.Conn) (context.Context, func()) {
-	ctx, cancel := context.WithCancelCause(context.Background())
-	noWatch := func() { cancel(nil) }
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
-		return ctx, noWatch
-	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return ctx, noWatch
-	}
-	dup := -1
-	var derr error
-	if err := raw.Control(func(fd uintptr) { dup, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil || derr != nil {
-		return ctx, noWatch
-	}
-	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		unix.Close(dup)
-		return ctx, noWatch
-	}
-	const gone = unix.POLLHUP | unix.POLLERR | unix.POLLNVAL
-	fds := []unix.PollFd{{Fd: int32(dup)}, {Fd: int32(wake), Events: unix.POLLIN}}
-	// A client that is gone before the handler starts is seen right away.
-	if n, _ := unix.Poll(fds[:1], 0); n > 0 && fds[0].Revents&gone != 0 {
-		unix.Close(dup)
-		unix.Close(wake)
-		cancel(errClientGone)
-		return ctx, noWatch
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer unix.Close(dup) // wake is stop's to close: it writes to it
-		for {
-			_, err := unix.Poll(fds, -1)
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			if err != nil || fds[1].Revents != 0 {
-				return
-			}
-			if fds[0].Revents&gone != 0 {
-				cancel(errClientGone)
-				return
-			}
-		}
-	}()
-	return ctx, func() {
-		var one [8]byte
-		one[0] = 1 // eventfd counters are host-endian uint64; any non-zero value wakes
-		_, _ = unix.Write(wake, one[:])
-		<-done
-		unix.Close(wake)
-		cancel(nil)
-	}
 }

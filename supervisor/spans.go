@@ -1,7 +1,7 @@
 package supervisor
 
-// Spans of whole operations (§10.2). A handler whose operation names a span
-// here runs inside that span, a child of the request's supervisor.dispatch
+// Spans of whole operations (§10.2). A handler whose operation declares a
+// span (catalog.Op.Span) runs inside that span, a child of the request's supervisor.dispatch
 // root; its attributes come from the arguments and the result, so the
 // handlers stay free of tracing code. Spans of parts of operations
 // (capture, layer publication, holder calls, …) are recorded where that
@@ -12,17 +12,19 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/rpc"
 )
 
-// opSpan is the span of one operation and how to derive its attributes.
+// opSpan derives the attributes of an operation's span.
 type opSpan struct {
-	name  string
 	start func(c *call) map[string]any
 	end   func(c *call, res any, err error) map[string]any
 }
 
+// opSpans are keyed by operation ID; an entry for an operation that
+// declares no span is never used (TestRegistry refuses it).
 var opSpans = map[string]opSpan{
-	"create_sandbox": {name: "sandbox.create",
+	"create_sandbox": {
 		start: func(c *call) map[string]any {
 			return map[string]any{"image": c.args.String("image"), "count": c.args.Uint("count")}
 		},
@@ -32,15 +34,15 @@ var opSpans = map[string]opSpan{
 			}
 			return nil
 		}},
-	"destroy_sandbox": {name: "sandbox.destroy",
+	"destroy_sandbox": {
 		start: func(c *call) map[string]any { return map[string]any{"sandbox_id": c.args.String("sandbox_id")} }},
-	"squash_layerstacks": {name: "layerstack.squash",
+	"squash_layerstacks": {
 		start: func(c *call) map[string]any { return map[string]any{"sandbox_id": c.args.String("sandbox_id")} }},
-	"export_changes": {name: "layerstack.export",
+	"export_changes": {
 		start: func(c *call) map[string]any {
 			return map[string]any{"sandbox_id": c.args.String("sandbox_id"), "format": c.args.String("format")}
 		}},
-	"exec_command": {name: "command.exec",
+	"exec_command": {
 		start: func(c *call) map[string]any {
 			created := !c.args.Has("workspace_session_id")
 			policy := policyNoOp
@@ -56,7 +58,7 @@ var opSpans = map[string]opSpan{
 			}
 			return nil
 		}},
-	"publish_workspace_session": {name: "workspace_session.publish",
+	"publish_workspace_session": {
 		start: func(c *call) map[string]any {
 			return map[string]any{"workspace_session_id": c.args.String("workspace_session_id"), "dry_run": c.args.Bool("dry_run")}
 		},
@@ -89,20 +91,20 @@ func publishSpanAttrs(_ *call, res any, err error) map[string]any {
 	return a
 }
 
-// runTraced runs the handler inside its operation's span, if it has one.
+// runTraced runs the handler inside its operation's span, if it declares one.
 func (s *Supervisor) runTraced(c *call, h handler) (any, error) {
-	osp, ok := opSpans[c.op.ID]
-	if !ok || c.span == nil {
+	if c.op.Span == "" || c.span == nil {
 		return h(s, c)
 	}
+	osp := opSpans[c.op.ID]
 	var attrs map[string]any
 	if osp.start != nil {
 		attrs = osp.start(c)
 	}
-	sp, ctx := s.spanCtx(c.ctx, c.sb, "", osp.name, attrs)
+	sp, ctx := s.spanCtx(c.ctx, c.sb, "", c.op.Span, attrs)
 	c.ctx = ctx
 	res, err := h(s, c)
-	err = clientGone(c.ctx, err)
+	err = rpc.ClientGone(c.ctx, err)
 	var endAttrs map[string]any
 	if osp.end != nil {
 		endAttrs = osp.end(c, res, err)

@@ -47,7 +47,7 @@ func (e *env) dispatchSpan(requestID string, obsArgs ...string) map[string]any {
 }
 
 // TestDisconnectCancelsLongReads: when the client of a long read (a diff,
-// an export) closes its connection, the supervisor stops the walk — the
+// a directory listing, an export) closes its connection, the supervisor stops the walk — the
 // request's span ends "cancelled" and a cancelled archive export leaves no
 // file — while a client that only half-closes still gets its answer
 // (issue 13 item 7: every request ran on context.Background(), so
@@ -81,6 +81,22 @@ func TestDisconnectCancelsLongReads(t *testing.T) {
 		}
 		if sp := e.dispatchSpan("req-half-close", "--sandbox-id", id); sp["status"] != "completed" {
 			t.Fatalf("half-closed diff span: %v", sp)
+		}
+	}
+	{
+		// A listing of the 8,000-entry directory stops too (issue 14: the
+		// request context comes from the connection and file_list is
+		// declared cancellable), while a write in the same session, which
+		// is not, completes although its client is gone (§2.4).
+		e.sendAndHangUp(map[string]any{"op": "file_list", "request_id": "req-cancel-list", "scope": sandboxScope,
+			"args": map[string]any{"workspace_session_id": ws, "path": "d"}})
+		if sp := e.dispatchSpan("req-cancel-list", "--sandbox-id", id); sp["status"] != "cancelled" {
+			t.Fatalf("file_list whose client hung up: %v", sp)
+		}
+		e.sendAndHangUp(map[string]any{"op": "file_write", "request_id": "req-hangup-write", "scope": sandboxScope,
+			"args": map[string]any{"workspace_session_id": ws, "path": "written.txt", "content": "kept\n"}})
+		if sp := e.dispatchSpan("req-hangup-write", "--sandbox-id", id); sp["status"] != "completed" {
+			t.Fatalf("file_write whose client hung up: %v", sp)
 		}
 	}
 

@@ -1,4 +1,4 @@
-package supervisor
+package rpc
 
 import (
 	"context"
@@ -47,8 +47,8 @@ func TestWatchHangup(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			ours, peer := unixPair(t)
 			c.before(peer)
-			ctx, stop := watchHangup(ours)
-			gone := errors.Is(context.Cause(ctx), errClientGone)
+			ctx, stop := WatchHangup(t.Context(), ours)
+			gone := errors.Is(context.Cause(ctx), ErrClientGone)
 			stop()
 			if gone != c.gone {
 				t.Fatalf("cancelled for the client's hang-up: %v, want %v (cause %v)", gone, c.gone, context.Cause(ctx))
@@ -66,11 +66,11 @@ func TestWatchHangup(t *testing.T) {
 	}
 	t.Run("peer closes while the request runs", func(t *testing.T) {
 		ours, peer := unixPair(t)
-		ctx, stop := watchHangup(ours)
+		ctx, stop := WatchHangup(t.Context(), ours)
 		defer stop()
 		peer.Close()
 		<-ctx.Done() // the test's own timeout bounds a watch that never fires
-		if !errors.Is(context.Cause(ctx), errClientGone) {
+		if !errors.Is(context.Cause(ctx), ErrClientGone) {
 			t.Fatalf("cause %v", context.Cause(ctx))
 		}
 	})
