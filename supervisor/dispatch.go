@@ -102,7 +102,7 @@ func (s *Supervisor) handleLine(line []byte, w requester) (out any) {
 		return perr
 	}
 	if req.RequestID == "" {
-		req.RequestID = s.ids.new("req-")
+		req.RequestID = s.ids.New("req-")
 	}
 	op, known := catalog.Lookup(req.Op)
 	h := handlers[req.Op]
