@@ -322,26 +322,3 @@ func TestResourcesResponseBound(t *testing.T) {
 		}
 	}
 }
-
-func TestObservabilityConfigRanges(t *testing.T) {
-	tests := []struct {
-		yaml, err string
-	}{
-		{"observability:\n  resource_stats:\n    max_disk_bytes: 131073\n", "not even"},
-		{"observability:\n  resource_stats:\n    max_disk_bytes: 131070\n", "out of range"},
-		{"observability:\n  resource_stats:\n    max_disk_bytes: 131072\n    sample_interval_ms: 250\n", ""},
-		{"observability:\n  resource_stats:\n    sample_interval_ms: 249\n", "out of range"},
-		{"observability:\n  max_disk_bytes: 1000\n", "out of range"},
-		{"observability:\n  max_disk_bytes: 1048576\n", ""},
-	}
-	for _, tc := range tests {
-		p := filepath.Join(t.TempDir(), "config.yml")
-		if err := os.WriteFile(p, []byte(tc.yaml), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		_, err := config.Load(p)
-		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
-			t.Errorf("%q: %v, want %q", tc.yaml, err, tc.err)
-		}
-	}
-}
