@@ -18,7 +18,7 @@ func TestActivityStoreBoundAndFilters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { st.close() })
+	t.Cleanup(func() { st.Close() })
 	t0 := time.UnixMilli(1_700_000_000_000)
 	rec := func(i int, ws, path, newPath string) activityRecord {
 		at := t0.Add(time.Duration(i) * time.Millisecond)

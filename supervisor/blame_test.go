@@ -278,7 +278,7 @@ func testSandbox(t *testing.T, files map[string]string) (*Supervisor, *sandbox) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { st.close() })
+	t.Cleanup(func() { st.Close() })
 	if err := st.initAudit(ctx); err != nil {
 		t.Fatal(err)
 	}

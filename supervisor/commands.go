@@ -16,6 +16,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 )
 
 // Command statuses (§3.3).
@@ -193,7 +194,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	if h == nil {
 		return nil, catalog.Errorf(catalog.OperationFailed, "holder exited").With("workspace_session_id", ss.id())
 	}
-	id := s.ids.new("cmd-")
+	id := s.ids.New("cmd-")
 	dir := filepath.Join(s.dirs.Data, "commands", id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create transcript directory: %w", err)
@@ -234,7 +235,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	// Persist the running record before the holder's exit event can be
 	// handled (it waits for ss.mu): afterwards finishCommand owns the record,
 	// and a later put of "running" would overwrite its terminal state.
-	if err := s.store.put(ctx, kindCommand, id, sb.rec.ID, cmd.rec); err != nil {
+	if err := s.store.Put(ctx, statedb.KindCommand, id, sb.rec.ID, cmd.rec); err != nil {
 		s.log.Warn("persist command", "command", id, "err", err)
 	}
 	ss.mu.Unlock()
@@ -392,7 +393,7 @@ func (s *Supervisor) finishCommand(sb *sandbox, cmd *command, interrupt string, 
 	cmd.final = false
 	rec := *r
 	cmd.mu.Unlock()
-	if err := s.store.put(context.Background(), kindCommand, rec.CommandSessionID, sb.rec.ID, rec); err != nil {
+	if err := s.store.Put(context.Background(), statedb.KindCommand, rec.CommandSessionID, sb.rec.ID, rec); err != nil {
 		s.log.Warn("persist command", "command", rec.CommandSessionID, "err", err)
 	}
 	close(cmd.done)
@@ -443,8 +444,8 @@ func (s *Supervisor) retain(sb *sandbox, cmd *command) {
 	sb.mu.Unlock()
 	for _, id := range evict {
 		os.RemoveAll(filepath.Join(s.dirs.Data, "commands", id))
-		_ = s.store.delete(context.Background(), kindCommand, id)
-		_ = s.store.put(context.Background(), kindEvicted, id, sb.rec.ID, map[string]string{"command_session_id": id})
+		_ = s.store.Delete(context.Background(), statedb.KindCommand, id)
+		_ = s.store.Put(context.Background(), statedb.KindEvicted, id, sb.rec.ID, map[string]string{"command_session_id": id})
 	}
 }
 
@@ -622,7 +623,7 @@ func (c *command) output(rows []string, first, end, truncBefore int, start time.
 // were running become terminal with interrupted:true (§4.5).
 func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted int) {
 	var recs []commandRecord
-	_ = s.store.list(ctx, kindCommand, sb.rec.ID, func(b []byte) error {
+	_ = s.store.List(ctx, statedb.KindCommand, sb.rec.ID, func(b []byte) error {
 		var r commandRecord
 		if err := json.Unmarshal(b, &r); err != nil {
 			return err
@@ -644,7 +645,7 @@ func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted
 			ended := now.UTC().Format("2006-01-02T15:04:05.000Z")
 			r.Status, r.ExitCode, r.Interrupted, r.InterruptReason = cmdError, nil, true, "supervisor_restart"
 			r.EndedAt, r.EndedUnixMs = &ended, now.UnixMilli()
-			_ = s.store.put(ctx, kindCommand, r.CommandSessionID, sb.rec.ID, r)
+			_ = s.store.Put(ctx, statedb.KindCommand, r.CommandSessionID, sb.rec.ID, r)
 			s.eventCtx(ctx, sb, "command.interrupted", map[string]any{"command_session_id": r.CommandSessionID, "interrupt_reason": "supervisor_restart"})
 			interrupted++
 		}
@@ -654,7 +655,7 @@ func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted
 		sb.commands[r.CommandSessionID] = cmd
 		sb.terminalOrder = append(sb.terminalOrder, r.CommandSessionID)
 	}
-	_ = s.store.list(ctx, kindEvicted, sb.rec.ID, func(b []byte) error {
+	_ = s.store.List(ctx, statedb.KindEvicted, sb.rec.ID, func(b []byte) error {
 		var m map[string]string
 		if err := json.Unmarshal(b, &m); err == nil {
 			sb.evicted[m["command_session_id"]] = true

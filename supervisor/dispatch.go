@@ -64,7 +64,7 @@ var handlers = map[string]handler{
 // declaration; a handler without a declaration or a declaration without a
 // handler refuses the start (TestRegistry keeps both from landing).
 func (s *Supervisor) newMux() (*rpc.Mux, error) {
-	m := rpc.New(rpc.Config{Log: s.log, Authorize: s.authorize, NewRequestID: func() string { return s.ids.new("req-") },
+	m := rpc.New(rpc.Config{Log: s.log, Authorize: s.authorize, NewRequestID: func() string { return s.ids.New("req-") },
 		Bind: s.bindScope, Errors: errorTranslators})
 	for id, h := range handlers {
 		if err := m.Handle(id, s.run(h)); err != nil {

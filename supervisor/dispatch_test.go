@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 	"io"
 	"log/slog"
 	"strings"
@@ -13,7 +14,7 @@ import (
 // declaration (newMux refuses either gap, and so does the start), and every
 // span-attribute entry names an operation that declares a span.
 func TestRegistry(t *testing.T) {
-	s := &Supervisor{ids: newIDSource(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	s := &Supervisor{ids: statedb.NewIDs(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if _, err := s.newMux(); err != nil {
 		t.Fatalf("the handler table and the catalog disagree: %v", err)
 	}

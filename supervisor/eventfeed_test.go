@@ -5,13 +5,15 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 )
 
 // A subscriber that stops reading is dropped (its channel closed) once its
 // buffer is full; the others, and the store, are not held up.
 func TestEventFeedDropsSlowSubscriber(t *testing.T) {
 	dir := t.TempDir()
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	cfg.Observability.Enabled = true
 	r := newObsRegistry(cfg, dir)
 	slow, cancelSlow := r.feed.subscribe(2)

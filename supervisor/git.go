@@ -67,6 +67,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 )
 
 // gitOrigin is the sandbox record's "git" object.
@@ -412,13 +413,13 @@ type exportGitResult struct {
 }
 
 // layerOrigin is who published a layer: the record publish writes
-// (kindLayerOrigin), else the first line the layer's audit records give it.
+// (statedb.KindLayerOrigin), else the first line the layer's audit records give it.
 type layerOrigin struct {
 	owner lineOwner
 	ts    string
 }
 
-// layerOriginRecord is the persisted kindLayerOrigin record.
+// layerOriginRecord is the persisted statedb.KindLayerOrigin record.
 type layerOriginRecord struct {
 	LayerID          string  `json:"layer_id"`
 	Owner            string  `json:"owner"`
@@ -435,14 +436,14 @@ func (s *Supervisor) recordLayerOrigin(ctx context.Context, sb *sandbox, res lay
 	}
 	rec := layerOriginRecord{LayerID: res.LayerID, Owner: owner.Owner, Agent: nullable(owner.Agent),
 		CommandSessionID: nullable(owner.CommandSessionID), TS: nowRFC3339()}
-	if err := s.store.put(ctx, kindLayerOrigin, sb.rec.ID+"/"+res.LayerID, sb.rec.ID, rec); err != nil {
+	if err := s.store.Put(ctx, statedb.KindLayerOrigin, sb.rec.ID+"/"+res.LayerID, sb.rec.ID, rec); err != nil {
 		s.log.Warn("layer origin not recorded", "sandbox", sb.rec.ID, "layer_id", res.LayerID, "err", err)
 	}
 }
 
 func (s *Supervisor) layerOrigin(ctx context.Context, sandboxID, layerID string) (layerOrigin, error) {
 	var found *layerOrigin
-	err := s.store.list(ctx, kindLayerOrigin, sandboxID, func(b []byte) error {
+	err := s.store.List(ctx, statedb.KindLayerOrigin, sandboxID, func(b []byte) error {
 		var rec layerOriginRecord
 		if json.Unmarshal(b, &rec) == nil && rec.LayerID == layerID {
 			found = &layerOrigin{owner: lineOwner{Owner: rec.Owner, Agent: deref(rec.Agent), LayerID: layerID}, ts: rec.TS}
@@ -943,7 +944,7 @@ func authorOf(o lineOwner) (ident, string) {
 func (s *Supervisor) layerMessage(ctx context.Context, sb *sandbox, layerID string, lo layerOrigin, sessID, since string, fold *layers.Fold) string {
 	var cmds []commandRecord
 	if sessID != "" {
-		_ = s.store.list(ctx, kindCommand, sb.rec.ID, func(b []byte) error {
+		_ = s.store.List(ctx, statedb.KindCommand, sb.rec.ID, func(b []byte) error {
 			var rec commandRecord
 			if json.Unmarshal(b, &rec) == nil && rec.WorkspaceSessionID == sessID &&
 				(lo.ts == "" || rec.StartedAt <= lo.ts) && (since == "" || rec.StartedAt > since) {

@@ -5,6 +5,7 @@ package supervisor
 
 import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/doctor"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/views"
 )
 
@@ -22,10 +23,10 @@ func (s *Supervisor) health(c *call) (any, error) {
 		cg = views.Cgroup{Delegated: true, Path: s.cgroups.root}
 	}
 	return views.Health(views.HealthInput{
-		Version: s.version, Started: s.started, Kernel: kernelRelease(),
-		UserNS: s.probes.userNS, KernelOverlay: s.probes.kernelOverlay, FuseOverlay: s.probes.fuseOverlay,
-		FuseDevice: s.probes.fuseDevice, Docker: views.Availability{Available: s.docker.Available, Reason: s.docker.Reason},
-		StoreErr: s.store.ping(c.ctx), DataDir: s.dirs.Data,
+		Version: s.version, Started: s.started, Kernel: doctor.KernelRelease(),
+		UserNS: s.probes.UserNS, KernelOverlay: s.probes.KernelOverlay, FuseOverlay: s.probes.FuseOverlay,
+		FuseDevice: s.probes.FuseDevice, Docker: views.Availability{Available: s.docker.Available, Reason: s.docker.Reason},
+		StoreErr: s.store.Ping(c.ctx), DataDir: s.dirs.Data,
 		Sandboxes: nSandboxes, Sessions: s.sessionCount(), RunningCommands: s.runningCommands(), AnyFailed: failed,
 		Cgroup: cg, Network: s.netHelperStatus(), EventStore: s.obsStats(nil),
 	}), nil

@@ -37,6 +37,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/doctor"
 )
 
 // Network profiles.
@@ -49,9 +50,6 @@ const (
 // maxForwards is the per-session forward limit (§3.6).
 const maxForwards = 16
 
-// helperPackages names the Debian package of each helper binary.
-var helperPackages = map[string]string{nsholder.HelperPasta: "passt", nsholder.HelperSlirp4netns: "slirp4netns"}
-
 // findNetHelper resolves network.isolated.helper on PATH.
 func findNetHelper(want string) (nsholder.Egress, error) {
 	names := []string{nsholder.HelperPasta, nsholder.HelperSlirp4netns}
@@ -63,7 +61,7 @@ func findNetHelper(want string) (nsholder.Egress, error) {
 		if p, err := exec.LookPath(n); err == nil {
 			return nsholder.Egress{Helper: n, Path: p}, nil
 		}
-		pkgs = append(pkgs, helperPackages[n])
+		pkgs = append(pkgs, doctor.HelperPackage(n))
 	}
 	if len(names) == 1 {
 		return nsholder.Egress{}, fmt.Errorf("network_profile isolated needs %s (network.isolated.helper), which is not installed: install the Debian package %s", names[0], pkgs[0])

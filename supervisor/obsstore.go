@@ -14,6 +14,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 )
 
 // The bounded event/span store of §10.1: per sandbox under
@@ -355,7 +357,7 @@ type obsRegistry struct {
 // newObsRegistry prepares the stores; nothing is created on disk until the
 // first append. With observability.enabled:false it returns a disabled
 // registry: no store is ever created and every query is empty.
-func newObsRegistry(cfg *Config, data string) *obsRegistry {
+func newObsRegistry(cfg *config.Config, data string) *obsRegistry {
 	r := &obsRegistry{enabled: cfg.Observability.Enabled, data: data,
 		maxDisk: int64(cfg.Observability.MaxDiskBytes), maxLine: cfg.Observability.MaxLineBytes,
 		stores: map[string]*obsStore{}, resStores: map[string]*obsStore{},

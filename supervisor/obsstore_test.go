@@ -16,16 +16,18 @@ import (
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 )
 
-func obsSupervisor(t *testing.T, mutate func(*Config)) *Supervisor {
+func obsSupervisor(t *testing.T, mutate func(*config.Config)) *Supervisor {
 	t.Helper()
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	if mutate != nil {
 		mutate(cfg)
 	}
 	data := t.TempDir()
-	return &Supervisor{cfg: cfg, dirs: catalog.Dirs{Data: data}, ids: newIDSource(),
+	return &Supervisor{cfg: cfg, dirs: catalog.Dirs{Data: data}, ids: statedb.NewIDs(),
 		log: slog.New(slog.NewTextHandler(io.Discard, nil)), obs: newObsRegistry(cfg, data)}
 }
 
@@ -188,7 +190,7 @@ func TestObsTruncationAndDrops(t *testing.T) {
 }
 
 func TestObsRotationKeepsOrder(t *testing.T) {
-	s := obsSupervisor(t, func(c *Config) { c.Observability.MaxDiskBytes = 8192 })
+	s := obsSupervisor(t, func(c *config.Config) { c.Observability.MaxDiskBytes = 8192 })
 	sb := obsSandbox(t, s, "sbx-rot")
 	dir := filepath.Join(sb.dir, obsDirName)
 	for i := 0; i < 200; i++ {
@@ -287,7 +289,7 @@ func fileStates(t *testing.T, dir string) map[string]string {
 }
 
 func TestObsReadsDoNotWrite(t *testing.T) {
-	s := obsSupervisor(t, func(c *Config) { c.Observability.MaxDiskBytes = 4096 })
+	s := obsSupervisor(t, func(c *config.Config) { c.Observability.MaxDiskBytes = 4096 })
 	sb := obsSandbox(t, s, "sbx-ro")
 	// A store never written: queries create nothing.
 	mustQuery(t, s, sb, "events", nil)
@@ -437,7 +439,7 @@ func TestObsTraceTree(t *testing.T) {
 }
 
 func TestObsTraceCaps(t *testing.T) {
-	s := obsSupervisor(t, func(c *Config) { c.Observability.MaxDiskBytes = 16 << 20 })
+	s := obsSupervisor(t, func(c *config.Config) { c.Observability.MaxDiskBytes = 16 << 20 })
 	root := s.startSpan(nil, "req-big", "", "supervisor.dispatch", nil)
 	pad := strings.Repeat("p", 2000)
 	for i := 0; i < 700; i++ {
@@ -467,7 +469,7 @@ func TestObsTraceCaps(t *testing.T) {
 }
 
 func TestObsDisabled(t *testing.T) {
-	s := obsSupervisor(t, func(c *Config) { c.Observability.Enabled = false })
+	s := obsSupervisor(t, func(c *config.Config) { c.Observability.Enabled = false })
 	sb := obsSandbox(t, s, "sbx-off")
 	s.event(sb, "", "lease.acquired", nil)
 	s.event(nil, "", "supervisor.boot", nil)

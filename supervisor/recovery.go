@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 )
 
 // recoverySummary is what one start-up recovery (§4.5) did. It is reported
@@ -87,7 +88,7 @@ func (s *Supervisor) attachOutcome(ctx context.Context, sb *sandbox, wsID string
 		rec := cmd.rec
 		cmd.mu.Unlock()
 		if hit {
-			if err := s.store.put(ctx, kindCommand, rec.CommandSessionID, sb.rec.ID, rec); err != nil {
+			if err := s.store.Put(ctx, statedb.KindCommand, rec.CommandSessionID, sb.rec.ID, rec); err != nil {
 				s.log.Warn("persist command", "command", rec.CommandSessionID, "err", err)
 			}
 		}
@@ -109,7 +110,7 @@ func (s *Supervisor) persistOutcome(ctx context.Context, sb *sandbox, drain *com
 	for k, v := range extra {
 		rec.Extra[k] = v
 	}
-	if err := s.store.put(ctx, kindCommand, rec.CommandSessionID, sb.rec.ID, rec); err != nil {
+	if err := s.store.Put(ctx, statedb.KindCommand, rec.CommandSessionID, sb.rec.ID, rec); err != nil {
 		s.log.Warn("persist finalization outcome", "command", rec.CommandSessionID, "err", err)
 	}
 }

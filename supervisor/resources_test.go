@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 )
 
 func resSegSizes(t *testing.T, dir string) (cur, rot int64) {
@@ -25,7 +27,7 @@ func resSegSizes(t *testing.T, dir string) (cur, rot int64) {
 }
 
 func TestResourceStoreCapsUnder10000Samples(t *testing.T) {
-	s := obsSupervisor(t, func(c *Config) { c.Observability.ResourceStats.MaxDiskBytes = 128 << 10 })
+	s := obsSupervisor(t, func(c *config.Config) { c.Observability.ResourceStats.MaxDiskBytes = 128 << 10 })
 	sb := obsSandbox(t, s, "sbx-res")
 	dir := filepath.Join(sb.dir, obsDirName)
 	limit := int64(128 << 10)
@@ -123,7 +125,7 @@ func TestResourceDeltasClampAndWindow(t *testing.T) {
 }
 
 func TestResourcesObservabilityDisabled(t *testing.T) {
-	s := obsSupervisor(t, func(c *Config) { c.Observability.Enabled = false })
+	s := obsSupervisor(t, func(c *config.Config) { c.Observability.Enabled = false })
 	sb := obsSandbox(t, s, "sbx-off")
 	s.sampleOnce(true) // nothing to sample, and nothing may be created
 	for _, op := range []string{"resources", "cgroup"} {
@@ -138,7 +140,7 @@ func TestResourcesObservabilityDisabled(t *testing.T) {
 }
 
 func TestResourcesDisabled(t *testing.T) {
-	s := obsSupervisor(t, func(c *Config) { c.Observability.ResourceStats.Enabled = false })
+	s := obsSupervisor(t, func(c *config.Config) { c.Observability.ResourceStats.Enabled = false })
 	sb := obsSandbox(t, s, "sbx-off")
 	if st := s.obs.resources(sb); st != nil {
 		t.Fatal("a resource store with resource_stats disabled")
@@ -247,9 +249,9 @@ func BenchmarkResourcesQuery(b *testing.B) {
 }
 
 func obsSupervisorB(b *testing.B) *Supervisor {
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	data := b.TempDir()
-	return &Supervisor{cfg: cfg, dirs: catalog.Dirs{Data: data}, ids: newIDSource(),
+	return &Supervisor{cfg: cfg, dirs: catalog.Dirs{Data: data}, ids: statedb.NewIDs(),
 		log: slog.New(slog.NewTextHandler(io.Discard, nil)), obs: newObsRegistry(cfg, data)}
 }
 
@@ -289,7 +291,7 @@ func TestSampleHead(t *testing.T) {
 // TestResourcesResponseBound: long samples still give a resources answer
 // within 256 KiB (the oldest points are dropped).
 func TestResourcesResponseBound(t *testing.T) {
-	s := obsSupervisor(t, func(c *Config) { c.Observability.ResourceStats.MaxDiskBytes = 4 << 20 })
+	s := obsSupervisor(t, func(c *config.Config) { c.Observability.ResourceStats.MaxDiskBytes = 4 << 20 })
 	sb := obsSandbox(t, s, "sbx-big")
 	st := s.obs.resources(sb)
 	now := time.Now().UnixMilli() - 1000
@@ -317,29 +319,6 @@ func TestResourcesResponseBound(t *testing.T) {
 		}
 		if ser, ok := m[tc.key].([]any); ok && len(ser) == 0 {
 			t.Fatalf("%s: no points", tc.op)
-		}
-	}
-}
-
-func TestObservabilityConfigRanges(t *testing.T) {
-	tests := []struct {
-		yaml, err string
-	}{
-		{"observability:\n  resource_stats:\n    max_disk_bytes: 131073\n", "not even"},
-		{"observability:\n  resource_stats:\n    max_disk_bytes: 131070\n", "out of range"},
-		{"observability:\n  resource_stats:\n    max_disk_bytes: 131072\n    sample_interval_ms: 250\n", ""},
-		{"observability:\n  resource_stats:\n    sample_interval_ms: 249\n", "out of range"},
-		{"observability:\n  max_disk_bytes: 1000\n", "out of range"},
-		{"observability:\n  max_disk_bytes: 1048576\n", ""},
-	}
-	for _, tc := range tests {
-		p := filepath.Join(t.TempDir(), "config.yml")
-		if err := os.WriteFile(p, []byte(tc.yaml), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		_, err := LoadConfig(p)
-		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
-			t.Errorf("%q: %v, want %q", tc.yaml, err, tc.err)
 		}
 	}
 }

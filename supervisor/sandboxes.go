@@ -14,6 +14,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 )
 
 // Sandbox states (§4.1).
@@ -56,7 +57,7 @@ type sharedBase struct {
 
 type resourceProfileRec struct {
 	Name string `json:"name"`
-	ResourceProfile
+	config.ResourceProfile
 	Enforced bool `json:"enforced"`
 }
 
@@ -197,7 +198,7 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 	if overlay == "" {
 		overlay = s.cfg.Sandbox.DefaultOverlay
 	}
-	driver, derr := s.probes.resolveOverlay(overlay)
+	driver, derr := s.probes.ResolveOverlay(overlay)
 	if derr != nil {
 		return nil, derr
 	}
@@ -242,7 +243,7 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 	}
 	var first *layers.Stack
 	for i := uint64(0); i < count; i++ {
-		id := s.ids.new("sbx-")
+		id := s.ids.New("sbx-")
 		sb := newSandbox(sandboxRecord{
 			ID: id, Name: name, WorkspaceRoot: c.args.String("workspace_root"), Image: image, Rootfs: rootfs,
 			OverlayDriver: driver, State: stateCreating, CreatedAt: nowRFC3339(),

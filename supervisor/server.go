@@ -17,8 +17,11 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/doctor"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/images"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/rpc"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/web"
 )
 
@@ -43,16 +46,16 @@ type Options struct {
 
 // Supervisor is the running daemon: one per user and data directory.
 type Supervisor struct {
-	cfg     *Config
+	cfg     *config.Config
 	dirs    catalog.Dirs
 	log     *slog.Logger
-	ids     *idSource
+	ids     *statedb.IDs
 	store   *store
 	obs     *obsRegistry // event/span stores (§10.1); nil-safe
 	cgroups *cgroups     // delegated cgroup subtree (§10.2); nil-safe
 	version string
 	started time.Time
-	probes  probes
+	probes  doctor.Probes
 	self    string // path of the running binary, for holders and probes
 	// shimPath is sandbox-exec-shim next to self, the exec shim of every
 	// command; "" when missing (holders then use self: slower start).
@@ -94,7 +97,7 @@ func Serve(ctx context.Context, opt Options) error {
 	if cfgPath == "" {
 		cfgPath = filepath.Join(dirs.Config, "config.yml")
 	}
-	cfg, err := LoadConfig(cfgPath)
+	cfg, err := config.Load(cfgPath)
 	if err != nil {
 		return err
 	}
@@ -125,10 +128,10 @@ func Serve(ctx context.Context, opt Options) error {
 	if err != nil {
 		return catalog.Errorf(catalog.ConfigError, "%w", err)
 	}
-	defer st.close()
+	defer st.Close()
 
 	s := &Supervisor{
-		cfg: cfg, dirs: dirs, log: log, ids: newIDSource(), store: st, version: opt.Version,
+		cfg: cfg, dirs: dirs, log: log, ids: statedb.NewIDs(), store: st, version: opt.Version,
 		started: time.Now(), self: self, sandboxes: map[string]*sandbox{},
 		conns: make(chan struct{}, cfg.Supervisor.MaxConcurrentConnections),
 	}
@@ -138,7 +141,7 @@ func Serve(ctx context.Context, opt Options) error {
 	s.protected = layers.CompilePatterns(cfg.Runtime.Publish.ProtectedPaths)
 	s.obs = newObsRegistry(cfg, dirs.Data) // stores are created on first append
 	s.shimPath = execShim(self)
-	s.probes = runProbes(ctx, self, dirs.Data, log)
+	s.probes = doctor.RunProbes(ctx, self, dirs.Data, log)
 	if err := s.openImages(ctx); err != nil {
 		return err
 	}
@@ -148,8 +151,8 @@ func Serve(ctx context.Context, opt Options) error {
 		return err
 	}
 	s.event(nil, "", "supervisor.boot", map[string]any{"version": s.version, "probes": map[string]any{
-		"user_namespaces": s.probes.userNS, "kernel_overlay": s.probes.kernelOverlay, "lowerdir_plus": s.probes.lowerdirPlus,
-		"fuse_device": s.probes.fuseDevice, "fuse_overlay": s.probes.fuseOverlay,
+		"user_namespaces": s.probes.UserNS, "kernel_overlay": s.probes.KernelOverlay, "lowerdir_plus": s.probes.LowerdirPlus,
+		"fuse_device": s.probes.FuseDevice, "fuse_overlay": s.probes.FuseOverlay,
 		"cgroup": map[string]any{"delegated": s.cgroups.delegated, "reason": s.cgroups.reason}}})
 
 	var socket string

@@ -15,6 +15,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 )
 
 // Session states (§5.5).
@@ -187,7 +188,7 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 		return nil, e
 	}
 	defer sl.release() // a no-op once the session is in sb.sessions
-	id := s.ids.new("ws-")
+	id := s.ids.New("ws-")
 	lease, err := sb.stack.Acquire("workspace-session:" + id)
 	if err != nil {
 		return nil, fmt.Errorf("lease head: %w", err)
@@ -223,7 +224,7 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 		rollback()
 		return nil, err
 	}
-	if err := s.store.put(ctx, kindSession, id, sb.rec.ID, ss.rec); err != nil {
+	if err := s.store.Put(ctx, statedb.KindSession, id, sb.rec.ID, ss.rec); err != nil {
 		_ = ss.holder.Close(0)
 		rollback()
 		return nil, err
@@ -420,7 +421,7 @@ func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
 	ss.mu.Lock()
 	rec := ss.rec
 	ss.mu.Unlock()
-	_ = s.store.put(ctx, kindSession, rec.WorkspaceSessionID, sb.rec.ID, rec)
+	_ = s.store.Put(ctx, statedb.KindSession, rec.WorkspaceSessionID, sb.rec.ID, rec)
 }
 
 // destroySession tears a session down (§5.7) inside a
@@ -454,7 +455,7 @@ func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session,
 	// directory (removed at the next start) and layers no persisted lease
 	// pins (swept), so a destroy cut short completes at restart instead of
 	// leaving a record whose upper dir is half gone (restore_failed).
-	if err := s.store.delete(ctx, kindSession, ss.id()); err != nil {
+	if err := s.store.Delete(ctx, statedb.KindSession, ss.id()); err != nil {
 		return upperBytes, err
 	}
 	s.cgroups.removeSession(ss.id())
@@ -578,7 +579,7 @@ func (s *Supervisor) listWorkspaceSessions(c *call) (any, error) {
 // implicit ones are finalized from their upper dir.
 func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox, sum *recoverySummary) {
 	var recs []sessionRecord
-	_ = s.store.list(ctx, kindSession, sb.rec.ID, func(b []byte) error {
+	_ = s.store.List(ctx, statedb.KindSession, sb.rec.ID, func(b []byte) error {
 		var r sessionRecord
 		if err := json.Unmarshal(b, &r); err != nil {
 			return err
@@ -641,7 +642,7 @@ func (s *Supervisor) restoreHolder(ctx context.Context, sb *sandbox, ss *session
 	ss.mu.Lock()
 	r := ss.rec
 	ss.mu.Unlock()
-	_ = s.store.put(ctx, kindSession, r.WorkspaceSessionID, sb.rec.ID, r)
+	_ = s.store.Put(ctx, statedb.KindSession, r.WorkspaceSessionID, sb.rec.ID, r)
 }
 
 // removeTree deletes a directory that may contain the mode-000 work dir the

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 )
 
 // stopSessions ends every session of a sandbox: running commands are
@@ -94,7 +95,7 @@ func (s *Supervisor) shutdown(ctx context.Context) {
 // boot sweep must keep them (§8.7).
 func (s *Supervisor) persistedLeases(ctx context.Context, sb *sandbox) [][]layers.LayerRef {
 	var out [][]layers.LayerRef
-	_ = s.store.list(ctx, kindSession, sb.rec.ID, func(b []byte) error {
+	_ = s.store.List(ctx, statedb.KindSession, sb.rec.ID, func(b []byte) error {
 		var r sessionRecord
 		if json.Unmarshal(b, &r) == nil {
 			out = append(out, r.Lease.Layers)
@@ -114,7 +115,7 @@ func (s *Supervisor) removeOrphanSessionDirs(ctx context.Context, sb *sandbox) (
 		return 0
 	}
 	for _, e := range ents {
-		if ok, err := s.store.exists(ctx, kindSession, e.Name()); err == nil && !ok {
+		if ok, err := s.store.Exists(ctx, statedb.KindSession, e.Name()); err == nil && !ok {
 			s.log.Info("recovery: removing orphan session directory", "sandbox", sb.rec.ID, "dir", e.Name())
 			removeTree(filepath.Join(sb.dir, "sessions", e.Name()))
 			removed++

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 )
 
 // Spans and events (§10.2) and the trace/events queries (§10.3).
@@ -111,10 +112,10 @@ func (s *Supervisor) syntheticTrace(origin string) string {
 	if ids == nil {
 		ids = fallbackIDs
 	}
-	return ids.new(origin + "-")
+	return ids.New(origin + "-")
 }
 
-var fallbackIDs = newIDSource() // for a Supervisor built without ids (tests)
+var fallbackIDs = statedb.NewIDs() // for a Supervisor built without ids (tests)
 
 // eventOrigin is the origin of a synthetic trace id for an event recorded
 // outside any request.

@@ -18,6 +18,8 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/doctor"
 )
 
 // version is set at build time with -ldflags "-X main.version=…".
@@ -45,7 +47,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "uninstall":
 		return uninstall(args[1:], stdout, stderr)
 	case "doctor":
-		return doctor(args[1:], stdout, stderr)
+		return runDoctor(args[1:], stdout, stderr)
 	case "ui":
 		return ui(args[1:], stdout, stderr)
 	}
@@ -114,7 +116,7 @@ func startCPUProfile(path string) (func(), error) {
 // doctor checks the host capabilities (§4.5, §13) against the configuration
 // (defaults when there is no file): exit 0 when everything required is
 // present, 1 otherwise, 2 on bad flags.
-func doctor(args []string, stdout, stderr io.Writer) int {
+func runDoctor(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -122,7 +124,7 @@ func doctor(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
 		return 2
 	}
-	var opt supervisor.DoctorOptions
+	var opt doctor.Options
 	// A stand-in for /dev/fuse, so the FUSE check can be shown failing
 	// (tests, or judging another device node) without touching the host's.
 	opt.FuseDevice = os.Getenv("SANDBOX_DOCTOR_FUSE_DEVICE")
@@ -135,9 +137,9 @@ func doctor(args []string, stdout, stderr io.Writer) int {
 		opt.ConfigErr = err
 	}
 	if *cfgPath != "" {
-		opt.Config, opt.ConfigErr = supervisor.LoadConfig(*cfgPath)
+		opt.Config, opt.ConfigErr = config.Load(*cfgPath)
 	}
-	r := supervisor.Doctor(context.Background(), opt)
+	r := doctor.Run(context.Background(), opt)
 	if *asJSON {
 		if err := r.WriteJSON(stdout); err != nil {
 			fmt.Fprintln(stderr, err)

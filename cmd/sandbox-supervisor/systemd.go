@@ -12,6 +12,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 	"github.com/ephemeral-ai-lab/sandbox/systemd"
 )
 
@@ -80,7 +81,7 @@ func unitConfig() (systemd.UnitConfig, error) {
 	}
 	raw := os.Getenv("SANDBOX_SUPERVISOR_SOCKET")
 	if raw == "" {
-		cfg, err := supervisor.LoadConfig(filepath.Join(dirs.Config, "config.yml"))
+		cfg, err := config.Load(filepath.Join(dirs.Config, "config.yml"))
 		if err != nil {
 			return systemd.UnitConfig{}, err
 		}

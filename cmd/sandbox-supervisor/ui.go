@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 )
 
 // ui prints the console's login URL (like Jupyter's token link) and, when
@@ -63,7 +63,7 @@ func loginURL(endpoint, cfgPath string) (string, error) {
 		if cfgPath == "" {
 			cfgPath = filepath.Join(dirs.Config, "config.yml")
 		}
-		if cfg, err := supervisor.LoadConfig(cfgPath); err == nil && cfg.Supervisor.SocketPath != "" {
+		if cfg, err := config.Load(cfgPath); err == nil && cfg.Supervisor.SocketPath != "" {
 			socket = cfg.Supervisor.SocketPath
 		}
 	}

@@ -5,13 +5,13 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/doctor"
 )
 
-// Availability is one probed capability: available, or not and why.
-type Availability struct {
-	Available bool    `json:"available"`
-	Reason    *string `json:"reason"`
-}
+// Availability is one probed capability: available, or not and why. The
+// start-up probes (doctor) decide it; health only shows it.
+type Availability = doctor.Availability
 
 // Cgroup says whether the supervisor's cgroup is delegated to it.
 type Cgroup struct {

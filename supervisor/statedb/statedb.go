@@ -1,4 +1,4 @@
-package supervisor
+package statedb
 
 import (
 	"context"
@@ -10,24 +10,25 @@ import (
 	_ "modernc.org/sqlite" // registers the "sqlite" driver (pure Go, no cgo)
 )
 
-// store is the state database (§8.1): WAL, synchronous=FULL. Records are
+// DB is the state database (§8.1): WAL, synchronous=FULL. Records are
 // JSON documents keyed by (kind, id) with the sandbox they belong to; their
 // logical shape is the contract's, the table layout is ours.
-type store struct {
+type DB struct {
 	db *sql.DB
 }
 
 // Record kinds.
 const (
-	kindSandbox = "sandbox"
-	kindSession = "session"
-	kindCommand = "command"
-	kindEvicted = "evicted_command" // IDs remembered after eviction (§6.7)
-	// kindLayerOrigin records who published a layer (id <sandbox>/<layer>).
-	kindLayerOrigin = "layer_origin"
+	KindSandbox = "sandbox"
+	KindSession = "session"
+	KindCommand = "command"
+	KindEvicted = "evicted_command" // IDs remembered after eviction (§6.7)
+	// KindLayerOrigin records who published a layer (id <sandbox>/<layer>).
+	KindLayerOrigin = "layer_origin"
 )
 
-func openStore(ctx context.Context, dataDir string) (*store, error) {
+// Open opens (creating when absent) dataDir/state.db and its records table.
+func Open(ctx context.Context, dataDir string) (*DB, error) {
 	path := filepath.Join(dataDir, "state.db")
 	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(5000)"
 	db, err := sql.Open("sqlite", dsn)
@@ -43,21 +44,19 @@ func openStore(ctx context.Context, dataDir string) (*store, error) {
 		db.Close()
 		return nil, fmt.Errorf("init state database %s: %w", path, err)
 	}
-	st := &store{db: db}
-	if err := st.initAudit(ctx); err != nil {
-		db.Close()
-		return nil, err
-	}
-	if err := st.initActivity(ctx); err != nil {
-		db.Close()
-		return nil, err
-	}
-	return st, nil
+	return &DB{db: db}, nil
 }
 
-func (s *store) close() error { return s.db.Close() }
+func (s *DB) Close() error { return s.db.Close() }
 
-func (s *store) put(ctx context.Context, kind, id, sandboxID string, rec any) error {
+// SQL is the database handle for the code that keeps its own tables in
+// the same file (attribution's audit and file activity): that code owns
+// its schema and deletes its rows of a destroyed sandbox itself, next to
+// the caller's DeleteSandbox.
+func (s *DB) SQL() *sql.DB { return s.db }
+
+// Put stores rec as the record (kind, id) of sandboxID, replacing it.
+func (s *DB) Put(ctx context.Context, kind, id, sandboxID string, rec any) error {
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return fmt.Errorf("encode %s %s: %w", kind, id, err)
@@ -70,27 +69,26 @@ func (s *store) put(ctx context.Context, kind, id, sandboxID string, rec any) er
 	return nil
 }
 
-func (s *store) delete(ctx context.Context, kind, id string) error {
+// Delete removes the record (kind, id); an absent one is no error.
+func (s *DB) Delete(ctx context.Context, kind, id string) error {
 	if _, err := s.db.ExecContext(ctx, `DELETE FROM records WHERE kind = ? AND id = ?`, kind, id); err != nil {
 		return fmt.Errorf("delete %s %s: %w", kind, id, err)
 	}
 	return nil
 }
 
-// deleteSandboxRows removes every record of a sandbox, the sandbox's own included.
-func (s *store) deleteSandboxRows(ctx context.Context, sandboxID string) error {
-	if _, err := s.db.ExecContext(ctx, `DELETE FROM records WHERE sandbox_id = ? OR (kind = ? AND id = ?)`, sandboxID, kindSandbox, sandboxID); err != nil {
+// DeleteSandbox removes every record of a sandbox, the sandbox's own
+// included (rows of other packages' tables are theirs to delete).
+func (s *DB) DeleteSandbox(ctx context.Context, sandboxID string) error {
+	if _, err := s.db.ExecContext(ctx, `DELETE FROM records WHERE sandbox_id = ? OR (kind = ? AND id = ?)`, sandboxID, KindSandbox, sandboxID); err != nil {
 		return fmt.Errorf("delete records of %s: %w", sandboxID, err)
 	}
-	if err := s.deleteSandboxActivity(ctx, sandboxID); err != nil {
-		return err
-	}
-	return s.deleteSandboxAudit(ctx, sandboxID)
+	return nil
 }
 
-// list decodes every record of a kind (of one sandbox when sandboxID is
+// List decodes every record of a kind (of one sandbox when sandboxID is
 // non-empty), ordered by id, calling decode with each JSON document.
-func (s *store) list(ctx context.Context, kind, sandboxID string, decode func([]byte) error) error {
+func (s *DB) List(ctx context.Context, kind, sandboxID string, decode func([]byte) error) error {
 	q, args := `SELECT record FROM records WHERE kind = ? ORDER BY id`, []any{kind}
 	if sandboxID != "" {
 		q, args = `SELECT record FROM records WHERE kind = ? AND sandbox_id = ? ORDER BY id`, []any{kind, sandboxID}
@@ -103,36 +101,26 @@ func (s *store) list(ctx context.Context, kind, sandboxID string, decode func([]
 	for rows.Next() {
 		var text string
 		if err := rows.Scan(&text); err != nil {
-			return err
+			return fmt.Errorf("load %s records: %w", kind, err)
 		}
 		if err := decode([]byte(text)); err != nil {
 			return fmt.Errorf("load %s records: corrupt record: %w", kind, err)
 		}
 	}
-	return rows.Err()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("load %s records: %w", kind, err)
+	}
+	return nil
 }
 
-func (s *store) exists(ctx context.Context, kind, id string) (bool, error) {
+// Exists reports whether the record (kind, id) is stored.
+func (s *DB) Exists(ctx context.Context, kind, id string) (bool, error) {
 	var n int
-	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM records WHERE kind = ? AND id = ?`, kind, id).Scan(&n)
-	return n > 0, err
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM records WHERE kind = ? AND id = ?`, kind, id).Scan(&n); err != nil {
+		return false, fmt.Errorf("look up %s %s: %w", kind, id, err)
+	}
+	return n > 0, nil
 }
 
-func (s *store) putSandbox(ctx context.Context, rec *sandboxRecord) error {
-	return s.put(ctx, kindSandbox, rec.ID, rec.ID, rec)
-}
-
-func (s *store) sandboxes(ctx context.Context) ([]*sandboxRecord, error) {
-	var out []*sandboxRecord
-	err := s.list(ctx, kindSandbox, "", func(b []byte) error {
-		rec := &sandboxRecord{}
-		if err := json.Unmarshal(b, rec); err != nil {
-			return err
-		}
-		out = append(out, rec)
-		return nil
-	})
-	return out, err
-}
-
-func (s *store) ping(ctx context.Context) error { return s.db.PingContext(ctx) }
+// Ping checks that the database answers (health).
+func (s *DB) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }

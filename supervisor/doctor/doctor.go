@@ -1,4 +1,4 @@
-package supervisor
+package doctor
 
 // `sandbox-supervisor doctor` (§13): every host capability of §4.5, each
 // with pass or fail and the exact fix. The checks only look; nothing on the
@@ -12,26 +12,22 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
-	"net/http"
-	"net/url"
 	"os"
-	"os/exec"
 	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 )
 
-// DoctorOptions are the host lookups of Doctor; zero fields take the real
+// Options are the host lookups of Run; zero fields take the real
 // host's values, tests replace them.
-type DoctorOptions struct {
+type Options struct {
 	// Self is the sandbox-supervisor binary run for the overlay probe
 	// (default os.Executable) and named in the AppArmor profile.
 	Self string
@@ -42,7 +38,7 @@ type DoctorOptions struct {
 	// Config is the configuration to judge against (nil: the defaults).
 	// sandbox.id_mapping: subid makes the subid check required;
 	// images.docker_host is tried first.
-	Config *Config
+	Config *config.Config
 	// ConfigErr is a configuration that failed to load: reported as a
 	// failed required check.
 	ConfigErr error
@@ -67,8 +63,8 @@ type DoctorOptions struct {
 	Probe func(ctx context.Context, scratchParent string) nsholder.ProbeResult
 }
 
-// DoctorCheck is one line of the report.
-type DoctorCheck struct {
+// Check is one line of the report.
+type Check struct {
 	ID       string `json:"id"`
 	Required bool   `json:"required"`
 	OK       bool   `json:"ok"`
@@ -76,25 +72,25 @@ type DoctorCheck struct {
 	Fix      string `json:"fix"` // the exact command or configuration change; "" when OK
 }
 
-// DoctorReport is the result: OK when every required check passed.
-type DoctorReport struct {
-	OK     bool          `json:"ok"`
-	Checks []DoctorCheck `json:"checks"`
+// Report is the result: OK when every required check passed.
+type Report struct {
+	OK     bool    `json:"ok"`
+	Checks []Check `json:"checks"`
 }
 
 // Check returns the check with that id (zero value if absent).
-func (r DoctorReport) Check(id string) DoctorCheck {
+func (r Report) Check(id string) Check {
 	for _, c := range r.Checks {
 		if c.ID == id {
 			return c
 		}
 	}
-	return DoctorCheck{}
+	return Check{}
 }
 
 // WriteText prints `PASS|FAIL|WARN <id>: <detail>`, an indented fix under
 // every check that did not pass, and a summary line.
-func (r DoctorReport) WriteText(w io.Writer) {
+func (r Report) WriteText(w io.Writer) {
 	for _, c := range r.Checks {
 		status := "PASS"
 		switch {
@@ -120,20 +116,20 @@ func (r DoctorReport) WriteText(w io.Writer) {
 }
 
 // WriteJSON prints the report as one JSON object.
-func (r DoctorReport) WriteJSON(w io.Writer) error {
+func (r Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(r)
 }
 
 type doctor struct {
-	opt  DoctorOptions
+	opt  Options
 	env  map[string]string
 	user string
 }
 
-// Doctor runs every check.
-func Doctor(ctx context.Context, opt DoctorOptions) DoctorReport {
+// Run runs every check.
+func Run(ctx context.Context, opt Options) Report {
 	if opt.Env == nil {
 		opt.Env = os.Environ()
 	}
@@ -187,9 +183,9 @@ func Doctor(ctx context.Context, opt DoctorOptions) DoctorReport {
 		d.user = u.Username
 	}
 
-	var r DoctorReport
+	var r Report
 	if opt.ConfigErr != nil {
-		r.Checks = append(r.Checks, DoctorCheck{ID: "config", Required: true, Detail: opt.ConfigErr.Error(),
+		r.Checks = append(r.Checks, Check{ID: "config", Required: true, Detail: opt.ConfigErr.Error(),
 			Fix: "correct the key named above in the configuration file (unknown keys and invalid values are refused)"})
 	}
 	userns, overlay, fuseOverlay := d.checkNamespacesAndOverlay(ctx)
@@ -270,10 +266,10 @@ func (d *doctor) probeDir() string {
 // unless it failed and fuse_overlay works, fuse_overlay only when the
 // kernel overlay failed; sandbox.default_overlay naming a driver makes
 // just that one required.
-func (d *doctor) checkNamespacesAndOverlay(ctx context.Context) (userns, overlay, fuseOverlay DoctorCheck) {
-	userns = DoctorCheck{ID: "userns", Required: true}
-	overlay = DoctorCheck{ID: "kernel_overlay", Required: true}
-	fuseOverlay = DoctorCheck{ID: "fuse_overlay", Required: true}
+func (d *doctor) checkNamespacesAndOverlay(ctx context.Context) (userns, overlay, fuseOverlay Check) {
+	userns = Check{ID: "userns", Required: true}
+	overlay = Check{ID: "kernel_overlay", Required: true}
+	fuseOverlay = Check{ID: "fuse_overlay", Required: true}
 	dir := d.probeDir()
 	res := d.opt.Probe(ctx, dir)
 	defer func() {
@@ -356,10 +352,10 @@ func (d *doctor) checkNamespacesAndOverlay(ctx context.Context) (userns, overlay
 			overlay.Detail += ", lowerdir+ available"
 		}
 	default:
-		overlay.Detail = res.OverlayReason + " (probed on " + fsName(dir) + " at " + where + "; kernel " + kernelRelease() + ")"
+		overlay.Detail = res.OverlayReason + " (probed on " + fsName(dir) + " at " + where + "; kernel " + KernelRelease() + ")"
 		var fixes []string
-		if !kernelAtLeast(kernelRelease(), 5, 11) {
-			fixes = append(fixes, "upgrade to Linux ≥ 5.11 (OverlayFS in a user namespace with userxattr); this kernel is "+kernelRelease())
+		if !kernelAtLeast(KernelRelease(), 5, 11) {
+			fixes = append(fixes, "upgrade to Linux ≥ 5.11 (OverlayFS in a user namespace with userxattr); this kernel is "+KernelRelease())
 		}
 		if !goodOverlayFS(dir) {
 			fixes = append(fixes, "put the data directory on ext4, xfs or btrfs: set XDG_DATA_HOME (or EPHEMERAL_SANDBOX_HOME) to a directory on such a filesystem; "+dir+" is "+fsName(dir))
@@ -432,8 +428,8 @@ func kernelAtLeast(release string, major, minor int) bool {
 	return ma > major || (ma == major && mi >= minor)
 }
 
-func (d *doctor) checkFuse() DoctorCheck {
-	c := DoctorCheck{ID: "fuse_device", Required: false}
+func (d *doctor) checkFuse() Check {
+	c := Check{ID: "fuse_device", Required: false}
 	dev := d.opt.FuseDevice
 	f, err := os.OpenFile(dev, os.O_RDWR, 0)
 	if err == nil {
@@ -456,10 +452,22 @@ func (d *doctor) checkFuse() DoctorCheck {
 	return c
 }
 
+// HelperPackage names the Debian package of a network helper binary
+// ("" for one we do not know).
+func HelperPackage(helper string) string {
+	switch helper {
+	case nsholder.HelperPasta:
+		return "passt"
+	case nsholder.HelperSlirp4netns:
+		return "slirp4netns"
+	}
+	return ""
+}
+
 // checkNetHelper: network_profile isolated needs pasta or slirp4netns
 // (optional: shared and offline sessions need neither).
-func (d *doctor) checkNetHelper() DoctorCheck {
-	c := DoctorCheck{ID: "net_helper"}
+func (d *doctor) checkNetHelper() Check {
+	c := Check{ID: "net_helper"}
 	want := "auto"
 	if d.opt.Config != nil && d.opt.Config.Network.Isolated.Helper != "" {
 		want = d.opt.Config.Network.Isolated.Helper
@@ -485,7 +493,7 @@ func (d *doctor) checkNetHelper() DoctorCheck {
 	c.Fix = "sudo apt-get install passt (pasta; or slirp4netns)"
 	if want != "auto" {
 		c.Detail = want + " (network.isolated.helper) is not on PATH: network_profile isolated sessions cannot be created"
-		c.Fix = "sudo apt-get install " + helperPackages[want]
+		c.Fix = "sudo apt-get install " + HelperPackage(want)
 	}
 	return c
 }
@@ -493,8 +501,8 @@ func (d *doctor) checkNetHelper() DoctorCheck {
 // checkTun: both helpers open /dev/net/tun inside the session's namespace;
 // a 0600 device makes pasta fail with "Failed to open tun socket in
 // namespace".
-func (d *doctor) checkTun() DoctorCheck {
-	c := DoctorCheck{ID: "net_tun"}
+func (d *doctor) checkTun() Check {
+	c := Check{ID: "net_tun"}
 	dev := d.opt.TunDevice
 	f, err := os.OpenFile(dev, os.O_RDWR, 0)
 	if err == nil {
@@ -530,9 +538,9 @@ func (d *doctor) lookPath(name string) (string, bool) {
 	return "", false
 }
 
-func (d *doctor) checkSubID() DoctorCheck {
+func (d *doctor) checkSubID() Check {
 	required := d.opt.Config != nil && d.opt.Config.Sandbox.IDMapping == nsholder.IDMappingSubID
-	c := DoctorCheck{ID: "subid", Required: required}
+	c := Check{ID: "subid", Required: required}
 	why := "needed only for sandbox.id_mapping: subid"
 	if required {
 		why = "the configuration sets sandbox.id_mapping: subid"
@@ -576,8 +584,8 @@ func (d *doctor) checkSubID() DoctorCheck {
 	return c
 }
 
-func (d *doctor) checkCgroup() DoctorCheck {
-	c := DoctorCheck{ID: "cgroup_delegation", Required: false}
+func (d *doctor) checkCgroup() Check {
+	c := Check{ID: "cgroup_delegation", Required: false}
 	const note = " (optional: resource profiles other than unlimited need it)"
 	unitFix := "run the supervisor as a systemd user service with Delegate=yes, e.g. systemd-run --user --unit=sandbox-supervisor -p Delegate=yes " + d.selfOr() + " serve"
 	var s unix.Statfs_t
@@ -637,127 +645,4 @@ func (d *doctor) selfOr() string {
 		return d.opt.Self
 	}
 	return "sandbox-supervisor"
-}
-
-// dockerEndpoints are the Docker Engine addresses in resolution order
-// (§13 images.docker_host: the configuration, DOCKER_HOST, the defaults).
-func (d *doctor) dockerEndpoints() []string {
-	var out []string
-	if d.opt.Config != nil && d.opt.Config.Images.DockerHost != nil && *d.opt.Config.Images.DockerHost != "" {
-		out = append(out, *d.opt.Config.Images.DockerHost)
-	}
-	if h := d.env["DOCKER_HOST"]; h != "" {
-		out = append(out, h)
-	}
-	for _, s := range d.opt.DockerSockets {
-		out = append(out, "unix://"+s)
-	}
-	return out
-}
-
-// pingDocker sends GET /_ping to a unix:// or plain tcp:// endpoint.
-func pingDocker(ctx context.Context, endpoint string) error {
-	u, err := url.Parse(endpoint)
-	if err != nil {
-		return err
-	}
-	tr := &http.Transport{DisableKeepAlives: true}
-	base := "http://docker"
-	switch u.Scheme {
-	case "unix":
-		path := u.Path
-		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var dl net.Dialer
-			return dl.DialContext(ctx, "unix", path)
-		}
-	case "tcp", "http":
-		base = "http://" + u.Host
-	default:
-		return fmt.Errorf("unsupported scheme %q", u.Scheme)
-	}
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/_ping", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64))
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET /_ping: %s", resp.Status)
-	}
-	if strings.TrimSpace(string(body)) != "OK" {
-		return fmt.Errorf("GET /_ping answered %q", body)
-	}
-	return nil
-}
-
-func (d *doctor) checkDocker(ctx context.Context) DoctorCheck {
-	c := DoctorCheck{ID: "docker", Required: false}
-	var tried []string
-	denied := false
-	for _, ep := range d.dockerEndpoints() {
-		err := pingDocker(ctx, ep)
-		if err == nil {
-			c.OK, c.Detail = true, "Docker Engine answers GET /_ping at "+ep
-			return c
-		}
-		if errors.Is(err, fs.ErrPermission) {
-			denied = true
-		}
-		msg := err.Error()
-		if errors.Is(err, fs.ErrNotExist) {
-			msg = "no such socket"
-		}
-		tried = append(tried, ep+": "+msg)
-	}
-	c.Detail = "no reachable Docker Engine (optional: only Docker images need it): " + strings.Join(tried, "; ")
-	switch {
-	case denied:
-		c.Fix = "sudo usermod -aG docker " + d.user + " (then log in again), or use rootless Docker: dockerd-rootless-setuptool.sh install"
-	default:
-		c.Fix = "start Docker Engine (sudo systemctl enable --now docker) or rootless Docker (dockerd-rootless-setuptool.sh install), or set images.docker_host / DOCKER_HOST to its unix:// socket"
-	}
-	return c
-}
-
-func (d *doctor) checkSystemdUser(ctx context.Context) DoctorCheck {
-	c := DoctorCheck{ID: "systemd_user", Required: false}
-	fix := "sudo loginctl enable-linger " + d.user + " (starts your systemd user manager now and at every boot)"
-	if x := d.env["XDG_RUNTIME_DIR"]; x != "" {
-		if st, err := os.Stat(filepath.Join(x, "systemd", "private")); err == nil && st.Mode()&fs.ModeSocket != 0 {
-			c.OK, c.Detail = true, "systemd user manager is running ("+filepath.Join(x, "systemd", "private")+")"
-			return c
-		}
-	}
-	systemctl, ok := d.lookPath("systemctl")
-	if !ok {
-		c.Detail = "systemctl not found on PATH: no systemd user manager (optional: without it `sandbox-supervisor serve` is started automatically on first CLI use)"
-		c.Fix = fix
-		return c
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, systemctl, "--user", "is-system-running")
-	cmd.Env = d.opt.Env
-	out, _ := cmd.CombinedOutput()
-	state := strings.TrimSpace(string(out))
-	if i := strings.IndexByte(state, '\n'); i >= 0 {
-		state = state[:i]
-	}
-	switch state {
-	case "running", "degraded", "starting", "initializing":
-		c.OK, c.Detail = true, "systemd user manager is "+state
-		return c
-	}
-	if state == "" {
-		state = "no answer"
-	}
-	c.Detail = "no systemd user manager (systemctl --user is-system-running: " + state + "; optional: without it `sandbox-supervisor serve` is started automatically on first CLI use)"
-	c.Fix = fix
-	return c
 }

@@ -1,4 +1,4 @@
-package supervisor
+package doctor
 
 import (
 	"bytes"
@@ -11,14 +11,15 @@ import (
 	"testing"
 
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 )
 
-// doctorOptions isolates Doctor from the host: a fake probe, an empty
+// doctorOptions isolates Run from the host: a fake probe, an empty
 // PATH, no Docker sockets, an empty sysctl tree.
-func doctorOptions(t *testing.T, probe nsholder.ProbeResult) DoctorOptions {
+func doctorOptions(t *testing.T, probe nsholder.ProbeResult) Options {
 	t.Helper()
 	tmp := t.TempDir()
-	return DoctorOptions{
+	return Options{
 		Self:          "/opt/esbx/bin/sandbox-supervisor",
 		DataDir:       filepath.Join(tmp, "data"),
 		Env:           []string{"PATH=" + filepath.Join(tmp, "emptybin")},
@@ -39,7 +40,7 @@ func TestDoctorFuseDeviceUnreadable(t *testing.T) {
 	if err := os.WriteFile(opt.FuseDevice, nil, 0o000); err != nil {
 		t.Fatal(err)
 	}
-	r := Doctor(context.Background(), opt)
+	r := Run(context.Background(), opt)
 	c := r.Check("fuse_device")
 	if c.ID == "" || c.OK || c.Required {
 		t.Fatalf("fuse_device = %+v, want an optional failure", c)
@@ -59,7 +60,7 @@ func TestDoctorFuseDeviceUnreadable(t *testing.T) {
 }
 
 func TestDoctorSubIDWithoutNewuidmap(t *testing.T) {
-	r := Doctor(context.Background(), doctorOptions(t, probeOK))
+	r := Run(context.Background(), doctorOptions(t, probeOK))
 	c := r.Check("subid")
 	if c.OK || c.Required || !strings.Contains(c.Detail, "newuidmap and newgidmap not found on PATH") {
 		t.Fatalf("subid = %+v", c)
@@ -78,9 +79,9 @@ func TestDoctorSubIDWithoutNewuidmap(t *testing.T) {
 
 	// sandbox.id_mapping: subid makes it required.
 	opt := doctorOptions(t, probeOK)
-	opt.Config = DefaultConfig()
+	opt.Config = config.Default()
 	opt.Config.Sandbox.IDMapping = "subid"
-	r = Doctor(context.Background(), opt)
+	r = Run(context.Background(), opt)
 	if c := r.Check("subid"); !c.Required || c.OK || r.OK {
 		t.Errorf("with id_mapping subid: ok=%v subid=%+v", r.OK, c)
 	}
@@ -108,7 +109,7 @@ func TestDoctorSubIDRanges(t *testing.T) {
 	if err := os.WriteFile(opt.SubUIDFile, []byte("someoneelse:100000:65536\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c := Doctor(context.Background(), opt).Check("subid")
+	c := Run(context.Background(), opt).Check("subid")
 	if c.OK || !strings.HasPrefix(c.Fix, "sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 ") {
 		t.Fatalf("subid without a range = %+v", c)
 	}
@@ -118,7 +119,7 @@ func TestDoctorSubIDRanges(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c = Doctor(context.Background(), opt).Check("subid")
+	c = Run(context.Background(), opt).Check("subid")
 	if !c.OK || !strings.Contains(c.Detail, "subuid 200000-265535") || !strings.Contains(c.Detail, "subgid 200000-265535") {
 		t.Fatalf("subid with ranges = %+v", c)
 	}
@@ -136,7 +137,7 @@ func TestDoctorUserNSAppArmor(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(opt.ProcSys, "kernel", "unprivileged_userns_clone"), []byte("0\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r := Doctor(context.Background(), opt)
+	r := Run(context.Background(), opt)
 	if r.OK {
 		t.Fatal("report ok without user namespaces")
 	}
@@ -165,7 +166,7 @@ func TestDoctorUserNSAppArmor(t *testing.T) {
 }
 
 func TestDoctorOverlayFailure(t *testing.T) {
-	r := Doctor(context.Background(), doctorOptions(t, nsholder.ProbeResult{UserNamespaces: true, OverlayReason: "mount overlay with userxattr: invalid argument"}))
+	r := Run(context.Background(), doctorOptions(t, nsholder.ProbeResult{UserNamespaces: true, OverlayReason: "mount overlay with userxattr: invalid argument"}))
 	c := r.Check("kernel_overlay")
 	if r.OK || c.OK || !strings.Contains(c.Detail, "mount overlay with userxattr: invalid argument") || c.Fix == "" {
 		t.Fatalf("ok=%v kernel_overlay=%+v", r.OK, c)
@@ -176,7 +177,7 @@ func TestDoctorOverlayFailure(t *testing.T) {
 }
 
 func TestDoctorJSONShape(t *testing.T) {
-	r := Doctor(context.Background(), doctorOptions(t, probeOK))
+	r := Run(context.Background(), doctorOptions(t, probeOK))
 	var buf bytes.Buffer
 	if err := r.WriteJSON(&buf); err != nil {
 		t.Fatal(err)
@@ -235,7 +236,7 @@ func TestDoctorFuseFallback(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			r := Doctor(context.Background(), doctorOptions(t, tc.probe))
+			r := Run(context.Background(), doctorOptions(t, tc.probe))
 			k, f := r.Check("kernel_overlay"), r.Check("fuse_overlay")
 			if r.OK != tc.ok || k.Required != tc.kernelRequired || f.Required != tc.fuseRequired || f.OK != tc.probe.FuseOverlay {
 				t.Fatalf("ok=%v kernel=%+v fuse=%+v", r.OK, k, f)
@@ -285,10 +286,10 @@ func TestDoctorNetwork(t *testing.T) {
 				}
 			}
 			if tc.helper != "" {
-				opt.Config = DefaultConfig()
+				opt.Config = config.Default()
 				opt.Config.Network.Isolated.Helper = tc.helper
 			}
-			r := Doctor(context.Background(), opt)
+			r := Run(context.Background(), opt)
 			h, tun := r.Check("net_helper"), r.Check("net_tun")
 			if h.ID == "" || h.Required || h.OK != tc.helperOK || !strings.HasPrefix(h.Fix, tc.helperFix) || (tc.helperFix == "") != (h.Fix == "") {
 				t.Errorf("net_helper = %+v", h)

@@ -1,4 +1,4 @@
-package supervisor
+package statedb
 
 import (
 	"crypto/rand"
@@ -9,19 +9,21 @@ import (
 	"github.com/oklog/ulid/v2"
 )
 
-// idSource mints the contract's lowercase ULID-based IDs. ULIDs are monotonic
+// IDs mints the contract's lowercase ULID-based IDs. ULIDs are monotonic
 // within one millisecond so IDs of one kind sort by creation time; the
 // entropy source is not safe for concurrent use, hence the mutex.
-type idSource struct {
+type IDs struct {
 	mu      sync.Mutex
 	entropy *ulid.MonotonicEntropy
 }
 
-func newIDSource() *idSource {
-	return &idSource{entropy: ulid.Monotonic(rand.Reader, 0)}
+// NewIDs returns an ID source; one per supervisor.
+func NewIDs() *IDs {
+	return &IDs{entropy: ulid.Monotonic(rand.Reader, 0)}
 }
 
-func (s *idSource) new(prefix string) string {
+// New returns prefix followed by a fresh lowercase ULID.
+func (s *IDs) New(prefix string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := ulid.MustNew(ulid.Timestamp(time.Now()), s.entropy)

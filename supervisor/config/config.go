@@ -1,4 +1,4 @@
-package supervisor
+package config
 
 import (
 	"bytes"
@@ -152,8 +152,8 @@ const mib = 1 << 20
 
 func ptr[T any](v T) *T { return &v }
 
-// DefaultConfig is the configuration with every default of §13.
-func DefaultConfig() *Config {
+// Default is the configuration with every default of §13.
+func Default() *Config {
 	c := &Config{}
 	s := &c.Supervisor
 	s.MaxConcurrentConnections, s.MaxRequestBytes, s.RequestReadTimeoutS = 256, 16*mib, 30
@@ -200,26 +200,26 @@ func DefaultConfig() *Config {
 	return c
 }
 
-// LoadConfig reads path; an absent file means all defaults. Every problem is
-// a config_error naming the key.
-func LoadConfig(path string) (*Config, error) {
-	c := DefaultConfig()
+// Load reads path; an absent file means all defaults. Every problem is an
+// *Error (a config_error naming the key) that keeps its cause.
+func Load(path string) (*Config, error) {
+	c := Default()
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return c, nil
 	}
 	if err != nil {
-		return nil, catalog.Errorf(catalog.ConfigError, "read config %s: %v", path, err)
+		return nil, errorf("read config %s: %w", path, err)
 	}
 	if len(bytes.TrimSpace(b)) > 0 {
 		d := yaml.NewDecoder(bytes.NewReader(b))
 		d.KnownFields(true)
 		if err := d.Decode(c); err != nil {
-			return nil, catalog.Errorf(catalog.ConfigError, "config %s: %v", path, err)
+			return nil, errorf("config %s: %w", path, err)
 		}
 	}
 	if err := c.validate(); err != nil {
-		return nil, catalog.Errorf(catalog.ConfigError, "config %s: %v", path, err)
+		return nil, errorf("config %s: %w", path, err)
 	}
 	return c, nil
 }
