@@ -140,9 +140,9 @@ func (s *Supervisor) health(c *call) (any, error) {
 	case storeStatus != "ok" || failed:
 		status = "degraded"
 	}
-	cgroup := map[string]any{"delegated": false, "path": nil, "reason": s.cgroups.reasonOr("")}
-	if s.cgroups != nil && s.cgroups.delegated {
-		cgroup = map[string]any{"delegated": true, "path": s.cgroups.root, "reason": nil}
+	cgroup := map[string]any{"delegated": false, "path": nil, "reason": s.cgroups.ReasonOr("")}
+	if s.cgroups != nil && s.cgroups.Delegated {
+		cgroup = map[string]any{"delegated": true, "path": s.cgroups.Root, "reason": nil}
 	}
 	return map[string]any{
 		"status": status, "version": s.version, "uptime_s": time.Since(s.started).Seconds(), "uid": os.Geteuid(),

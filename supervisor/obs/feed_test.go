@@ -1,4 +1,4 @@
-package supervisor
+package obs
 
 import (
 	"encoding/json"

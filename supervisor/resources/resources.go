@@ -1,4 +1,4 @@
-package supervisor
+package resources
 
 // The resource sampler and the resources/cgroup views (§10.2, §10.3).
 //
@@ -26,27 +26,27 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 )
 
 const (
-	// obsMaxLine is the longest line a store holds (observability.max_line_bytes' maximum).
-	obsMaxLine   = 16384
-	scopeSandbox = "sandbox"
-	scopeStack   = "stack"
+	// MaxLine is the longest line a store holds (observability.max_line_bytes' maximum).
+	MaxLine      = 16384
+	ScopeSandbox = "sandbox"
+	ScopeStack   = "stack"
 	// stackEvery is how many intervals lie between two stack samples.
 	stackEvery = 10
 	// snapshotHistory bounds resources.history of a snapshot.
 	snapshotHistory = 30
-	// snapshotWindowMs is the window snapshot's resources come from.
-	snapshotWindowMs = 60000
+	// SnapshotWindowMs is the window snapshot's resources come from.
+	SnapshotWindowMs = 60000
 )
 
 // counterKeys are the monotonic metrics (§10.2 _counters).
 var counterKeys = []string{"cpu_usec", "io_rbytes", "io_wbytes"}
 
-// resMetrics are the metrics of one sandbox or session sample.
-type resMetrics struct {
+// Metrics are the metrics of one sandbox or session sample.
+type Metrics struct {
 	MetricsSource   string  `json:"metrics_source"`
 	CgroupPath      *string `json:"cgroup_path,omitempty"`
 	CgroupAvailable bool    `json:"cgroup_available"`
@@ -60,7 +60,7 @@ type resMetrics struct {
 	PidsCur         int     `json:"pids_cur"`
 }
 
-func (m *resMetrics) add(o resMetrics) {
+func (m *Metrics) add(o Metrics) {
 	m.CPUUsec += o.CPUUsec
 	m.MemCur += o.MemCur
 	m.IORBytes += o.IORBytes
@@ -73,13 +73,13 @@ type sampleRecord struct {
 	Kind  string `json:"kind"`
 	TS    int64  `json:"ts"`
 	Scope string `json:"scope"`
-	*resMetrics
-	*stackMetrics
+	*Metrics
+	*StackMetrics
 	Counters []string `json:"_counters"`
 }
 
-// stackMetrics are the metrics of a stack sample.
-type stackMetrics struct {
+// StackMetrics are the metrics of a stack sample.
+type StackMetrics struct {
 	LayerCount            int   `json:"layer_count"`
 	LayersBytes           int64 `json:"layers_bytes"`
 	LayersAllocatedBytes  int64 `json:"layers_allocated_bytes"`
@@ -88,12 +88,10 @@ type stackMetrics struct {
 	ActiveLeases          int   `json:"active_leases"`
 }
 
-// runSampler samples until ctx ends.
-func (s *Supervisor) runSampler(ctx context.Context) {
-	if s.obs == nil || !s.obs.resEnabled {
-		return
-	}
-	t := time.NewTicker(time.Duration(s.cfg.Observability.ResourceStats.SampleIntervalMs) * time.Millisecond)
+// Run calls sample every interval until ctx ends; withStack is true every
+// stackEvery-th time.
+func Run(ctx context.Context, interval time.Duration, sample func(withStack bool)) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for tick := uint64(1); ; tick++ {
 		select {
@@ -101,61 +99,44 @@ func (s *Supervisor) runSampler(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		s.sampleOnce(tick%stackEvery == 0)
+		sample(tick%stackEvery == 0)
 	}
 }
 
-// liveSession is one session the sampler looks at.
-type liveSession struct {
-	sb  *sandbox
-	ss  *session
-	id  string
-	pid int // holder, 0 without one
-	m   resMetrics
+// Session is one live workspace session the sampler measures.
+type Session struct {
+	ID  string
+	Pid int // holder, 0 without one
+	m   Metrics
 }
 
-// sampleOnce writes one round of samples.
-func (s *Supervisor) sampleOnce(withStack bool) {
-	type group struct {
-		sb   *sandbox
-		sess []*liveSession
-	}
-	var groups []group
-	var all []*liveSession
-	for _, sb := range s.sandboxesSorted() {
-		// Hold the sandbox's gate like a request does, so destroy never
-		// removes the directory while a sample is being written into it;
-		// a sandbox being destroyed is skipped.
-		if !sb.gate.TryRLock() {
-			continue
-		}
-		defer sb.gate.RUnlock()
-		sb.mu.Lock()
-		state := sb.rec.State
-		sb.mu.Unlock()
-		if state != stateReady {
-			continue
-		}
-		g := group{sb: sb}
-		for _, ss := range sb.sessionsSorted() {
-			ls := &liveSession{sb: sb, ss: ss, id: ss.id(), pid: ss.holderPid()}
-			g.sess = append(g.sess, ls)
-			all = append(all, ls)
-		}
-		if len(g.sess) > 0 {
-			groups = append(groups, g)
-		}
-	}
+// Group is one sandbox with live sessions: where its samples go and, for
+// a stack sample, how to measure its layer stack (nil: no stack).
+type Group struct {
+	ID       string
+	Store    *obs.Store
+	Sessions []*Session
+	Stack    func() (*StackMetrics, error)
+}
+
+// Sample writes one round of samples of groups: every session's metrics
+// (MeasureSessions), the sandbox's (its cgroup, else their sum) and, when
+// a group has Stack, its stack sample.
+func Sample(cg *Cgroups, procRoot string, groups []Group) {
 	if len(groups) == 0 {
 		return
 	}
-	s.measureSessions("/proc", all)
+	var all []*Session
+	for _, g := range groups {
+		all = append(all, g.Sessions...)
+	}
+	MeasureSessions(cg, procRoot, all)
 	ts := time.Now().UnixMilli()
 	for _, g := range groups {
-		st := s.obs.resources(g.sb)
-		total := resMetrics{MetricsSource: "proc", CgroupError: s.cgroups.reasonOr("")}
-		if dir := s.cgroups.sandboxPath(g.sb.rec.ID); dir != "" {
-			if m, err := readCgroupMetrics(dir); err == nil {
+		st := g.Store
+		total := Metrics{MetricsSource: "proc", CgroupError: cg.ReasonOr("")}
+		if dir := cg.SandboxPath(g.ID); dir != "" {
+			if m, err := ReadCgroupMetrics(dir); err == nil {
 				total = m
 			} else {
 				total.CgroupError = "read " + dir + ": " + err.Error()
@@ -163,66 +144,63 @@ func (s *Supervisor) sampleOnce(withStack bool) {
 		}
 		if total.MetricsSource == "proc" {
 			total.MemMaxUnlimited = true
-			for _, ls := range g.sess {
+			for _, ls := range g.Sessions {
 				total.add(ls.m)
 			}
 		}
-		appendSample(st, ts, scopeSandbox, &total, nil)
-		for _, ls := range g.sess {
-			appendSample(st, ts, ls.id, &ls.m, nil)
+		AppendSample(st, ts, ScopeSandbox, &total, nil)
+		for _, ls := range g.Sessions {
+			AppendSample(st, ts, ls.ID, &ls.m, nil)
 		}
-		if withStack && g.sb.stack != nil {
-			nodes, depth := s.walkBounds()
-			if sum, err := summarizeStack(g.sb.stack, nodes, depth); err == nil {
-				appendSample(st, ts, scopeStack, nil, &stackMetrics{LayerCount: len(sum.Layers), LayersBytes: sum.TotalBytes,
-					LayersAllocatedBytes: sum.TotalAllocated, StorageAllocatedBytes: sum.StorageAllocated,
-					StagingEntryCount: sum.StagingEntries, ActiveLeases: len(sum.Leases)})
+		if g.Stack != nil {
+			if sm, err := g.Stack(); err == nil {
+				AppendSample(st, ts, ScopeStack, nil, sm)
 			}
 		}
 	}
 }
 
-func appendSample(st *obsStore, ts int64, scope string, m *resMetrics, sm *stackMetrics) {
-	rec := sampleRecord{Kind: "sample", TS: ts, Scope: scope, resMetrics: m, stackMetrics: sm, Counters: []string{}}
+func AppendSample(st *obs.Store, ts int64, scope string, m *Metrics, sm *StackMetrics) {
+	rec := sampleRecord{Kind: "sample", TS: ts, Scope: scope, Metrics: m, StackMetrics: sm, Counters: []string{}}
 	if m != nil {
 		rec.Counters = counterKeys
 	}
-	st.appendRecord(&rec, nil) // strict: never truncated
+	st.AppendRecord(&rec, nil) // strict: never truncated
 }
 
 // reasonOr is the reason delegation is not used, or def.
-func (cg *cgroups) reasonOr(def string) string {
+func (cg *Cgroups) ReasonOr(def string) string {
 	if cg == nil {
 		return "cgroups were not probed"
 	}
-	if cg.reason == "" {
+	if cg.Reason == "" {
 		return def
 	}
-	return cg.reason
+	return cg.Reason
 }
 
-// measureSessions fills every session's metrics: from its cgroup when it
+// MeasureSessions fills every session's metrics: from its cgroup when it
 // has one, else from one scan of procRoot.
-func (s *Supervisor) measureSessions(procRoot string, sess []*liveSession) {
-	type nsKey struct{ pid, mnt nsID }
-	byNS := map[nsKey]*liveSession{}
-	pidNS := map[nsID]bool{}
+func MeasureSessions(cg *Cgroups, procRoot string, sess []*Session) {
+	type nsKey struct{ pid, mnt NSID }
+	byNS := map[nsKey]*Session{}
+	pidNS := map[NSID]bool{}
 	for _, ls := range sess {
-		ls.m = resMetrics{MetricsSource: "proc", CgroupError: s.cgroups.reasonOr(""), MemMaxUnlimited: true}
-		if dir := s.cgroups.sessionPath(ls.id); dir != "" {
-			m, err := readCgroupMetrics(dir)
+		ls.m = Metrics{MetricsSource: "proc", CgroupError: cg.ReasonOr(""), MemMaxUnlimited: true}
+		if dir := cg.SessionPath(ls.ID); dir != "" {
+			m, err := ReadCgroupMetrics(dir)
 			if err == nil {
 				ls.m = m
 				continue
 			}
 			ls.m.CgroupError = "read " + dir + ": " + err.Error()
 		}
-		if ls.pid <= 0 {
+		if ls.Pid <= 0 {
 			continue
 		}
-		dir := procRoot + "/" + strconv.Itoa(ls.pid)
-		pn, err1 := statNS(dir, "pid")
-		mn, err2 := statNS(dir, "mnt")
+		dir := procRoot + "/" + strconv.Itoa(ls.Pid)
+		pn, err1 := StatNS(dir, "pid")
+		mn, err2 := StatNS(dir, "mnt")
 		if err1 != nil || err2 != nil {
 			continue // the holder is gone: nothing to charge
 		}
@@ -244,11 +222,11 @@ func (s *Supervisor) measureSessions(procRoot string, sess []*liveSession) {
 				continue
 			}
 			dir := procRoot + "/" + name
-			pn, err := statNS(dir, "pid")
+			pn, err := StatNS(dir, "pid")
 			if err != nil || !pidNS[pn] {
 				continue
 			}
-			mn, err := statNS(dir, "mnt")
+			mn, err := StatNS(dir, "mnt")
 			if err != nil {
 				continue
 			}
@@ -256,14 +234,14 @@ func (s *Supervisor) measureSessions(procRoot string, sess []*liveSession) {
 			if ls == nil {
 				continue
 			}
-			p, err := readProc(dir)
+			p, err := ReadProc(dir)
 			if err != nil {
 				continue // exited meanwhile
 			}
-			ls.m.CPUUsec += p.cpuTimeUs()
-			ls.m.MemCur += p.vmRSS
+			ls.m.CPUUsec += p.CPUTimeUs()
+			ls.m.MemCur += p.VMRSS
 			ls.m.PidsCur++
-			r, w := readProcIO(dir)
+			r, w := ReadProcIO(dir)
 			ls.m.IORBytes += r
 			ls.m.IOWBytes += w
 		}
@@ -273,10 +251,10 @@ func (s *Supervisor) measureSessions(procRoot string, sess []*liveSession) {
 	}
 }
 
-// readProcIO reads read_bytes and write_bytes of /proc/<pid>/io (0 when
+// ReadProcIO reads read_bytes and write_bytes of /proc/<pid>/io (0 when
 // unreadable).
-func readProcIO(dir string) (r, w uint64) {
-	b, err := readSmall(dir+"/io", 1024)
+func ReadProcIO(dir string) (r, w uint64) {
+	b, err := ReadSmall(dir+"/io", 1024)
 	if err != nil {
 		return 0, 0
 	}
@@ -298,24 +276,24 @@ func readProcIO(dir string) (r, w uint64) {
 
 // ---- queries ----
 
-// seriesPoint is one entry of a resources series.
-type seriesPoint struct {
+// Point is one entry of a resources series.
+type Point struct {
 	TS            int64            `json:"ts"`
 	SampleDeltaMs *int64           `json:"sample_delta_ms"`
 	Metrics       map[string]any   `json:"metrics"`
 	Deltas        map[string]int64 `json:"deltas"`
 }
 
-// sampleWindow keeps the newest samples of one scope within a count and a
+// Window keeps the newest samples of one scope within a count and a
 // byte budget, plus the sample just before the oldest kept (the base of
 // the first delta).
-type sampleWindow struct {
+type Window struct {
 	max, maxBytes, bytes int
 	lines                [][]byte
 	before               []byte // the sample preceding lines[0]
 }
 
-func (w *sampleWindow) add(line []byte) {
+func (w *Window) add(line []byte) {
 	if len(line)+1 > w.maxBytes {
 		return
 	}
@@ -328,38 +306,29 @@ func (w *sampleWindow) add(line []byte) {
 	}
 }
 
-// windowMs validates window_ms against observability.views.resource_window_ms.
-func (s *Supervisor) windowMs(c *call) (int64, error) {
-	w := c.args.Uint("window_ms")
-	if maxW := s.cfg.Observability.Views.ResourceWindowMs; w > uint64(maxW) {
-		return 0, catalog.Errorf(catalog.InvalidRequest, "window_ms exceeds max (%d)", maxW).With("max", maxW)
-	}
-	return int64(w), nil
-}
-
 // pointOverhead is what a series point adds to its sample's bytes (the
 // deltas and the wrapping keys).
 const pointOverhead = 160
 
-// seriesBudget is the sample bytes a series of at most n points may keep so
-// that the response stays within obsMaxBytes, with share of the whole
+// SeriesBudget is the sample bytes a series of at most n points may keep so
+// that the response stays within obs.MaxBytes, with share of the whole
 // budget (1 for a response that is only the series).
-func seriesBudget(n int, share float64) int {
-	return int(float64(obsMaxBytes-obsEnvelopeSlack)*share) - pointOverhead*n
+func SeriesBudget(n int, share float64) int {
+	return int(float64(obs.MaxBytes-obs.EnvelopeSlack)*share) - pointOverhead*n
 }
 
-// readScopes scans sb's resource store once and returns, for every scope
+// ReadScopes scans a resource store once and returns, for every scope
 // keep accepts, the newest samples at or after since (at most max each,
-// within maxBytes of sample text each).
-func (s *Supervisor) readScopes(sb *sandbox, since int64, max, maxBytes int, keep func(scope string) bool) (map[string]*sampleWindow, error) {
-	out := map[string]*sampleWindow{}
-	snap, err := s.obs.resources(sb).open()
+// within maxBytes of sample text each). A nil store has no samples.
+func ReadScopes(ctx context.Context, st *obs.Store, since int64, max, maxBytes int, keep func(scope string) bool) (map[string]*Window, error) {
+	out := map[string]*Window{}
+	snap, err := st.Open()
 	if err != nil {
-		return nil, catalog.Errorf(catalog.OperationFailed, "read resource store: %v", err)
+		return nil, fmt.Errorf("read resource store: %w", err)
 	}
-	defer snap.close()
+	defer snap.Close()
 	var last = map[string][]byte{} // the newest sample before since, per scope
-	err = snap.scan(func(line []byte) {
+	err = snap.Scan(ctx, func(line []byte) {
 		h, ok := sampleHead(line)
 		if !ok || !keep(h.Scope) {
 			return
@@ -370,7 +339,7 @@ func (s *Supervisor) readScopes(sb *sandbox, since int64, max, maxBytes int, kee
 		}
 		w := out[h.Scope]
 		if w == nil {
-			w = &sampleWindow{max: max, maxBytes: maxBytes}
+			w = &Window{max: max, maxBytes: maxBytes}
 			if b := last[h.Scope]; b != nil {
 				w.before = append([]byte(nil), b...)
 			}
@@ -379,7 +348,7 @@ func (s *Supervisor) readScopes(sb *sandbox, since int64, max, maxBytes int, kee
 		w.add(line)
 	})
 	if err != nil {
-		return nil, catalog.Errorf(catalog.OperationFailed, "read resource store: %v", err)
+		return nil, fmt.Errorf("read resource store: %w", err)
 	}
 	return out, nil
 }
@@ -391,7 +360,7 @@ type sampleHeader struct {
 	Scope string `json:"scope"`
 }
 
-// samplePrefix starts every sample line appendSample writes (field order
+// samplePrefix starts every sample line AppendSample writes (field order
 // of sampleRecord).
 var samplePrefix = []byte(`{"kind":"sample","ts":`)
 
@@ -419,19 +388,19 @@ func sampleHead(line []byte) (sampleHeader, bool) {
 }
 
 // series turns a window into points with per-counter deltas (clamped at 0).
-func (w *sampleWindow) series() []seriesPoint {
-	out := []seriesPoint{}
+func (w *Window) Series() []Point {
+	out := []Point{}
 	if w == nil {
 		return out
 	}
 	var prev map[string]any
 	var prevTS int64
 	if w.before != nil {
-		prev, prevTS = decodeSample(w.before)
+		prev, prevTS = DecodeSample(w.before)
 	}
 	for _, line := range w.lines {
-		m, ts := decodeSample(line)
-		p := seriesPoint{TS: ts, Metrics: m, Deltas: map[string]int64{}}
+		m, ts := DecodeSample(line)
+		p := Point{TS: ts, Metrics: m, Deltas: map[string]int64{}}
 		if prev != nil {
 			d := ts - prevTS
 			p.SampleDeltaMs = &d
@@ -452,9 +421,9 @@ func (w *sampleWindow) series() []seriesPoint {
 	return out
 }
 
-// decodeSample returns a sample's metrics (without kind, ts, scope and
+// DecodeSample returns a sample's metrics (without kind, ts, scope and
 // _counters) and its time.
-func decodeSample(line []byte) (map[string]any, int64) {
+func DecodeSample(line []byte) (map[string]any, int64) {
 	var m map[string]any
 	d := json.NewDecoder(strings.NewReader(string(line)))
 	d.UseNumber()
@@ -471,120 +440,65 @@ func decodeSample(line []byte) (map[string]any, int64) {
 	return m, ts
 }
 
-// noSamples is the error of a view without samples in its window.
-func (s *Supervisor) noSamples(what string, windowMs int64) string {
+// View answers the resource queries (§10.3) from the stores of a
+// registry; it reads samples only, never takes one.
+type View struct {
+	Reg              *obs.Registry
+	SampleIntervalMs int
+}
+
+// NoSamples is the error of a view without samples in its window.
+func (v View) NoSamples(what string, windowMs int64) string {
 	switch {
-	case s.obs == nil || !s.obs.enabled:
+	case !v.Reg.Enabled():
 		return "observability is disabled (observability.enabled: false)"
-	case !s.obs.resEnabled:
+	case !v.Reg.ResourcesEnabled():
 		return "resource sampling is disabled (observability.resource_stats.enabled: false)"
 	}
 	return fmt.Sprintf("no %s resource samples in the last %d ms: samples are taken every %d ms while the sandbox has a live session, never on demand",
-		what, windowMs, s.cfg.Observability.ResourceStats.SampleIntervalMs)
+		what, windowMs, v.SampleIntervalMs)
 }
 
-// resources is the resources operation (§10.3).
-func (s *Supervisor) resources(c *call) (any, error) {
-	window, err := s.windowMs(c)
+// Series is one scope's series of sc's samples at or after since: at most
+// n points within share of a response.
+func (v View) Series(ctx context.Context, sc obs.Scope, scope string, since int64, n int, share float64) ([]Point, error) {
+	ws, err := ReadScopes(ctx, v.Reg.Resources(sc), since, n, SeriesBudget(n, share), func(s string) bool { return s == scope })
 	if err != nil {
 		return nil, err
 	}
-	since := time.Now().UnixMilli() - window
-	if c.sb != nil {
-		ws, err := s.readScopes(c.sb, since, obsMaxRecords, seriesBudget(obsMaxRecords, 1), func(sc string) bool { return sc == scopeSandbox })
-		if err != nil {
-			return nil, err
-		}
-		series := ws[scopeSandbox].series()
-		availability, errs := "available", []string{}
-		if len(series) == 0 {
-			availability, errs = "partial", []string{s.noSamples("sandbox", window)}
-		}
-		return map[string]any{"view": "resources", "scope": "sandbox", "sandbox_id": c.sb.rec.ID, "source": "supervisor_disk",
-			"availability": availability, "errors": errs, "series": series}, nil
-	}
-	fleet := map[string]any{}
-	availability, errs := "available", []string{}
-	for _, sb := range s.sandboxesSorted() {
-		node := map[string]any{"availability": "available", "errors": []string{}, "current": nil}
-		ws, err := s.readScopes(sb, since, 1, obsMaxLine, func(sc string) bool { return sc == scopeSandbox })
-		switch {
-		case err != nil:
-			node["availability"], node["errors"] = "unavailable", []string{boundedError(err.Error())}
-		case ws[scopeSandbox] == nil || len(ws[scopeSandbox].lines) == 0:
-			node["availability"], node["errors"] = "partial", []string{s.noSamples("sandbox", window)}
-		default:
-			node["current"], _ = decodeSample(ws[scopeSandbox].lines[0])
-		}
-		if node["availability"] != "available" {
-			availability = "partial"
-			errs = append(errs, sb.rec.ID+": "+node["errors"].([]string)[0])
-		}
-		fleet[sb.rec.ID] = node
-	}
-	if len(errs) > 16 {
-		errs = append(errs[:16], fmt.Sprintf("… and %d more", len(errs)-16))
-	}
-	return map[string]any{"view": "resources", "scope": "fleet", "availability": availability, "errors": errs, "sandboxes": fleet}, nil
+	return ws[scope].Series(), nil
 }
 
-// cgroupView is the cgroup operation (§10.3): the samples of the sandbox or
-// of one live session, and the processes of that scope.
-func (s *Supervisor) cgroupView(c *call) (any, error) {
-	window, err := s.windowMs(c)
+// Current is the metrics of sc's newest sandbox sample at or after since,
+// nil when there is none.
+func (v View) Current(ctx context.Context, sc obs.Scope, since int64) (map[string]any, error) {
+	ws, err := ReadScopes(ctx, v.Reg.Resources(sc), since, 1, MaxLine, func(s string) bool { return s == ScopeSandbox })
 	if err != nil {
 		return nil, err
 	}
-	scope := c.args.String("scope")
-	sessions := c.sb.sessionsSorted()
-	cgPath := s.cgroups.sandboxPath(c.sb.rec.ID)
-	if scope != scopeSandbox {
-		ss, e := c.sb.lookupSession(scope)
-		if e != nil {
-			return nil, e
-		}
-		sessions = []*session{ss}
-		cgPath = s.cgroups.sessionPath(scope)
+	if w := ws[ScopeSandbox]; w != nil && len(w.lines) > 0 {
+		m, _ := DecodeSample(w.lines[0])
+		return m, nil
 	}
-	// The topology (≤ 512 rows) takes up to about half of the response.
-	ws, err := s.readScopes(c.sb, time.Now().UnixMilli()-window, obsMaxRecords/2, seriesBudget(obsMaxRecords/2, 0.5), func(sc string) bool { return sc == scope })
-	if err != nil {
-		return nil, err
-	}
-	series := ws[scope].series()
-	availability, errs := "available", []string{}
-	if len(series) == 0 {
-		what := "session"
-		if scope == scopeSandbox {
-			what = "sandbox"
-		}
-		availability, errs = "partial", []string{s.noSamples(what, window)}
-	}
-	out := map[string]any{"view": "cgroup", "scope": scope, "availability": availability, "errors": errs,
-		"series": series, "topology": buildTopology("/proc", sessions), "cgroup_delegated": s.cgroups != nil && s.cgroups.delegated}
-	if cgPath != "" {
-		out["cgroup_path"] = cgPath
-	} else {
-		out["cgroup_path"] = nil
-	}
-	return out, nil
+	return nil, nil
 }
 
-// snapshotResources is snapshot's resources blocks: {latest, history} for
-// the sandbox and each session, from the samples of the last minute.
-func (s *Supervisor) snapshotResources(sb *sandbox) (sandboxRes map[string]any, bySession map[string]map[string]any, err error) {
+// Snapshot is snapshot's resources blocks: {latest, history} for the
+// sandbox and each of its sessions (sessions is how many it has), from the
+// samples of the last minute.
+func (v View) Snapshot(ctx context.Context, sc obs.Scope, sessions int) (sandboxRes map[string]any, bySession map[string]map[string]any, err error) {
 	// The history of every scope shares about half of the response (the
 	// rest is the sandbox's other blocks): 30 points each, fewer when a
 	// sandbox has many sessions.
-	scopes := len(sb.sessionsSorted()) + 1
-	per := max(1, min(snapshotHistory, obsMaxRecords/2/scopes))
-	ws, err := s.readScopes(sb, time.Now().UnixMilli()-snapshotWindowMs, per, max(obsMaxLine, seriesBudget(per*scopes, 0.5)/scopes),
-		func(sc string) bool { return sc != scopeStack })
+	scopes := sessions + 1
+	per := max(1, min(snapshotHistory, obs.MaxRecords/2/scopes))
+	ws, err := ReadScopes(ctx, v.Reg.Resources(sc), time.Now().UnixMilli()-SnapshotWindowMs, per, max(MaxLine, SeriesBudget(per*scopes, 0.5)/scopes),
+		func(s string) bool { return s != ScopeStack })
 	if err != nil {
 		return nil, nil, err
 	}
-	block := func(w *sampleWindow) map[string]any {
-		ser := w.series()
+	block := func(w *Window) map[string]any {
+		ser := w.Series()
 		var latest any
 		if len(ser) > 0 {
 			latest = ser[len(ser)-1].Metrics
@@ -592,19 +506,10 @@ func (s *Supervisor) snapshotResources(sb *sandbox) (sandboxRes map[string]any, 
 		return map[string]any{"latest": latest, "history": ser}
 	}
 	bySession = map[string]map[string]any{}
-	for sc, w := range ws {
-		if sc != scopeSandbox {
-			bySession[sc] = block(w)
+	for s, w := range ws {
+		if s != ScopeSandbox {
+			bySession[s] = block(w)
 		}
 	}
-	return block(ws[scopeSandbox]), bySession, nil
-}
-
-// stackTrend is layerstack's trend: the stack samples of the window.
-func (s *Supervisor) stackTrend(sb *sandbox, windowMs int64) ([]seriesPoint, error) {
-	ws, err := s.readScopes(sb, time.Now().UnixMilli()-windowMs, obsMaxRecords/2, seriesBudget(obsMaxRecords/2, 0.5), func(sc string) bool { return sc == scopeStack })
-	if err != nil {
-		return nil, err
-	}
-	return ws[scopeStack].series(), nil
+	return block(ws[ScopeSandbox]), bySession, nil
 }
