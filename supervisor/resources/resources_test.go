@@ -2,39 +2,88 @@ package resources
 
 import (
 	"bytes"
-	"io"
-	"log/slog"
+	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 )
 
-func resSegSizes(t *testing.T, dir string) (cur, rot int64) {
+// testView is a resource view over a fresh data directory with the
+// configuration's defaults.
+func testView(t testing.TB, mutate func(*obs.Options)) (View, string) {
 	t.Helper()
-	if fi, err := os.Stat(filepath.Join(dir, resLogName)); err == nil {
+	opt := obs.Options{Enabled: true, MaxDiskBytes: 4 << 20, MaxLineBytes: 16384, ResourcesEnabled: true, ResourcesMaxDiskBytes: 1 << 20}
+	if mutate != nil {
+		mutate(&opt)
+	}
+	data := t.TempDir()
+	return View{Reg: obs.New(opt, data), SampleIntervalMs: 2000}, data
+}
+
+// testSandbox is the scope of a sandbox whose directory exists.
+func testSandbox(t testing.TB, data, id string) obs.Scope {
+	t.Helper()
+	dir := filepath.Join(data, "sandboxes", id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return obs.Scope{ID: id, Dir: dir}
+}
+
+// sandboxSeries is the sandbox series of the last windowMs as the wire
+// carries it.
+func sandboxSeries(t *testing.T, v View, sb obs.Scope, windowMs int64) []any {
+	t.Helper()
+	pts, err := v.Series(context.Background(), sb, ScopeSandbox, time.Now().UnixMilli()-windowMs, obs.MaxRecords, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(pts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) > obs.MaxBytes {
+		t.Fatalf("series of %d bytes", len(b))
+	}
+	var out []any
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// segSizes are the sizes of a store's current and rotated segment.
+func segSizes(t *testing.T, dir, name string) (cur, rot int64) {
+	t.Helper()
+	if fi, err := os.Stat(filepath.Join(dir, name)); err == nil {
 		cur = fi.Size()
 	}
-	if fi, err := os.Stat(filepath.Join(dir, resLogName+".1")); err == nil {
+	if fi, err := os.Stat(filepath.Join(dir, name+".1")); err == nil {
 		rot = fi.Size()
 	}
 	return cur, rot
 }
 
+func resSegSizes(t *testing.T, dir string) (cur, rot int64) { return segSizes(t, dir, obs.ResLogName) }
+
 func TestResourceStoreCapsUnder10000Samples(t *testing.T) {
-	s := obsSupervisor(t, func(c *Config) { c.Observability.ResourceStats.MaxDiskBytes = 128 << 10 })
-	sb := obsSandbox(t, s, "sbx-res")
-	dir := filepath.Join(sb.dir, obsDirName)
+	v, data := testView(t, func(o *obs.Options) { o.ResourcesMaxDiskBytes = 128 << 10 })
+	sb := testSandbox(t, data, "sbx-res")
+	dir := filepath.Join(sb.Dir, obs.DirName)
 	limit := int64(128 << 10)
-	st := s.obs.resources(sb)
+	st := v.Reg.Resources(sb)
 	now := time.Now().UnixMilli() - 10000
 	for i := range 10000 {
-		m := resMetrics{MetricsSource: "proc", CgroupError: "not delegated", CPUUsec: uint64(i) * 1000, MemCur: 1 << 20,
+		m := Metrics{MetricsSource: "proc", CgroupError: "not delegated", CPUUsec: uint64(i) * 1000, MemCur: 1 << 20,
 			MemMaxUnlimited: true, IORBytes: uint64(i), PidsCur: 2}
-		appendSample(st, now+int64(i), scopeSandbox, &m, nil)
+		AppendSample(st, now+int64(i), ScopeSandbox, &m, nil)
 		if i%500 == 0 || i == 9999 {
 			cur, rot := resSegSizes(t, dir)
 			if cur > limit/2 || rot > limit/2 || cur+rot > limit {
@@ -46,12 +95,12 @@ func TestResourceStoreCapsUnder10000Samples(t *testing.T) {
 		t.Fatal("no rotation after 10,000 samples")
 	}
 	// Strict appends: an oversized sample is dropped, never truncated.
-	huge := resMetrics{MetricsSource: "proc", CgroupError: strings.Repeat("e", 20000)}
-	appendSample(st, now+10000, scopeSandbox, &huge, nil)
-	if got := st.stats(); got != (SinkStats{DroppedOversized: 1}) {
+	huge := Metrics{MetricsSource: "proc", CgroupError: strings.Repeat("e", 20000)}
+	AppendSample(st, now+10000, ScopeSandbox, &huge, nil)
+	if got := st.Stats(); got != (obs.SinkStats{DroppedOversized: 1}) {
 		t.Fatalf("resource store counters: %+v", got)
 	}
-	for _, name := range []string{resLogName, resLogName + ".1"} {
+	for _, name := range []string{obs.ResLogName, obs.ResLogName + ".1"} {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
 			t.Fatal(err)
@@ -61,15 +110,14 @@ func TestResourceStoreCapsUnder10000Samples(t *testing.T) {
 		}
 	}
 	// The event log of the same directory is untouched by samples.
-	if cur, rot := segSizes(t, dir); cur != 0 || rot != 0 {
+	if cur, rot := segSizes(t, dir, obs.LogName); cur != 0 || rot != 0 {
 		t.Fatalf("samples went to the event log: %d %d", cur, rot)
 	}
 	// The view returns at most 500 points within 256 KiB, newest last,
 	// with the counter deltas of consecutive samples.
-	m := mustQuery(t, s, sb, "resources", map[string]any{"window_ms": 600000})
-	series := m["series"].([]any)
-	if m["availability"] != "available" || len(series) == 0 || len(series) > obsMaxRecords {
-		t.Fatalf("resources: %d points, %v", len(series), m["availability"])
+	series := sandboxSeries(t, v, sb, 600000)
+	if len(series) == 0 || len(series) > obs.MaxRecords {
+		t.Fatalf("resources: %d points", len(series))
 	}
 	last := series[len(series)-1].(map[string]any)
 	if last["metrics"].(map[string]any)["cpu_usec"] != float64(9999000) || last["deltas"].(map[string]any)["cpu_usec"] != float64(1000) ||
@@ -84,21 +132,20 @@ func TestResourceStoreCapsUnder10000Samples(t *testing.T) {
 }
 
 func TestResourceDeltasClampAndWindow(t *testing.T) {
-	s := obsSupervisor(t, nil)
-	sb := obsSandbox(t, s, "sbx-delta")
-	st := s.obs.resources(sb)
+	v, data := testView(t, nil)
+	sb := testSandbox(t, data, "sbx-delta")
+	st := v.Reg.Resources(sb)
 	now := time.Now().UnixMilli()
 	// An old sample outside the window, then a drop (a process exited).
 	for i, c := range []struct {
 		ts  int64
 		cpu uint64
 	}{{now - 120000, 1}, {now - 3000, 5000}, {now - 2000, 9000}, {now - 1000, 4000}} {
-		m := resMetrics{MetricsSource: "proc", CPUUsec: c.cpu, PidsCur: i}
-		appendSample(st, c.ts, scopeSandbox, &m, nil)
-		appendSample(st, c.ts, "ws-a", &m, nil)
+		m := Metrics{MetricsSource: "proc", CPUUsec: c.cpu, PidsCur: i}
+		AppendSample(st, c.ts, ScopeSandbox, &m, nil)
+		AppendSample(st, c.ts, "ws-a", &m, nil)
 	}
-	m := mustQuery(t, s, sb, "resources", map[string]any{"window_ms": 60000})
-	series := m["series"].([]any)
+	series := sandboxSeries(t, v, sb, 60000)
 	var deltas []float64
 	for _, p := range series {
 		deltas = append(deltas, p.(map[string]any)["deltas"].(map[string]any)["cpu_usec"].(float64))
@@ -106,46 +153,16 @@ func TestResourceDeltasClampAndWindow(t *testing.T) {
 	if len(deltas) != 3 || deltas[0] != 4999 || deltas[1] != 4000 || deltas[2] != 0 {
 		t.Fatalf("deltas %v (series %v)", deltas, series)
 	}
-	// A window with no samples: partial with an error, never a new sample.
-	before, _ := resSegSizes(t, filepath.Join(sb.dir, obsDirName))
-	m = mustQuery(t, s, sb, "resources", map[string]any{"window_ms": 1})
-	if m["availability"] != "partial" || len(m["series"].([]any)) != 0 || len(m["errors"].([]any)) != 1 {
-		t.Fatalf("empty window: %v", m)
+	// A window with no samples: no points, never a new sample.
+	before, _ := resSegSizes(t, filepath.Join(sb.Dir, obs.DirName))
+	if series := sandboxSeries(t, v, sb, 1); len(series) != 0 {
+		t.Fatalf("empty window: %v", series)
 	}
-	if after, _ := resSegSizes(t, filepath.Join(sb.dir, obsDirName)); after != before {
+	if cur, err := v.Current(context.Background(), sb, time.Now().UnixMilli()-1); err != nil || cur != nil {
+		t.Fatalf("current of an empty window: %v %v", cur, err)
+	}
+	if after, _ := resSegSizes(t, filepath.Join(sb.Dir, obs.DirName)); after != before {
 		t.Fatalf("a read wrote %d bytes", after-before)
-	}
-	// window_ms above observability.views.resource_window_ms.
-	s.cfg.Observability.Views.ResourceWindowMs = 5000
-	if _, err := query(t, s, sb, "resources", map[string]any{"window_ms": 5001}); err == nil || !strings.Contains(err.Error(), "window_ms exceeds max (5000)") {
-		t.Fatalf("window over max: %v", err)
-	}
-}
-
-func TestResourcesObservabilityDisabled(t *testing.T) {
-	s := obsSupervisor(t, func(c *Config) { c.Observability.Enabled = false })
-	sb := obsSandbox(t, s, "sbx-off")
-	s.sampleOnce(true) // nothing to sample, and nothing may be created
-	for _, op := range []string{"resources", "cgroup"} {
-		m := mustQuery(t, s, sb, op, map[string]any{"sandbox_id": "sbx-off"})
-		if len(m["series"].([]any)) != 0 || !strings.Contains(m["errors"].([]any)[0].(string), "observability.enabled: false") {
-			t.Fatalf("%s: %v", op, m)
-		}
-	}
-	if _, err := os.Stat(filepath.Join(sb.dir, obsDirName)); !os.IsNotExist(err) {
-		t.Fatalf("store directory with observability disabled: %v", err)
-	}
-}
-
-func TestResourcesDisabled(t *testing.T) {
-	s := obsSupervisor(t, func(c *Config) { c.Observability.ResourceStats.Enabled = false })
-	sb := obsSandbox(t, s, "sbx-off")
-	if st := s.obs.resources(sb); st != nil {
-		t.Fatal("a resource store with resource_stats disabled")
-	}
-	m := mustQuery(t, s, sb, "resources", nil)
-	if m["availability"] != "partial" || len(m["series"].([]any)) != 0 || !strings.Contains(m["errors"].([]any)[0].(string), "disabled") {
-		t.Fatalf("disabled: %v", m)
 	}
 }
 
@@ -153,7 +170,7 @@ func TestReadCgroupMetrics(t *testing.T) {
 	tests := []struct {
 		name  string
 		files map[string]string
-		want  resMetrics
+		want  Metrics
 		err   bool
 	}{
 		{"limited", map[string]string{
@@ -161,10 +178,10 @@ func TestReadCgroupMetrics(t *testing.T) {
 			"memory.current": "4096\n", "memory.max": "536870912\n",
 			"io.stat":      "8:0 rbytes=100 wbytes=200 rios=1 wios=2\n8:16 rbytes=1 wbytes=2\n",
 			"pids.current": "3\n"},
-			resMetrics{CPUUsec: 123456, MemCur: 4096, MemMax: ptr[int64](536870912), IORBytes: 101, IOWBytes: 202, PidsCur: 3}, false},
+			Metrics{CPUUsec: 123456, MemCur: 4096, MemMax: ptr[int64](536870912), IORBytes: 101, IOWBytes: 202, PidsCur: 3}, false},
 		{"unlimited, no io", map[string]string{"cpu.stat": "usage_usec 7\n", "memory.current": "1\n", "memory.max": "max\n"},
-			resMetrics{CPUUsec: 7, MemCur: 1, MemMaxUnlimited: true}, false},
-		{"no cpu.stat", map[string]string{"memory.current": "1\n"}, resMetrics{}, true},
+			Metrics{CPUUsec: 7, MemCur: 1, MemMaxUnlimited: true}, false},
+		{"no cpu.stat", map[string]string{"memory.current": "1\n"}, Metrics{}, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -174,7 +191,7 @@ func TestReadCgroupMetrics(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			got, err := readCgroupMetrics(dir)
+			got, err := ReadCgroupMetrics(dir)
 			if (err != nil) != tc.err {
 				t.Fatalf("err %v", err)
 			}
@@ -198,59 +215,30 @@ func TestReadCgroupMetrics(t *testing.T) {
 
 func TestSetupCgroupsWithoutV2(t *testing.T) {
 	// A directory that is not a cgroup2 mount: no delegation, with the reason.
-	cg := setupCgroups(t.TempDir(), "/proc/self/cgroup")
-	if cg.delegated || !strings.Contains(cg.reason, "not a cgroup v2 mount") || cg.sandboxPath("sbx-x") != "" || cg.sessionPath("ws-x") != "" {
+	cg := SetupCgroups(t.TempDir(), "/proc/self/cgroup")
+	if cg.Delegated || !strings.Contains(cg.Reason, "not a cgroup v2 mount") || cg.SandboxPath("sbx-x") != "" || cg.SessionPath("ws-x") != "" {
 		t.Fatalf("%+v", cg)
 	}
-	if err := cg.attach("sbx-x", "ws-x", os.Getpid()); err != nil {
+	if err := cg.Attach("sbx-x", "ws-x", os.Getpid()); err != nil {
 		t.Fatalf("attach without delegation: %v", err)
-	}
-}
-
-// BenchmarkSpan is the cost of one span record (start + end) in a sandbox
-// store: what tracing adds per span to a request.
-func BenchmarkSpan(b *testing.B) {
-	s := obsSupervisorB(b)
-	sb := newSandbox(sandboxRecord{ID: "sbx-bench"}, filepath.Join(s.dirs.Data, "sbx-bench"))
-	if err := os.MkdirAll(sb.dir, 0o700); err != nil {
-		b.Fatal(err)
-	}
-	root := s.startSpan(sb, "req-bench", "", "supervisor.dispatch", map[string]any{"op": "exec_command"})
-	for b.Loop() {
-		sp := root.child("holder.exec", map[string]any{"workspace_session_id": "ws-x", "command_session_id": "cmd-y"})
-		sp.done(nil, nil)
 	}
 }
 
 // BenchmarkResourcesQuery is one resources query over a full 1 MiB store.
 func BenchmarkResourcesQuery(b *testing.B) {
-	s := obsSupervisorB(b)
-	sb := newSandbox(sandboxRecord{ID: "sbx-bench"}, filepath.Join(s.dirs.Data, "sbx-bench"))
-	if err := os.MkdirAll(sb.dir, 0o700); err != nil {
-		b.Fatal(err)
-	}
-	st := s.obs.resources(sb)
+	v, data := testView(b, nil)
+	sb := testSandbox(b, data, "sbx-bench")
+	st := v.Reg.Resources(sb)
 	now := time.Now().UnixMilli() - 5000
 	for i := range 5000 {
-		m := resMetrics{MetricsSource: "proc", CPUUsec: uint64(i), MemCur: 1 << 20, PidsCur: 2}
-		appendSample(st, now+int64(i), scopeSandbox, &m, nil)
+		m := Metrics{MetricsSource: "proc", CPUUsec: uint64(i), MemCur: 1 << 20, PidsCur: 2}
+		AppendSample(st, now+int64(i), ScopeSandbox, &m, nil)
 	}
-	c := &call{sb: sb}
-	op, _ := catalog.Lookup("resources")
-	c.op = op
-	c.args, _ = op.Validate(map[string]any{"window_ms": 600000})
 	for b.Loop() {
-		if _, err := s.resources(c); err != nil {
+		if _, err := v.Series(context.Background(), sb, ScopeSandbox, time.Now().UnixMilli()-600000, obs.MaxRecords, 1); err != nil {
 			b.Fatal(err)
 		}
 	}
-}
-
-func obsSupervisorB(b *testing.B) *Supervisor {
-	cfg := DefaultConfig()
-	data := b.TempDir()
-	return &Supervisor{cfg: cfg, dirs: catalog.Dirs{Data: data}, ids: newIDSource(),
-		log: slog.New(slog.NewTextHandler(io.Discard, nil)), obs: newObsRegistry(cfg, data)}
 }
 
 func TestSampleHead(t *testing.T) {
@@ -272,9 +260,9 @@ func TestSampleHead(t *testing.T) {
 			t.Errorf("%s: got %+v %v, want %+v %v", tc.line, got, ok, tc.want, tc.ok)
 		}
 	}
-	// What appendSample writes takes the fast path with the same result.
-	rec := sampleRecord{Kind: "sample", TS: 42, Scope: "sandbox", resMetrics: &resMetrics{MetricsSource: "proc"}, Counters: counterKeys}
-	line, err := encodeLine(&rec)
+	// What AppendSample writes takes the fast path with the same result.
+	rec := sampleRecord{Kind: "sample", TS: 42, Scope: "sandbox", Metrics: &Metrics{MetricsSource: "proc"}, Counters: counterKeys}
+	line, err := obs.EncodeLine(&rec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,63 +271,5 @@ func TestSampleHead(t *testing.T) {
 	}
 	if h, ok := sampleHead(bytes.TrimSpace(line)); !ok || h != (sampleHeader{"sample", 42, "sandbox"}) {
 		t.Fatalf("%+v %v", h, ok)
-	}
-}
-
-// TestResourcesResponseBound: long samples still give a resources answer
-// within 256 KiB (the oldest points are dropped).
-func TestResourcesResponseBound(t *testing.T) {
-	s := obsSupervisor(t, func(c *Config) { c.Observability.ResourceStats.MaxDiskBytes = 4 << 20 })
-	sb := obsSandbox(t, s, "sbx-big")
-	st := s.obs.resources(sb)
-	now := time.Now().UnixMilli() - 1000
-	for i := range 300 {
-		m := resMetrics{MetricsSource: "proc", CgroupError: strings.Repeat("e", 10000), CPUUsec: uint64(i)}
-		appendSample(st, now+int64(i), scopeSandbox, &m, nil)
-		appendSample(st, now+int64(i), "ws-a", &m, nil)
-	}
-	for _, tc := range []struct {
-		op   string
-		args map[string]any
-		key  string
-	}{
-		{"resources", map[string]any{"window_ms": 600000}, "series"},
-		{"cgroup", map[string]any{"sandbox_id": "sbx-big", "scope": "sandbox"}, "series"},
-		{"snapshot", nil, "resources"},
-	} {
-		m, err := query(t, s, sb, tc.op, tc.args)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b := catalog.CompactJSON(m)
-		if len(b) > obsMaxBytes {
-			t.Fatalf("%s: %d bytes", tc.op, len(b))
-		}
-		if ser, ok := m[tc.key].([]any); ok && len(ser) == 0 {
-			t.Fatalf("%s: no points", tc.op)
-		}
-	}
-}
-
-func TestObservabilityConfigRanges(t *testing.T) {
-	tests := []struct {
-		yaml, err string
-	}{
-		{"observability:\n  resource_stats:\n    max_disk_bytes: 131073\n", "not even"},
-		{"observability:\n  resource_stats:\n    max_disk_bytes: 131070\n", "out of range"},
-		{"observability:\n  resource_stats:\n    max_disk_bytes: 131072\n    sample_interval_ms: 250\n", ""},
-		{"observability:\n  resource_stats:\n    sample_interval_ms: 249\n", "out of range"},
-		{"observability:\n  max_disk_bytes: 1000\n", "out of range"},
-		{"observability:\n  max_disk_bytes: 1048576\n", ""},
-	}
-	for _, tc := range tests {
-		p := filepath.Join(t.TempDir(), "config.yml")
-		if err := os.WriteFile(p, []byte(tc.yaml), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		_, err := LoadConfig(p)
-		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
-			t.Errorf("%q: %v, want %q", tc.yaml, err, tc.err)
-		}
 	}
 }
