@@ -14,7 +14,7 @@
 //     the last 30 samples of the last minute; the fleet's current is the
 //     newest sandbox sample within window_ms; the cgroup view adds
 //     cgroup_path and cgroup_delegated. A sample's metrics are its
-//     cgroup's when one exists for it, else /proc sums (resources.go).
+//     cgroup's when one exists for it, else /proc sums (package resources).
 //   - holder.file_op spans cover reads, directory listings and writes
 //     through a holder, not the lstat calls a listing makes (cheap traces);
 //     holder.mount_overlay is timed inside the holder and recorded as

@@ -18,9 +18,9 @@ func (s *Supervisor) health(c *call) (any, error) {
 		sb.mu.Unlock()
 	}
 	s.mu.Unlock()
-	cg := views.Cgroup{Reason: s.cgroups.reasonOr("")}
-	if s.cgroups != nil && s.cgroups.delegated {
-		cg = views.Cgroup{Delegated: true, Path: s.cgroups.root}
+	cg := views.Cgroup{Reason: s.cgroups.ReasonOr("")}
+	if s.cgroups != nil && s.cgroups.Delegated {
+		cg = views.Cgroup{Delegated: true, Path: s.cgroups.Root}
 	}
 	return views.Health(views.HealthInput{
 		Version: s.version, Started: s.started, Kernel: doctor.KernelRelease(),

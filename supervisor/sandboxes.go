@@ -385,9 +385,9 @@ func underAny(p string, roots []string) bool {
 // removeSandbox deletes everything a sandbox owns: directory, command
 // transcripts, records, registry entry.
 func (s *Supervisor) removeSandbox(ctx context.Context, sb *sandbox) error {
-	s.cgroups.removeSandbox(sb.rec.ID)
+	s.cgroups.RemoveSandbox(sb.rec.ID)
 	sb.stopBackground()
-	s.obs.seal(sb.dir)
+	s.obs.Seal(sb.dir)
 	removeTree(sb.dir)
 	if _, err := os.Stat(sb.dir); err == nil {
 		return fmt.Errorf("remove %s: still present", sb.dir)

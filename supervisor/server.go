@@ -139,21 +139,21 @@ func Serve(ctx context.Context, opt Options) error {
 		return catalog.Errorf(catalog.InternalError, "%w", err)
 	}
 	s.protected = layers.CompilePatterns(cfg.Runtime.Publish.ProtectedPaths)
-	s.obs = newObsRegistry(cfg, dirs.Data) // stores are created on first append
+	s.obs = newObsRegistry(cfg, dirs.Data, log, s.ids) // stores are created on first append
 	s.shimPath = execShim(self)
 	s.probes = doctor.RunProbes(ctx, self, dirs.Data, log)
 	if err := s.openImages(ctx); err != nil {
 		return err
 	}
 	s.cgroups = setupCgroups("/sys/fs/cgroup", "/proc/self/cgroup")
-	log.Info("cgroups", "delegated", s.cgroups.delegated, "root", s.cgroups.root, "reason", s.cgroups.reason)
+	log.Info("cgroups", "delegated", s.cgroups.Delegated, "root", s.cgroups.Root, "reason", s.cgroups.Reason)
 	if err := s.recover(ctx); err != nil {
 		return err
 	}
 	s.event(nil, "", "supervisor.boot", map[string]any{"version": s.version, "probes": map[string]any{
 		"user_namespaces": s.probes.UserNS, "kernel_overlay": s.probes.KernelOverlay, "lowerdir_plus": s.probes.LowerdirPlus,
 		"fuse_device": s.probes.FuseDevice, "fuse_overlay": s.probes.FuseOverlay,
-		"cgroup": map[string]any{"delegated": s.cgroups.delegated, "reason": s.cgroups.reason}}})
+		"cgroup": map[string]any{"delegated": s.cgroups.Delegated, "reason": s.cgroups.Reason}}})
 
 	var socket string
 	ln := opt.Listener

@@ -305,7 +305,7 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 	ss.mu.Lock()
 	ss.holder = h
 	ss.mu.Unlock()
-	if err := s.cgroups.attach(sb.rec.ID, ss.id(), h.Pid()); err != nil {
+	if err := s.cgroups.Attach(sb.rec.ID, ss.id(), h.Pid()); err != nil {
 		// Samples then come from /proc; nothing else depends on the cgroup.
 		s.log.Warn("attach holder to its cgroup", "workspace_session_id", ss.id(), "err", err)
 	}
@@ -370,10 +370,10 @@ func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h nsholder.Holder) {
 func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
 	// One synthetic holder-<ulid> trace holds the death and what follows.
 	trace := ""
-	if s.obs.store(sb) != nil {
+	if s.obs.Store(scopeOf(sb)) != nil {
 		trace = s.syntheticTrace("holder")
 	}
-	s.event(sb, trace, "holder.exited", map[string]any{"workspace_session_id": ss.id(), "pid": holderPid(ss), "status": "exited_unexpectedly"})
+	s.event(sb, trace, "holder.exited", map[string]any{"workspace_session_id": ss.id(), "pid": ss.holderPid(), "status": "exited_unexpectedly"})
 	ss.mu.Lock()
 	ss.holder = nil // the session refuses new work from here on
 	cmds := make([]*command, 0, len(ss.ledger))
@@ -458,7 +458,7 @@ func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session,
 	if err := s.store.Delete(ctx, statedb.KindSession, ss.id()); err != nil {
 		return upperBytes, err
 	}
-	s.cgroups.removeSession(ss.id())
+	s.cgroups.RemoveSession(ss.id())
 	if ss.lease != nil {
 		if _, err := ss.lease.Release(); err != nil {
 			s.log.Warn("release lease", "workspace_session_id", ss.id(), "err", err)

@@ -1,28 +1,25 @@
-package supervisor
+package obs
 
 import (
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
-
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 )
 
 // A subscriber that stops reading is dropped (its channel closed) once its
 // buffer is full; the others, and the store, are not held up.
 func TestEventFeedDropsSlowSubscriber(t *testing.T) {
 	dir := t.TempDir()
-	cfg := config.Default()
-	cfg.Observability.Enabled = true
-	r := newObsRegistry(cfg, dir)
-	slow, cancelSlow := r.feed.subscribe(2)
+	r := New(testOptions(), dir)
+	id := func(rec Record) Record { return rec }
+	slow, cancelSlow := Subscribe(r, 2, id)
 	defer cancelSlow()
-	fast, cancelFast := r.feed.subscribe(16)
+	fast, cancelFast := Subscribe(r, 16, id)
 	defer cancelFast()
 	for i := range 5 {
 		rec := eventRecord{Kind: "event", TS: int64(i), Trace: "t", Name: "test", Attrs: map[string]any{}}
-		r.system.appendRecord(&rec, &rec.Attrs)
+		r.system.AppendRecord(&rec, &rec.Attrs)
 	}
 	var got []uint64
 	for rec := range slow {
@@ -45,7 +42,7 @@ func TestEventFeedDropsSlowSubscriber(t *testing.T) {
 	if f := newEventFeed(dir); f.seq != 5 {
 		t.Fatalf("restarted feed starts after %d, want 5", f.seq)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "supervisor", obsDirName, obsLogName)); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, "supervisor", DirName, LogName)); err != nil {
 		t.Fatal(err)
 	}
 }

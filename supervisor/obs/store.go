@@ -1,12 +1,14 @@
-package supervisor
+package obs
 
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -14,8 +16,6 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 )
 
 // The bounded event/span store of §10.1: per sandbox under
@@ -30,16 +30,16 @@ import (
 // result.
 
 const (
-	obsDirName  = "observability"
-	obsLogName  = "observability.ndjson"
-	resLogName  = "resources.ndjson"
+	DirName     = "observability"
+	LogName     = "observability.ndjson"
+	ResLogName  = "resources.ndjson"
 	obsLockName = ".lock"
 
-	// obsMaxRecords and obsMaxBytes bound one query response (§10.1).
-	obsMaxRecords = 500
-	obsMaxBytes   = 256 << 10
-	// obsEnvelopeSlack is left of obsMaxBytes for the response's own keys.
-	obsEnvelopeSlack = 1 << 10
+	// MaxRecords and MaxBytes bound one query response (§10.1).
+	MaxRecords = 500
+	MaxBytes   = 256 << 10
+	// EnvelopeSlack is left of MaxBytes for the response's own keys.
+	EnvelopeSlack = 1 << 10
 )
 
 // SinkStats are the drop and truncation counters of a store (§10.1).
@@ -57,8 +57,8 @@ func (c *sinkCounters) stats() SinkStats {
 	return SinkStats{DroppedStorage: c.droppedStorage.Load(), DroppedOversized: c.droppedOversized.Load(), TruncatedRecords: c.truncated.Load()}
 }
 
-// obsStore is one event log directory.
-type obsStore struct {
+// Store is one event log directory.
+type Store struct {
 	dir      string
 	name     string // segment name: observability.ndjson or resources.ndjson
 	maxDisk  int64  // total of both segments
@@ -74,16 +74,16 @@ type obsStore struct {
 	sandboxID string
 }
 
-func (st *obsStore) half() int64 { return st.maxDisk / 2 }
+func (st *Store) half() int64 { return st.maxDisk / 2 }
 
-func (st *obsStore) stats() SinkStats {
+func (st *Store) Stats() SinkStats {
 	if st == nil {
 		return SinkStats{}
 	}
 	return st.counters.stats()
 }
 
-func (st *obsStore) count(f func(*sinkCounters) *atomic.Uint64) {
+func (st *Store) count(f func(*sinkCounters) *atomic.Uint64) {
 	f(&st.counters).Add(1)
 	if st.total != nil {
 		f(st.total).Add(1)
@@ -94,8 +94,8 @@ func droppedStorage(c *sinkCounters) *atomic.Uint64   { return &c.droppedStorage
 func droppedOversized(c *sinkCounters) *atomic.Uint64 { return &c.droppedOversized }
 func truncatedRecords(c *sinkCounters) *atomic.Uint64 { return &c.truncated }
 
-// encodeLine renders v as one JSON line, newline included.
-func encodeLine(v any) ([]byte, error) {
+// EncodeLine renders v as one JSON line, newline included.
+func EncodeLine(v any) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -110,7 +110,7 @@ func encodeLine(v any) ([]byte, error) {
 // by {"_truncated":<its original byte length>}; when the line still does not
 // fit (or could never fit a segment) the record is dropped. Every failure is
 // counted and swallowed: observability never fails a runtime operation.
-func (st *obsStore) appendRecord(rec any, payload *any) {
+func (st *Store) AppendRecord(rec any, payload *any) {
 	if st == nil {
 		return
 	}
@@ -131,16 +131,16 @@ func recordKind(rec any) string {
 
 // store encodes and appends rec; it returns the line written, nil when the
 // record was dropped.
-func (st *obsStore) store(rec any, payload *any) []byte {
-	line, err := encodeLine(rec)
+func (st *Store) store(rec any, payload *any) []byte {
+	line, err := EncodeLine(rec)
 	if err != nil {
 		st.count(droppedStorage)
 		return nil
 	}
 	if len(line) > st.maxLine && payload != nil {
-		orig, _ := encodeLine(*payload)
+		orig, _ := EncodeLine(*payload)
 		*payload = map[string]any{"_truncated": max(len(orig)-1, 0)}
-		if line, err = encodeLine(rec); err != nil {
+		if line, err = EncodeLine(rec); err != nil {
 			st.count(droppedStorage)
 			return nil
 		}
@@ -159,7 +159,7 @@ func (st *obsStore) store(rec any, payload *any) []byte {
 	return line
 }
 
-func (st *obsStore) write(line []byte) error {
+func (st *Store) write(line []byte) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.sealed {
@@ -213,16 +213,16 @@ func flockRetry(fd, how int) error {
 	}
 }
 
-// obsSnapshot is one consistent read view of a store: both segments opened
+// Snapshot is one consistent read view of a store: both segments opened
 // under a shared flock (so no rotation splits them), read after the lock is
 // released. Opening creates nothing: a store that was never written has no
 // files and yields no records.
-type obsSnapshot struct {
+type Snapshot struct {
 	files []*os.File // oldest first
 }
 
-func (st *obsStore) open() (*obsSnapshot, error) {
-	snap := &obsSnapshot{}
+func (st *Store) Open() (*Snapshot, error) {
+	snap := &Snapshot{}
 	if st == nil {
 		return snap, nil
 	}
@@ -244,7 +244,7 @@ func (st *obsStore) open() (*obsSnapshot, error) {
 			continue
 		}
 		if err != nil {
-			snap.close()
+			snap.Close()
 			return nil, err
 		}
 		snap.files = append(snap.files, f)
@@ -252,16 +252,18 @@ func (st *obsStore) open() (*obsSnapshot, error) {
 	return snap, nil
 }
 
-func (sn *obsSnapshot) close() {
+func (sn *Snapshot) Close() {
 	for _, f := range sn.files {
 		f.Close()
 	}
 	sn.files = nil
 }
 
-// scan calls fn with every complete line, oldest first. The slice is only
-// valid during the call. It may be called again (it rewinds).
-func (sn *obsSnapshot) scan(fn func(line []byte)) error {
+// Scan calls fn with every complete line, oldest first. The slice is only
+// valid during the call. It may be called again (it rewinds). It stops
+// with ctx's error when ctx ends.
+func (sn *Snapshot) Scan(ctx context.Context, fn func(line []byte)) error {
+	n := 0
 	for _, f := range sn.files {
 		if _, err := f.Seek(0, io.SeekStart); err != nil {
 			return err
@@ -283,6 +285,11 @@ func (sn *obsSnapshot) scan(fn func(line []byte)) error {
 			}
 			if err != nil {
 				return err
+			}
+			if n++; n%1024 == 0 {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
 			}
 			if len(line) > 1 {
 				fn(line[:len(line)-1])
@@ -315,8 +322,8 @@ type recordWindow struct {
 // newRecordWindow keeps at most n records (0 or above the cap: 500) within
 // maxBytes of record text.
 func newRecordWindow(n, maxBytes int) *recordWindow {
-	if n <= 0 || n > obsMaxRecords {
-		n = obsMaxRecords
+	if n <= 0 || n > MaxRecords {
+		n = MaxRecords
 	}
 	return &recordWindow{max: n, maxBytes: maxBytes}
 }
@@ -334,13 +341,13 @@ func (w *recordWindow) add(h recordHead, line []byte) {
 	}
 }
 
-// obsRegistry owns every store of the supervisor.
-type obsRegistry struct {
+// Registry owns every store of the supervisor.
+type Registry struct {
 	enabled bool
 	data    string
 	maxDisk int64
 	maxLine int
-	system  *obsStore
+	system  *Store
 	total   sinkCounters
 	spanSeq atomic.Uint64
 	feed    *eventFeed // sequence and live subscribers of every event log
@@ -348,66 +355,98 @@ type obsRegistry struct {
 	resEnabled bool
 	resMaxDisk int64
 	resTotal   sinkCounters
+	log        *slog.Logger               // every event is also logged; nil: not logged
+	newID      func(prefix string) string // mints synthetic trace ids
 
 	mu        sync.Mutex
-	stores    map[string]*obsStore // by sandbox directory
-	resStores map[string]*obsStore // by sandbox directory
+	stores    map[string]*Store // by sandbox directory
+	resStores map[string]*Store // by sandbox directory
 }
 
-// newObsRegistry prepares the stores; nothing is created on disk until the
-// first append. With observability.enabled:false it returns a disabled
-// registry: no store is ever created and every query is empty.
-func newObsRegistry(cfg *config.Config, data string) *obsRegistry {
-	r := &obsRegistry{enabled: cfg.Observability.Enabled, data: data,
-		maxDisk: int64(cfg.Observability.MaxDiskBytes), maxLine: cfg.Observability.MaxLineBytes,
-		stores: map[string]*obsStore{}, resStores: map[string]*obsStore{},
-		resEnabled: cfg.Observability.Enabled && cfg.Observability.ResourceStats.Enabled,
-		resMaxDisk: int64(cfg.Observability.ResourceStats.MaxDiskBytes)}
+// Options configure a Registry (observability.* of the configuration).
+type Options struct {
+	Enabled      bool
+	MaxDiskBytes int64
+	MaxLineBytes int
+	// ResourcesEnabled and ResourcesMaxDiskBytes configure the resource
+	// stores (observability.resource_stats).
+	ResourcesEnabled      bool
+	ResourcesMaxDiskBytes int64
+	// Log receives every event; nil logs nothing.
+	Log *slog.Logger
+	// NewID mints an id with a prefix (the synthetic trace ids); nil
+	// makes every synthetic trace id the bare prefix plus a counter.
+	NewID func(prefix string) string
+}
+
+// Scope names the stores records go to: a sandbox by its ID and directory,
+// or (the zero Scope) the supervisor itself.
+type Scope struct {
+	ID  string
+	Dir string
+}
+
+// New prepares the stores under data; nothing is created on disk until the
+// first append. With Enabled false it returns a disabled registry: no
+// store is ever created and every query is empty.
+func New(opt Options, data string) *Registry {
+	r := &Registry{enabled: opt.Enabled, data: data,
+		maxDisk: opt.MaxDiskBytes, maxLine: opt.MaxLineBytes,
+		stores: map[string]*Store{}, resStores: map[string]*Store{},
+		resEnabled: opt.Enabled && opt.ResourcesEnabled,
+		resMaxDisk: opt.ResourcesMaxDiskBytes, log: opt.Log, newID: opt.NewID}
 	if r.enabled {
 		r.feed = newEventFeed(data)
-		r.system = r.newStore(filepath.Join(data, "supervisor", obsDirName), true, "")
+		r.system = r.newStore(filepath.Join(data, "supervisor", DirName), true, "")
 	}
 	return r
 }
 
-func (r *obsRegistry) newStore(dir string, mkParent bool, sandboxID string) *obsStore {
-	return &obsStore{dir: dir, name: obsLogName, maxDisk: r.maxDisk, maxLine: r.maxLine, mkParent: mkParent, total: &r.total,
+// Enabled reports whether events and spans are recorded.
+func (r *Registry) Enabled() bool { return r != nil && r.enabled }
+
+// ResourcesEnabled reports whether resource samples are recorded.
+func (r *Registry) ResourcesEnabled() bool { return r != nil && r.resEnabled }
+
+func (r *Registry) newStore(dir string, mkParent bool, sandboxID string) *Store {
+	return &Store{dir: dir, name: LogName, maxDisk: r.maxDisk, maxLine: r.maxLine, mkParent: mkParent, total: &r.total,
 		feed: r.feed, sandboxID: sandboxID}
 }
 
-// resources returns the resource store of sb (§10.1), nil when resource
-// statistics or observability are disabled. Its appends are strict: a
-// sample that does not fit is dropped, never truncated.
-func (r *obsRegistry) resources(sb *sandbox) *obsStore {
-	if r == nil || !r.resEnabled || sb == nil {
+// Resources returns the resource store of a sandbox (§10.1), nil when
+// resource statistics or observability are disabled or sc is the
+// supervisor's. Its appends are strict: a sample that does not fit is
+// dropped, never truncated.
+func (r *Registry) Resources(sc Scope) *Store {
+	if r == nil || !r.resEnabled || sc.Dir == "" {
 		return nil
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	st := r.resStores[sb.dir]
+	st := r.resStores[sc.Dir]
 	if st == nil {
-		st = &obsStore{dir: filepath.Join(sb.dir, obsDirName), name: resLogName, maxDisk: r.resMaxDisk,
+		st = &Store{dir: filepath.Join(sc.Dir, DirName), name: ResLogName, maxDisk: r.resMaxDisk,
 			maxLine: r.maxLine, total: &r.resTotal}
-		r.resStores[sb.dir] = st
+		r.resStores[sc.Dir] = st
 	}
 	return st
 }
 
-// seal stops every write into a sandbox directory's stores before the
+// Seal stops every write into a sandbox directory's stores before the
 // directory is removed: a write in progress finishes first, every later one
 // (a span that ends late, a background event) is dropped. The sealed stores
 // stay registered, so no later lookup creates a fresh store that would
 // recreate observability/ under a directory being deleted.
-func (r *obsRegistry) seal(dir string) {
+func (r *Registry) Seal(dir string) {
 	if r == nil {
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, m := range []map[string]*obsStore{r.stores, r.resStores} {
+	for _, m := range []map[string]*Store{r.stores, r.resStores} {
 		st := m[dir]
 		if st == nil {
-			st = &obsStore{dir: filepath.Join(dir, obsDirName)}
+			st = &Store{dir: filepath.Join(dir, DirName)}
 			m[dir] = st
 		}
 		st.mu.Lock()
@@ -416,33 +455,30 @@ func (r *obsRegistry) seal(dir string) {
 	}
 }
 
-// store returns the store of sb (nil: the system store), or nil when
-// observability is disabled.
-func (r *obsRegistry) store(sb *sandbox) *obsStore {
+// Store returns the event log of sc (the zero Scope: the system store), or
+// nil when observability is disabled.
+func (r *Registry) Store(sc Scope) *Store {
 	if r == nil || !r.enabled {
 		return nil
 	}
-	if sb == nil {
+	if sc.Dir == "" {
 		return r.system
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	st := r.stores[sb.dir]
+	st := r.stores[sc.Dir]
 	if st == nil {
-		st = r.newStore(filepath.Join(sb.dir, obsDirName), false, sb.rec.ID)
-		r.stores[sb.dir] = st
+		st = r.newStore(filepath.Join(sc.Dir, DirName), false, sc.ID)
+		r.stores[sc.Dir] = st
 	}
 	return st
 }
 
-// obsStats returns the counters of sb's store, or with sb nil the totals of
-// every store (health's event_store).
-func (s *Supervisor) obsStats(sb *sandbox) SinkStats {
-	if s.obs == nil {
+// Totals are the counters of every event log together (health's
+// event_store).
+func (r *Registry) Totals() SinkStats {
+	if r == nil {
 		return SinkStats{}
 	}
-	if sb == nil {
-		return s.obs.total.stats()
-	}
-	return s.obs.store(sb).stats()
+	return r.total.stats()
 }

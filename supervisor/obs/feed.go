@@ -1,18 +1,17 @@
-package supervisor
+package obs
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
 	"sync"
-
-	"github.com/ephemeral-ai-lab/sandbox/catalog"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/web"
 )
 
 // eventFeed numbers the records of every event log (spans and events) with
@@ -31,8 +30,19 @@ type eventFeed struct {
 	subs map[*feedSub]struct{}
 }
 
+// feedSub is one subscriber: offer hands it a record without blocking
+// (false: its buffer is full), close closes its channel.
 type feedSub struct {
-	ch chan web.Record
+	offer func(Record) bool
+	close func()
+}
+
+// Record is one stored event-log record as the live stream carries it.
+type Record struct {
+	Seq       uint64
+	SandboxID string // "" for the supervisor's own store
+	Kind      string // "event" or "span"
+	Line      json.RawMessage
 }
 
 // sequenced records carry the feed's sequence number.
@@ -45,8 +55,8 @@ func (r *eventRecord) setSeq(n uint64) { r.Seq = n }
 // tail of any event log under data.
 func newEventFeed(data string) *eventFeed {
 	f := &eventFeed{subs: map[*feedSub]struct{}{}}
-	logs, _ := filepath.Glob(filepath.Join(data, "sandboxes", "*", obsDirName, obsLogName))
-	logs = append(logs, filepath.Join(data, "supervisor", obsDirName, obsLogName))
+	logs, _ := filepath.Glob(filepath.Join(data, "sandboxes", "*", DirName, LogName))
+	logs = append(logs, filepath.Join(data, "supervisor", DirName, LogName))
 	for _, p := range logs {
 		for _, seg := range []string{p, p + ".1"} {
 			f.seq = max(f.seq, tailSeq(seg))
@@ -101,83 +111,73 @@ func (f *eventFeed) append(rec sequenced, sandboxID, kind string, write func() [
 	if len(f.subs) == 0 {
 		return
 	}
-	r := web.Record{Seq: f.seq, SandboxID: sandboxID, Kind: kind, Line: json.RawMessage(bytes.TrimSuffix(line, []byte("\n")))}
+	r := Record{Seq: f.seq, SandboxID: sandboxID, Kind: kind, Line: json.RawMessage(bytes.TrimSuffix(line, []byte("\n")))}
 	for sub := range f.subs {
-		select {
-		case sub.ch <- r:
-		default:
+		if !sub.offer(r) {
 			delete(f.subs, sub)
-			close(sub.ch)
+			sub.close()
 		}
 	}
 }
 
-func (f *eventFeed) subscribe(buf int) (<-chan web.Record, func()) {
-	sub := &feedSub{ch: make(chan web.Record, buf)}
+// Subscribe streams every record stored from now on, converted by conv,
+// through a channel buffering buf records; a subscriber that falls behind
+// is dropped (its channel closed). The returned func unsubscribes. With
+// observability disabled the channel never delivers.
+func Subscribe[T any](r *Registry, buf int, conv func(Record) T) (<-chan T, func()) {
+	if r == nil || r.feed == nil {
+		return make(chan T), func() {}
+	}
+	f := r.feed
+	ch := make(chan T, buf)
+	sub := &feedSub{
+		offer: func(rec Record) bool {
+			select {
+			case ch <- conv(rec):
+				return true
+			default:
+				return false
+			}
+		},
+		close: func() { close(ch) },
+	}
 	f.mu.Lock()
 	f.subs[sub] = struct{}{}
 	f.mu.Unlock()
-	return sub.ch, func() {
+	return ch, func() {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		if _, ok := f.subs[sub]; ok {
 			delete(f.subs, sub)
-			close(sub.ch)
+			sub.close()
 		}
 	}
 }
 
-// webEvents is the event store as the HTTP stream sees it.
-type webEvents struct{ s *Supervisor }
-
-func (e webEvents) Subscribe(buf int) (<-chan web.Record, func()) {
-	if e.s.obs == nil || e.s.obs.feed == nil {
-		ch := make(chan web.Record)
-		return ch, func() {}
-	}
-	return e.s.obs.feed.subscribe(buf)
-}
-
-// Replay reads the event logs (every sandbox's and the supervisor's, or one
-// sandbox's) for records after `after`, keeping the newest max.
-func (e webEvents) Replay(sandboxID string, after uint64, maxRecs int) ([]web.Record, int, error) {
-	s := e.s
-	type src struct {
-		id string
-		st *obsStore
-	}
-	var srcs []src
-	s.mu.Lock()
-	if sandboxID != "" {
-		sb := s.sandboxes[sandboxID]
-		if sb == nil {
-			s.mu.Unlock()
-			return nil, 0, catalog.Errorf(catalog.NotFound, "sandbox not found: %s", sandboxID).With("sandbox_id", sandboxID)
-		}
-		srcs = append(srcs, src{sandboxID, s.obs.store(sb)})
-	} else {
-		srcs = append(srcs, src{"", s.obs.store(nil)})
-		for id, sb := range s.sandboxes {
-			srcs = append(srcs, src{id, s.obs.store(sb)})
-		}
-	}
-	s.mu.Unlock()
+// Replay reads the event logs of scopes for records after `after`,
+// keeping the newest maxRecs in sequence order; skipped is how many older
+// ones did not fit. A store whose sandbox went away meanwhile is skipped.
+func (r *Registry) Replay(ctx context.Context, scopes []Scope, after uint64, maxRecs int) (recs []Record, skipped int, err error) {
 	if maxRecs <= 0 {
 		return nil, 0, nil
 	}
-	var out []web.Record
-	for _, sr := range srcs {
-		if sr.st == nil {
+	var out []Record
+	for _, sc := range scopes {
+		if err := ctx.Err(); err != nil {
+			return nil, 0, err
+		}
+		st := r.Store(sc)
+		if st == nil {
 			continue
 		}
-		snap, err := sr.st.open()
+		snap, err := st.Open()
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				continue // the sandbox went away meanwhile
 			}
-			return nil, 0, err
+			return nil, 0, fmt.Errorf("replay %s: %w", st.dir, err)
 		}
-		err = snap.scan(func(line []byte) {
+		err = snap.Scan(ctx, func(line []byte) {
 			var h struct {
 				Kind string `json:"kind"`
 				Seq  uint64 `json:"seq"`
@@ -185,14 +185,14 @@ func (e webEvents) Replay(sandboxID string, after uint64, maxRecs int) ([]web.Re
 			if json.Unmarshal(line, &h) != nil || h.Seq <= after || (h.Kind != "event" && h.Kind != "span") {
 				return
 			}
-			out = append(out, web.Record{Seq: h.Seq, SandboxID: sr.id, Kind: h.Kind, Line: json.RawMessage(bytes.Clone(line))})
+			out = append(out, Record{Seq: h.Seq, SandboxID: sc.ID, Kind: h.Kind, Line: json.RawMessage(bytes.Clone(line))})
 		})
-		snap.close()
+		snap.Close()
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, fmt.Errorf("replay %s: %w", st.dir, err)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Seq < out[j].Seq })
-	skipped := max(len(out)-maxRecs, 0)
+	skipped = max(len(out)-maxRecs, 0)
 	return out[skipped:], skipped, nil
 }

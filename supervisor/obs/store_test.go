@@ -1,4 +1,4 @@
-package supervisor
+package obs
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -16,32 +17,43 @@ import (
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 )
 
-func obsSupervisor(t *testing.T, mutate func(*config.Config)) *Supervisor {
-	t.Helper()
-	cfg := config.Default()
-	if mutate != nil {
-		mutate(cfg)
-	}
-	data := t.TempDir()
-	return &Supervisor{cfg: cfg, dirs: catalog.Dirs{Data: data}, ids: statedb.NewIDs(),
-		log: slog.New(slog.NewTextHandler(io.Discard, nil)), obs: newObsRegistry(cfg, data)}
+// testOptions are the configuration defaults of observability.*.
+func testOptions() Options {
+	return Options{Enabled: true, MaxDiskBytes: 4 << 20, MaxLineBytes: 16384, ResourcesEnabled: true, ResourcesMaxDiskBytes: 1 << 20,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 
-func obsSandbox(t *testing.T, s *Supervisor, id string) *sandbox {
+// testRegistry is a registry over a fresh data directory.
+type testRegistry struct {
+	*Registry
+	data string
+}
+
+func obsRegistry(t testing.TB, mutate func(*Options)) *testRegistry {
 	t.Helper()
-	dir := filepath.Join(s.dirs.Data, "sandboxes", id)
+	opt := testOptions()
+	if mutate != nil {
+		mutate(&opt)
+	}
+	data := t.TempDir()
+	return &testRegistry{New(opt, data), data}
+}
+
+// obsSandbox is the scope of a sandbox whose directory exists.
+func obsSandbox(t testing.TB, r *testRegistry, id string) Scope {
+	t.Helper()
+	dir := filepath.Join(r.data, "sandboxes", id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	return newSandbox(sandboxRecord{ID: id}, dir)
+	return Scope{ID: id, Dir: dir}
 }
 
-// query runs an observability handler the way dispatch does (validated args).
-func query(t *testing.T, s *Supervisor, sb *sandbox, opID string, raw map[string]any) (map[string]any, error) {
+// query runs an events or trace query the way the supervisor's handlers
+// do (arguments validated by the catalog), round-tripped through JSON.
+func query(t *testing.T, r *testRegistry, sc Scope, opID string, raw map[string]any) (map[string]any, error) {
 	t.Helper()
 	op, ok := catalog.Lookup(opID)
 	if !ok {
@@ -51,12 +63,33 @@ func query(t *testing.T, s *Supervisor, sb *sandbox, opID string, raw map[string
 	if verr != nil {
 		return nil, verr
 	}
-	c := &call{ctx: context.Background(), req: &catalog.Request{Op: opID, RequestID: "req-q"}, op: op, args: args, sb: sb}
-	res, err := handlers[opID](s, c)
-	if err != nil {
-		return nil, err
+	st := r.Store(sc)
+	var res any
+	switch opID {
+	case "events":
+		f := EventFilter{Name: args.String("name"), HasName: args.Has("name"),
+			SinceMs: math.MaxInt64, HasSince: args.Has("since_ms"), LastN: int(args.Uint("last_n"))}
+		if u := args.Uint("since_ms"); u <= math.MaxInt64 {
+			f.SinceMs = int64(u)
+		}
+		recs, err := st.Events(context.Background(), f)
+		if err != nil {
+			return nil, err
+		}
+		res = map[string]any{"view": "events", "events": recs}
+	case "trace":
+		trace, roots, err := st.Trace(context.Background(), args.String("trace_id"))
+		if err != nil {
+			return nil, err
+		}
+		if trace == "" {
+			res = map[string]any{"view": "trace", "trace": nil, "spans": []any{}}
+		} else {
+			res = map[string]any{"view": "trace", "trace": trace, "spans": roots}
+		}
+	default:
+		t.Fatalf("not an obs query: %s", opID)
 	}
-	// Round-trip through JSON as the wire does.
 	var m map[string]any
 	if err := json.Unmarshal(catalog.CompactJSON(res), &m); err != nil {
 		t.Fatal(err)
@@ -64,9 +97,9 @@ func query(t *testing.T, s *Supervisor, sb *sandbox, opID string, raw map[string
 	return m, nil
 }
 
-func mustQuery(t *testing.T, s *Supervisor, sb *sandbox, opID string, raw map[string]any) map[string]any {
+func mustQuery(t *testing.T, r *testRegistry, sc Scope, opID string, raw map[string]any) map[string]any {
 	t.Helper()
-	m, err := query(t, s, sb, opID, raw)
+	m, err := query(t, r, sc, opID, raw)
 	if err != nil {
 		t.Fatalf("%s %v: %v", opID, raw, err)
 	}
@@ -95,23 +128,23 @@ func seqOf(e map[string]any) int {
 
 func segSizes(t *testing.T, dir string) (cur, rot int64) {
 	t.Helper()
-	if fi, err := os.Stat(filepath.Join(dir, obsLogName)); err == nil {
+	if fi, err := os.Stat(filepath.Join(dir, LogName)); err == nil {
 		cur = fi.Size()
 	}
-	if fi, err := os.Stat(filepath.Join(dir, obsLogName+".1")); err == nil {
+	if fi, err := os.Stat(filepath.Join(dir, LogName+".1")); err == nil {
 		rot = fi.Size()
 	}
 	return cur, rot
 }
 
 func TestObsCapsHoldUnder10000Events(t *testing.T) {
-	s := obsSupervisor(t, nil)
-	sb := obsSandbox(t, s, "sbx-caps")
-	dir := filepath.Join(sb.dir, obsDirName)
+	r := obsRegistry(t, nil)
+	sb := obsSandbox(t, r, "sbx-caps")
+	dir := filepath.Join(sb.Dir, DirName)
 	pad := strings.Repeat("x", 900)
-	limit := int64(s.cfg.Observability.MaxDiskBytes)
+	limit := r.maxDisk
 	for i := 0; i < 10000; i++ {
-		s.event(sb, "", "test.event", map[string]any{"seq": i, "pad": pad})
+		r.Event(sb, "", "test.event", map[string]any{"seq": i, "pad": pad})
 		if i%500 == 0 || i == 9999 {
 			cur, rot := segSizes(t, dir)
 			if cur > limit/2 || rot > limit/2 || cur+rot > limit {
@@ -122,7 +155,7 @@ func TestObsCapsHoldUnder10000Events(t *testing.T) {
 	if _, rot := segSizes(t, dir); rot == 0 {
 		t.Fatal("no rotation after 10,000 events of ~1 KiB")
 	}
-	if st := s.obsStats(sb); st != (SinkStats{}) {
+	if st := r.Store(sb).Stats(); st != (SinkStats{}) {
 		t.Fatalf("counters: %+v", st)
 	}
 	// Nothing but the two segments and the lock.
@@ -135,11 +168,11 @@ func TestObsCapsHoldUnder10000Events(t *testing.T) {
 		t.Fatalf("store files: %v", names)
 	}
 	// The newest 500 come back, oldest first, ending with the last one.
-	evs := eventList(t, mustQuery(t, s, sb, "events", nil))
-	if len(evs) == 0 || len(evs) > obsMaxRecords || seqOf(evs[len(evs)-1]) != 9999 {
+	evs := eventList(t, mustQuery(t, r, sb, "events", nil))
+	if len(evs) == 0 || len(evs) > MaxRecords || seqOf(evs[len(evs)-1]) != 9999 {
 		t.Fatalf("got %d events, last %v", len(evs), evs[len(evs)-1])
 	}
-	if b, _ := json.Marshal(evs); len(b) > obsMaxBytes {
+	if b, _ := json.Marshal(evs); len(b) > MaxBytes {
 		t.Fatalf("response %d bytes", len(b))
 	}
 	for i := 1; i < len(evs); i++ {
@@ -150,10 +183,10 @@ func TestObsCapsHoldUnder10000Events(t *testing.T) {
 }
 
 func TestObsTruncationAndDrops(t *testing.T) {
-	s := obsSupervisor(t, nil)
+	r := obsRegistry(t, nil)
 	big := strings.Repeat("y", 20000)
-	s.event(nil, "", "big.attrs", map[string]any{"blob": big})
-	evs := eventList(t, mustQuery(t, s, nil, "events", nil))
+	r.Event(Scope{}, "", "big.attrs", map[string]any{"blob": big})
+	evs := eventList(t, mustQuery(t, r, Scope{}, "events", nil))
 	if len(evs) != 1 {
 		t.Fatalf("events: %v", evs)
 	}
@@ -164,37 +197,37 @@ func TestObsTruncationAndDrops(t *testing.T) {
 	if evs[0]["name"] != "big.attrs" || evs[0]["kind"] != "event" || !strings.HasPrefix(evs[0]["trace"].(string), "boot-") {
 		t.Fatalf("record: %v", evs[0])
 	}
-	if st := s.obsStats(nil); st.TruncatedRecords != 1 || st.DroppedOversized != 0 {
+	if st := r.Totals(); st.TruncatedRecords != 1 || st.DroppedOversized != 0 {
 		t.Fatalf("stats: %+v", st)
 	}
 	// A name too long for the line cap even without attrs: dropped.
-	s.event(nil, "", strings.Repeat("n", 17000), nil)
-	if st := s.obsStats(nil); st.DroppedOversized != 1 {
+	r.Event(Scope{}, "", strings.Repeat("n", 17000), nil)
+	if st := r.Totals(); st.DroppedOversized != 1 {
 		t.Fatalf("stats: %+v", st)
 	}
 	// A storage error (the sandbox directory is gone) drops and counts,
 	// and does not recreate the sandbox directory.
-	sb := newSandbox(sandboxRecord{ID: "sbx-gone"}, filepath.Join(s.dirs.Data, "sandboxes", "sbx-gone"))
-	s.event(sb, "", "lease.released", nil)
-	sp := s.startSpan(sb, "req-x", "", "supervisor.dispatch", nil)
-	sp.end(spanCompleted, nil)
-	if st := s.obsStats(sb); st.DroppedStorage != 2 {
+	sb := Scope{ID: "sbx-gone", Dir: filepath.Join(r.data, "sandboxes", "sbx-gone")}
+	r.Event(sb, "", "lease.released", nil)
+	sp := r.StartSpan(sb, "req-x", "", "supervisor.dispatch", nil)
+	sp.End(Completed, nil)
+	if st := r.Store(sb).Stats(); st.DroppedStorage != 2 {
 		t.Fatalf("sandbox stats: %+v", st)
 	}
-	if _, err := os.Stat(sb.dir); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(sb.Dir); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("sandbox dir recreated: %v", err)
 	}
-	if st := s.obsStats(nil); st != (SinkStats{DroppedStorage: 2, DroppedOversized: 1, TruncatedRecords: 1}) {
+	if st := r.Totals(); st != (SinkStats{DroppedStorage: 2, DroppedOversized: 1, TruncatedRecords: 1}) {
 		t.Fatalf("totals: %+v", st)
 	}
 }
 
 func TestObsRotationKeepsOrder(t *testing.T) {
-	s := obsSupervisor(t, func(c *config.Config) { c.Observability.MaxDiskBytes = 8192 })
-	sb := obsSandbox(t, s, "sbx-rot")
-	dir := filepath.Join(sb.dir, obsDirName)
+	r := obsRegistry(t, func(o *Options) { o.MaxDiskBytes = 8192 })
+	sb := obsSandbox(t, r, "sbx-rot")
+	dir := filepath.Join(sb.Dir, DirName)
 	for i := 0; i < 200; i++ {
-		s.event(sb, "", "tick", map[string]any{"seq": i})
+		r.Event(sb, "", "tick", map[string]any{"seq": i})
 		cur, rot := segSizes(t, dir)
 		if cur > 4096 || rot > 4096 {
 			t.Fatalf("segment over half: %d %d", cur, rot)
@@ -204,12 +237,12 @@ func TestObsRotationKeepsOrder(t *testing.T) {
 	if rot == 0 || cur == 0 {
 		t.Fatalf("expected both segments: %d %d", cur, rot)
 	}
-	evs := eventList(t, mustQuery(t, s, sb, "events", nil))
+	evs := eventList(t, mustQuery(t, r, sb, "events", nil))
 	if seqOf(evs[len(evs)-1]) != 199 {
 		t.Fatalf("newest missing: %v", evs[len(evs)-1])
 	}
 	// Records from the rotated segment come first.
-	b, _ := os.ReadFile(filepath.Join(dir, obsLogName+".1"))
+	b, _ := os.ReadFile(filepath.Join(dir, LogName+".1"))
 	rotated := strings.Count(string(b), "\n")
 	if rotated == 0 || len(evs) <= rotated {
 		t.Fatalf("rotated %d, listed %d", rotated, len(evs))
@@ -220,39 +253,39 @@ func TestObsRotationKeepsOrder(t *testing.T) {
 		}
 	}
 	// A line that can never fit half the store is dropped, not rotated in.
-	s.event(sb, "", "huge", map[string]any{"pad": strings.Repeat("z", 5000)})
-	if st := s.obsStats(sb); st.DroppedOversized != 1 || st.TruncatedRecords != 0 {
+	r.Event(sb, "", "huge", map[string]any{"pad": strings.Repeat("z", 5000)})
+	if st := r.Store(sb).Stats(); st.DroppedOversized != 1 || st.TruncatedRecords != 0 {
 		t.Fatalf("stats: %+v", st)
 	}
 }
 
 func TestObsEventFilters(t *testing.T) {
-	s := obsSupervisor(t, nil)
-	sb := obsSandbox(t, s, "sbx-f")
+	r := obsRegistry(t, nil)
+	sb := obsSandbox(t, r, "sbx-f")
 	for i := 0; i < 30; i++ {
 		name := "a"
 		if i%3 == 0 {
 			name = "b"
 		}
-		s.event(sb, "", name, map[string]any{"seq": i})
+		r.Event(sb, "", name, map[string]any{"seq": i})
 		if i == 19 {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	all := eventList(t, mustQuery(t, s, sb, "events", nil))
+	all := eventList(t, mustQuery(t, r, sb, "events", nil))
 	if len(all) != 30 {
 		t.Fatalf("all: %d", len(all))
 	}
-	last := eventList(t, mustQuery(t, s, sb, "events", map[string]any{"last_n": float64(4)}))
+	last := eventList(t, mustQuery(t, r, sb, "events", map[string]any{"last_n": float64(4)}))
 	if len(last) != 4 || seqOf(last[0]) != 26 || seqOf(last[3]) != 29 {
 		t.Fatalf("last_n: %v", last)
 	}
-	bs := eventList(t, mustQuery(t, s, sb, "events", map[string]any{"name": "b", "last_n": float64(2)}))
+	bs := eventList(t, mustQuery(t, r, sb, "events", map[string]any{"name": "b", "last_n": float64(2)}))
 	if len(bs) != 2 || seqOf(bs[0]) != 24 || seqOf(bs[1]) != 27 {
 		t.Fatalf("name+last_n: %v", bs)
 	}
 	ts := all[20]["ts"].(float64)
-	since := eventList(t, mustQuery(t, s, sb, "events", map[string]any{"since_ms": ts}))
+	since := eventList(t, mustQuery(t, r, sb, "events", map[string]any{"since_ms": ts}))
 	if len(since) == 0 || seqOf(since[0]) > 20 || seqOf(since[len(since)-1]) != 29 {
 		t.Fatalf("since_ms: %v", since)
 	}
@@ -261,16 +294,16 @@ func TestObsEventFilters(t *testing.T) {
 			t.Fatalf("since_ms not inclusive lower bound: %v", e)
 		}
 	}
-	if n := len(eventList(t, mustQuery(t, s, sb, "events", map[string]any{"name": "nope"}))); n != 0 {
+	if n := len(eventList(t, mustQuery(t, r, sb, "events", map[string]any{"name": "nope"}))); n != 0 {
 		t.Fatalf("unknown name: %d", n)
 	}
 	for _, bad := range []map[string]any{{"last_n": float64(0)}, {"last_n": float64(501)}, {"since_ms": float64(-1)}, {"bogus": "x"}} {
-		if _, err := query(t, s, sb, "events", bad); err == nil || err.(*catalog.Error).Kind != catalog.InvalidRequest {
+		if _, err := query(t, r, sb, "events", bad); err == nil || err.(*catalog.Error).Kind != catalog.InvalidRequest {
 			t.Fatalf("%v: %v", bad, err)
 		}
 	}
 	// System scope reads the system store: none of the sandbox's events.
-	if n := len(eventList(t, mustQuery(t, s, nil, "events", nil))); n != 0 {
+	if n := len(eventList(t, mustQuery(t, r, Scope{}, "events", nil))); n != 0 {
 		t.Fatalf("system store has %d events", n)
 	}
 }
@@ -289,65 +322,65 @@ func fileStates(t *testing.T, dir string) map[string]string {
 }
 
 func TestObsReadsDoNotWrite(t *testing.T) {
-	s := obsSupervisor(t, func(c *config.Config) { c.Observability.MaxDiskBytes = 4096 })
-	sb := obsSandbox(t, s, "sbx-ro")
+	r := obsRegistry(t, func(o *Options) { o.MaxDiskBytes = 4096 })
+	sb := obsSandbox(t, r, "sbx-ro")
 	// A store never written: queries create nothing.
-	mustQuery(t, s, sb, "events", nil)
-	mustQuery(t, s, sb, "trace", nil)
-	mustQuery(t, s, nil, "events", nil)
-	if _, err := os.Stat(filepath.Join(sb.dir, obsDirName)); !errors.Is(err, fs.ErrNotExist) {
+	mustQuery(t, r, sb, "events", nil)
+	mustQuery(t, r, sb, "trace", nil)
+	mustQuery(t, r, Scope{}, "events", nil)
+	if _, err := os.Stat(filepath.Join(sb.Dir, DirName)); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("read created the store: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(s.dirs.Data, "supervisor")); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(r.data, "supervisor")); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("read created the system store: %v", err)
 	}
 	for i := 0; i < 60; i++ {
-		sp := s.startSpan(sb, fmt.Sprintf("req-%d", i), "", "supervisor.dispatch", map[string]any{"op": "file_read"})
-		sp.event("x", map[string]any{"seq": i})
-		sp.end(spanCompleted, nil)
+		sp := r.StartSpan(sb, fmt.Sprintf("req-%d", i), "", "supervisor.dispatch", map[string]any{"op": "file_read"})
+		sp.Event("x", map[string]any{"seq": i})
+		sp.End(Completed, nil)
 	}
-	before := fileStates(t, s.dirs.Data)
+	before := fileStates(t, r.data)
 	time.Sleep(20 * time.Millisecond)
-	mustQuery(t, s, sb, "events", nil)
-	mustQuery(t, s, sb, "events", map[string]any{"last_n": float64(3), "name": "x"})
-	mustQuery(t, s, sb, "trace", nil)
-	mustQuery(t, s, sb, "trace", map[string]any{"trace_id": "req-59"})
-	if _, err := query(t, s, sb, "trace", map[string]any{"trace_id": "req-unknown"}); err == nil {
+	mustQuery(t, r, sb, "events", nil)
+	mustQuery(t, r, sb, "events", map[string]any{"last_n": float64(3), "name": "x"})
+	mustQuery(t, r, sb, "trace", nil)
+	mustQuery(t, r, sb, "trace", map[string]any{"trace_id": "req-59"})
+	if _, err := query(t, r, sb, "trace", map[string]any{"trace_id": "req-unknown"}); err == nil {
 		t.Fatal("unknown trace found")
 	}
-	mustQuery(t, s, nil, "trace", nil)
-	after := fileStates(t, s.dirs.Data)
+	mustQuery(t, r, Scope{}, "trace", nil)
+	after := fileStates(t, r.data)
 	if fmt.Sprint(before) != fmt.Sprint(after) {
 		t.Fatalf("reads changed files:\n%v\n%v", before, after)
 	}
 }
 
 func TestObsTraceTree(t *testing.T) {
-	s := obsSupervisor(t, nil)
-	sb := obsSandbox(t, s, "sbx-tr")
-	if m := mustQuery(t, s, sb, "trace", nil); m["trace"] != nil || len(m["spans"].([]any)) != 0 || m["view"] != "trace" {
+	r := obsRegistry(t, nil)
+	sb := obsSandbox(t, r, "sbx-tr")
+	if m := mustQuery(t, r, sb, "trace", nil); m["trace"] != nil || len(m["spans"].([]any)) != 0 || m["view"] != "trace" {
 		t.Fatalf("empty store: %v", m)
 	}
 	// One request: root, two children (the second one with a grandchild), events.
-	root := s.startSpan(sb, "req-one", "", "supervisor.dispatch", map[string]any{"op": "exec_command"})
-	ctx := withSpan(context.Background(), root)
-	s.eventCtx(ctx, sb, "lease.acquired", map[string]any{"workspace_session_id": "ws-1", "revision": 3})
-	a := root.child("workspace_session.create", nil)
+	root := r.StartSpan(sb, "req-one", "", "supervisor.dispatch", map[string]any{"op": "exec_command"})
+	ctx := With(context.Background(), root)
+	Event(ctx, "lease.acquired", map[string]any{"workspace_session_id": "ws-1", "revision": 3})
+	a := root.Child("workspace_session.create", nil)
 	time.Sleep(3 * time.Millisecond)
-	a.end(spanCompleted, nil)
-	b := root.child("command.exec", map[string]any{"session_created": true})
-	g := b.child("holder.exec", nil)
-	g.event("inner", nil)
+	a.End(Completed, nil)
+	b := root.Child("command.exec", map[string]any{"session_created": true})
+	g := b.Child("holder.exec", nil)
+	g.Event("inner", nil)
 	time.Sleep(2 * time.Millisecond)
-	g.end(spanError, nil)
-	b.end(spanCompleted, map[string]any{"finalize_policy": "publish"})
-	root.finish(nil)
+	g.End(Error, nil)
+	b.End(Completed, map[string]any{"finalize_policy": "publish"})
+	root.End(Completed, nil)
 	// Another, later request in the same store.
 	time.Sleep(2 * time.Millisecond)
-	other := s.startSpan(sb, "req-two", "", "supervisor.dispatch", map[string]any{"op": "file_read"})
-	other.finish(catalog.Errorf(catalog.NotFound, "x"))
+	other := r.StartSpan(sb, "req-two", "", "supervisor.dispatch", map[string]any{"op": "file_read"})
+	other.End(Error, map[string]any{"error_kind": "not_found"})
 
-	m := mustQuery(t, s, sb, "trace", map[string]any{"trace_id": "req-one"})
+	m := mustQuery(t, r, sb, "trace", map[string]any{"trace_id": "req-one"})
 	if m["trace"] != "req-one" {
 		t.Fatalf("trace: %v", m)
 	}
@@ -355,15 +388,15 @@ func TestObsTraceTree(t *testing.T) {
 	if len(roots) != 1 {
 		t.Fatalf("roots: %v", roots)
 	}
-	r := roots[0].(map[string]any)
-	rs := r["span"].(map[string]any)
+	rt := roots[0].(map[string]any)
+	rs := rt["span"].(map[string]any)
 	if rs["name"] != "supervisor.dispatch" || rs["attrs"].(map[string]any)["op"] != "exec_command" || rs["status"] != "completed" || rs["kind"] != "span" || rs["parent"] != nil {
 		t.Fatalf("root: %v", rs)
 	}
-	if r["offset_ms"].(float64) != 0 {
-		t.Fatalf("root offset: %v", r["offset_ms"])
+	if rt["offset_ms"].(float64) != 0 {
+		t.Fatalf("root offset: %v", rt["offset_ms"])
 	}
-	kids := r["children"].([]any)
+	kids := rt["children"].([]any)
 	if len(kids) != 2 {
 		t.Fatalf("children: %v", kids)
 	}
@@ -384,7 +417,7 @@ func TestObsTraceTree(t *testing.T) {
 	if evs := gk[0].(map[string]any)["events"].([]any); len(evs) != 1 || evs[0].(map[string]any)["event"].(map[string]any)["name"] != "inner" {
 		t.Fatalf("grandchild events: %v", evs)
 	}
-	revs := r["events"].([]any)
+	revs := rt["events"].([]any)
 	if len(revs) != 1 {
 		t.Fatalf("root events: %v", revs)
 	}
@@ -405,33 +438,32 @@ func TestObsTraceTree(t *testing.T) {
 			walk(c.(map[string]any))
 		}
 	}
-	walk(r)
+	walk(rt)
 	if len(ids) != 4 {
 		t.Fatalf("ids: %v", ids)
 	}
 	// "last" is the trace whose root started last.
-	if m := mustQuery(t, s, sb, "trace", nil); m["trace"] != "req-two" {
+	if m := mustQuery(t, r, sb, "trace", nil); m["trace"] != "req-two" {
 		t.Fatalf("last: %v", m["trace"])
 	} else if st := m["spans"].([]any)[0].(map[string]any)["span"].(map[string]any); st["status"] != "error" || st["attrs"].(map[string]any)["error_kind"] != "not_found" {
 		t.Fatalf("error root: %v", st)
 	}
-	_, err := query(t, s, sb, "trace", map[string]any{"trace_id": "req-nope"})
-	var ce *catalog.Error
-	if !errors.As(err, &ce) || ce.Kind != catalog.NotFound {
+	_, err := query(t, r, sb, "trace", map[string]any{"trace_id": "req-nope"})
+	if !errors.Is(err, ErrTraceNotFound) {
 		t.Fatalf("unknown trace: %v", err)
 	}
-	if _, err := query(t, s, sb, "trace", map[string]any{"trace_id": "  "}); err == nil {
+	if _, err := query(t, r, sb, "trace", map[string]any{"trace_id": "  "}); err == nil {
 		t.Fatal("blank trace_id accepted")
 	}
 	// Events outside requests get synthetic trace ids by origin.
-	s.eventCtx(context.Background(), sb, "workspace_session.restored", map[string]any{"workspace_session_id": "ws-1"})
-	s.event(sb, "", "holder.exited", map[string]any{"workspace_session_id": "ws-1", "pid": 1, "status": "x"})
-	evs := eventList(t, mustQuery(t, s, sb, "events", map[string]any{"last_n": float64(2)}))
+	Event(WithScope(context.Background(), r.Registry, sb), "workspace_session.restored", map[string]any{"workspace_session_id": "ws-1"})
+	r.Event(sb, "", "holder.exited", map[string]any{"workspace_session_id": "ws-1", "pid": 1, "status": "x"})
+	evs := eventList(t, mustQuery(t, r, sb, "events", map[string]any{"last_n": float64(2)}))
 	if !strings.HasPrefix(evs[0]["trace"].(string), "recovery-") || !strings.HasPrefix(evs[1]["trace"].(string), "holder-") {
 		t.Fatalf("synthetic ids: %v", evs)
 	}
 	// Spans are not listed by events.
-	for _, e := range eventList(t, mustQuery(t, s, sb, "events", nil)) {
+	for _, e := range eventList(t, mustQuery(t, r, sb, "events", nil)) {
 		if e["kind"] != "event" {
 			t.Fatalf("events lists %v", e)
 		}
@@ -439,15 +471,15 @@ func TestObsTraceTree(t *testing.T) {
 }
 
 func TestObsTraceCaps(t *testing.T) {
-	s := obsSupervisor(t, func(c *config.Config) { c.Observability.MaxDiskBytes = 16 << 20 })
-	root := s.startSpan(nil, "req-big", "", "supervisor.dispatch", nil)
+	r := obsRegistry(t, func(o *Options) { o.MaxDiskBytes = 16 << 20 })
+	root := r.StartSpan(Scope{}, "req-big", "", "supervisor.dispatch", nil)
 	pad := strings.Repeat("p", 2000)
 	for i := 0; i < 700; i++ {
-		root.child("holder.file_op", map[string]any{"seq": i, "pad": pad}).end(spanCompleted, nil)
+		root.Child("holder.file_op", map[string]any{"seq": i, "pad": pad}).End(Completed, nil)
 	}
-	root.end(spanCompleted, nil)
-	m := mustQuery(t, s, nil, "trace", map[string]any{"trace_id": "req-big"})
-	if b := catalog.CompactJSON(m); len(b) > obsMaxBytes {
+	root.End(Completed, nil)
+	m := mustQuery(t, r, Scope{}, "trace", map[string]any{"trace_id": "req-big"})
+	if b := catalog.CompactJSON(m); len(b) > MaxBytes {
 		t.Fatalf("trace response %d bytes", len(b))
 	}
 	// The newest records are kept: the root (written last) is among them.
@@ -460,40 +492,40 @@ func TestObsTraceCaps(t *testing.T) {
 		t.Fatalf("root dropped: %d roots", len(names))
 	}
 	for i := 0; i < 600; i++ {
-		s.event(nil, "", "many", map[string]any{"seq": i})
+		r.Event(Scope{}, "", "many", map[string]any{"seq": i})
 	}
-	evs := eventList(t, mustQuery(t, s, nil, "events", nil))
-	if len(evs) != obsMaxRecords || seqOf(evs[0]) != 100 || seqOf(evs[499]) != 599 {
+	evs := eventList(t, mustQuery(t, r, Scope{}, "events", nil))
+	if len(evs) != MaxRecords || seqOf(evs[0]) != 100 || seqOf(evs[499]) != 599 {
 		t.Fatalf("events cap: %d, first %v", len(evs), evs[0])
 	}
 }
 
 func TestObsDisabled(t *testing.T) {
-	s := obsSupervisor(t, func(c *config.Config) { c.Observability.Enabled = false })
-	sb := obsSandbox(t, s, "sbx-off")
-	s.event(sb, "", "lease.acquired", nil)
-	s.event(nil, "", "supervisor.boot", nil)
-	sp := s.startSpan(sb, "req-1", "", "supervisor.dispatch", nil)
-	sp.child("x", nil).end(spanCompleted, nil)
-	sp.event("y", nil)
-	sp.finish(nil)
-	if _, err := os.Stat(filepath.Join(sb.dir, obsDirName)); !errors.Is(err, fs.ErrNotExist) {
+	r := obsRegistry(t, func(o *Options) { o.Enabled = false })
+	sb := obsSandbox(t, r, "sbx-off")
+	r.Event(sb, "", "lease.acquired", nil)
+	r.Event(Scope{}, "", "supervisor.boot", nil)
+	sp := r.StartSpan(sb, "req-1", "", "supervisor.dispatch", nil)
+	sp.Child("x", nil).End(Completed, nil)
+	sp.Event("y", nil)
+	sp.End(Completed, nil)
+	if _, err := os.Stat(filepath.Join(sb.Dir, DirName)); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("store created: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(s.dirs.Data, "supervisor")); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(r.data, "supervisor")); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("system store created: %v", err)
 	}
-	if n := len(eventList(t, mustQuery(t, s, sb, "events", nil))); n != 0 {
+	if n := len(eventList(t, mustQuery(t, r, sb, "events", nil))); n != 0 {
 		t.Fatalf("events: %d", n)
 	}
-	if m := mustQuery(t, s, sb, "trace", map[string]any{"trace_id": "req-1"}); m["trace"] != nil || len(m["spans"].([]any)) != 0 {
+	if m := mustQuery(t, r, sb, "trace", map[string]any{"trace_id": "req-1"}); m["trace"] != nil || len(m["spans"].([]any)) != 0 {
 		t.Fatalf("trace: %v", m)
 	}
-	// A Supervisor without any registry (unit tests elsewhere) is safe too.
-	bare := &Supervisor{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	bare.event(nil, "", "x", nil)
-	bare.startSpan(nil, "t", "", "n", nil).end(spanCompleted, nil)
-	if bare.obsStats(nil) != (SinkStats{}) {
+	// No registry at all (a supervisor built without one) is safe too.
+	var bare *Registry
+	bare.Event(Scope{}, "", "x", nil)
+	bare.StartSpan(Scope{}, "t", "", "n", nil).End(Completed, nil)
+	if bare.Totals() != (SinkStats{}) {
 		t.Fatal("bare stats")
 	}
 }
@@ -503,24 +535,24 @@ func TestObsDisabled(t *testing.T) {
 // span started before the seal and ended after it, nor a new event or
 // resource sample (issue 13 item 4: destroy failed "still present").
 func TestSealStopsSandboxWrites(t *testing.T) {
-	s := obsSupervisor(t, nil)
-	sb := obsSandbox(t, s, "sbx-sealed")
-	s.event(sb, "", "before.seal", nil)
-	sp := s.startSpan(sb, "", "", "late.span", nil)
-	if err := os.RemoveAll(filepath.Join(sb.dir, obsDirName)); err != nil {
+	r := obsRegistry(t, nil)
+	sb := obsSandbox(t, r, "sbx-sealed")
+	r.Event(sb, "", "before.seal", nil)
+	sp := r.StartSpan(sb, "", "", "late.span", nil)
+	if err := os.RemoveAll(filepath.Join(sb.Dir, DirName)); err != nil {
 		t.Fatal(err)
 	}
-	s.obs.seal(sb.dir)
-	sp.done(nil, nil)
-	s.event(sb, "", "after.seal", nil)
-	s.obs.resources(sb).appendRecord(map[string]any{"kind": "sample"}, nil)
-	if _, err := os.Lstat(filepath.Join(sb.dir, obsDirName)); !os.IsNotExist(err) {
+	r.Seal(sb.Dir)
+	sp.Done(nil, nil)
+	r.Event(sb, "", "after.seal", nil)
+	r.Resources(sb).AppendRecord(map[string]any{"kind": "sample"}, nil)
+	if _, err := os.Lstat(filepath.Join(sb.Dir, DirName)); !os.IsNotExist(err) {
 		t.Fatalf("observability/ after the seal: %v", err)
 	}
 	// Another sandbox is unaffected.
-	other := obsSandbox(t, s, "sbx-other")
-	s.event(other, "", "still.recorded", nil)
-	if _, err := os.Stat(filepath.Join(other.dir, obsDirName, obsLogName)); err != nil {
+	other := obsSandbox(t, r, "sbx-other")
+	r.Event(other, "", "still.recorded", nil)
+	if _, err := os.Stat(filepath.Join(other.Dir, DirName, LogName)); err != nil {
 		t.Fatalf("other sandbox's store: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package supervisor
+package resources
 
 // cgroup v2 use when the supervisor's own cgroup is delegated (§10.2, §4.2,
 // §5.6): a systemd user unit with Delegate=yes gives the user a writable
@@ -26,11 +26,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// cgroups is the supervisor's view of its delegated cgroup subtree.
-type cgroups struct {
-	delegated bool
-	root      string // absolute path of the supervisor's (parent) cgroup
-	reason    string // why delegation is not used ("" when delegated)
+// Cgroups is the supervisor's view of its delegated cgroup subtree. Its
+// exported fields are set once by SetupCgroups and only read afterwards.
+type Cgroups struct {
+	Delegated bool
+	Root      string // absolute path of the supervisor's (parent) cgroup
+	Reason    string // why delegation is not used ("" when delegated)
 
 	mu       sync.Mutex
 	sessions map[string]string // workspace session ID → its leaf cgroup
@@ -39,20 +40,20 @@ type cgroups struct {
 // wantControllers are the controllers the samples read.
 var wantControllers = []string{"cpu", "memory", "io", "pids"}
 
-// setupCgroups detects delegation of this process's cgroup under mount
+// SetupCgroups detects delegation of this process's cgroup under mount
 // (normally /sys/fs/cgroup, with selfFile /proc/self/cgroup) and, when it is
 // delegated, prepares the subtree. Any failure leaves delegated false with
 // the reason.
-func setupCgroups(mount, selfFile string) *cgroups {
-	cg := &cgroups{sessions: map[string]string{}}
+func SetupCgroups(mount, selfFile string) *Cgroups {
+	cg := &Cgroups{sessions: map[string]string{}}
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(mount, &sfs); err != nil || int64(sfs.Type) != unix.CGROUP2_SUPER_MAGIC {
-		cg.reason = mount + " is not a cgroup v2 mount (cgroup v1 or hybrid hierarchy); resource samples come from /proc"
+		cg.Reason = mount + " is not a cgroup v2 mount (cgroup v1 or hybrid hierarchy); resource samples come from /proc"
 		return cg
 	}
 	b, err := os.ReadFile(selfFile)
 	if err != nil {
-		cg.reason = "cannot read " + selfFile + ": " + err.Error()
+		cg.Reason = "cannot read " + selfFile + ": " + err.Error()
 		return cg
 	}
 	rel := ""
@@ -62,27 +63,27 @@ func setupCgroups(mount, selfFile string) *cgroups {
 		}
 	}
 	if rel == "" {
-		cg.reason = "no cgroup v2 path in " + selfFile
+		cg.Reason = "no cgroup v2 path in " + selfFile
 		return cg
 	}
 	root := filepath.Join(mount, rel)
 	if unix.Access(root, unix.W_OK) != nil || unix.Access(filepath.Join(root, "cgroup.subtree_control"), unix.W_OK) != nil ||
 		unix.Access(filepath.Join(root, "cgroup.procs"), unix.W_OK) != nil {
-		cg.reason = "cgroup " + rel + " is not delegated to uid " + strconv.Itoa(os.Geteuid()) +
+		cg.Reason = "cgroup " + rel + " is not delegated to uid " + strconv.Itoa(os.Geteuid()) +
 			" (run the supervisor as a systemd user unit with Delegate=yes); resource samples come from /proc"
 		return cg
 	}
 	if err := cg.prepare(root); err != nil {
-		cg.reason = "cgroup " + rel + " is writable but cannot be prepared: " + err.Error()
+		cg.Reason = "cgroup " + rel + " is writable but cannot be prepared: " + err.Error()
 		return cg
 	}
-	cg.delegated, cg.root = true, root
+	cg.Delegated, cg.Root = true, root
 	return cg
 }
 
 // prepare moves this process into root/supervisor and enables the wanted
 // controllers that root offers for its children.
-func (cg *cgroups) prepare(root string) error {
+func (cg *Cgroups) prepare(root string) error {
 	leaf := filepath.Join(root, "supervisor")
 	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
@@ -118,17 +119,17 @@ func enableControllers(dir string) error {
 	return nil
 }
 
-// sandboxPath is the sandbox's cgroup ("" without delegation).
-func (cg *cgroups) sandboxPath(sandboxID string) string {
-	if cg == nil || !cg.delegated {
+// SandboxPath is the sandbox's cgroup ("" without delegation).
+func (cg *Cgroups) SandboxPath(sandboxID string) string {
+	if cg == nil || !cg.Delegated {
 		return ""
 	}
-	return filepath.Join(cg.root, sandboxID)
+	return filepath.Join(cg.Root, sandboxID)
 }
 
-// sessionPath is the session's leaf cgroup once its holder was attached.
-func (cg *cgroups) sessionPath(sessionID string) string {
-	if cg == nil || !cg.delegated {
+// SessionPath is the session's leaf cgroup once its holder was attached.
+func (cg *Cgroups) SessionPath(sessionID string) string {
+	if cg == nil || !cg.Delegated {
 		return ""
 	}
 	cg.mu.Lock()
@@ -136,13 +137,13 @@ func (cg *cgroups) sessionPath(sessionID string) string {
 	return cg.sessions[sessionID]
 }
 
-// attach creates the sandbox and session cgroups and moves the holder pid
+// Attach creates the sandbox and session cgroups and moves the holder pid
 // into the session's leaf. Without delegation it does nothing.
-func (cg *cgroups) attach(sandboxID, sessionID string, pid int) error {
-	if cg == nil || !cg.delegated {
+func (cg *Cgroups) Attach(sandboxID, sessionID string, pid int) error {
+	if cg == nil || !cg.Delegated {
 		return nil
 	}
-	sbDir := cg.sandboxPath(sandboxID)
+	sbDir := cg.SandboxPath(sandboxID)
 	if err := os.Mkdir(sbDir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
 	}
@@ -162,9 +163,9 @@ func (cg *cgroups) attach(sandboxID, sessionID string, pid int) error {
 	return nil
 }
 
-// removeSession kills what is left in the session's leaf and removes it.
-func (cg *cgroups) removeSession(sessionID string) {
-	if cg == nil || !cg.delegated {
+// RemoveSession kills what is left in the session's leaf and removes it.
+func (cg *Cgroups) RemoveSession(sessionID string) {
+	if cg == nil || !cg.Delegated {
 		return
 	}
 	cg.mu.Lock()
@@ -178,9 +179,9 @@ func (cg *cgroups) removeSession(sessionID string) {
 	_ = os.Remove(leaf) // fails (EBUSY) while dying processes remain; the sandbox removal retries
 }
 
-// removeSandbox removes the sandbox's cgroup and any leaves left in it.
-func (cg *cgroups) removeSandbox(sandboxID string) {
-	dir := cg.sandboxPath(sandboxID)
+// RemoveSandbox removes the sandbox's cgroup and any leaves left in it.
+func (cg *Cgroups) RemoveSandbox(sandboxID string) {
+	dir := cg.SandboxPath(sandboxID)
 	if dir == "" {
 		return
 	}
@@ -196,12 +197,12 @@ func (cg *cgroups) removeSandbox(sandboxID string) {
 	_ = os.Remove(dir)
 }
 
-// readCgroupMetrics reads §10.2's metrics of one cgroup directory.
-func readCgroupMetrics(dir string) (resMetrics, error) {
-	m := resMetrics{MetricsSource: "cgroup", CgroupAvailable: true}
+// ReadCgroupMetrics reads §10.2's metrics of one cgroup directory.
+func ReadCgroupMetrics(dir string) (Metrics, error) {
+	m := Metrics{MetricsSource: "cgroup", CgroupAvailable: true}
 	p := dir
 	m.CgroupPath = &p
-	b, err := readSmall(filepath.Join(dir, "cpu.stat"), 4096)
+	b, err := ReadSmall(filepath.Join(dir, "cpu.stat"), 4096)
 	if err != nil {
 		return m, err
 	}
@@ -210,11 +211,11 @@ func readCgroupMetrics(dir string) (resMetrics, error) {
 			m.CPUUsec, _ = strconv.ParseUint(strings.TrimSpace(v), 10, 64)
 		}
 	}
-	if b, err = readSmall(filepath.Join(dir, "memory.current"), 64); err != nil {
+	if b, err = ReadSmall(filepath.Join(dir, "memory.current"), 64); err != nil {
 		return m, err
 	}
 	m.MemCur, _ = strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
-	if b, err = readSmall(filepath.Join(dir, "memory.max"), 64); err == nil {
+	if b, err = ReadSmall(filepath.Join(dir, "memory.max"), 64); err == nil {
 		if v := string(bytes.TrimSpace(b)); v == "max" {
 			m.MemMaxUnlimited = true
 		} else if n, err := strconv.ParseInt(v, 10, 64); err == nil {
@@ -223,7 +224,7 @@ func readCgroupMetrics(dir string) (resMetrics, error) {
 	} else {
 		m.MemMaxUnlimited = true // the root-most cgroups have no memory.max
 	}
-	if b, err = readSmall(filepath.Join(dir, "io.stat"), 64<<10); err == nil {
+	if b, err = ReadSmall(filepath.Join(dir, "io.stat"), 64<<10); err == nil {
 		for l := range strings.SplitSeq(string(b), "\n") {
 			for _, f := range strings.Fields(l) {
 				k, v, ok := strings.Cut(f, "=")
@@ -240,7 +241,7 @@ func readCgroupMetrics(dir string) (resMetrics, error) {
 			}
 		}
 	}
-	if b, err = readSmall(filepath.Join(dir, "pids.current"), 64); err == nil {
+	if b, err = ReadSmall(filepath.Join(dir, "pids.current"), 64); err == nil {
 		n, _ := strconv.Atoi(string(bytes.TrimSpace(b)))
 		m.PidsCur = n
 	}
