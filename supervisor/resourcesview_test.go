@@ -1,10 +1,10 @@
 package supervisor
 
 import (
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 	"context"
 	"encoding/json"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 	"io"
 	"log/slog"
 	"os"
