@@ -1,4 +1,4 @@
-package supervisor
+package attribution
 
 import (
 	"context"
@@ -14,34 +14,33 @@ import (
 // limit records in chronological order and say when they truncated.
 func TestActivityStoreBoundAndFilters(t *testing.T) {
 	ctx := context.Background()
-	st, err := openStore(ctx, t.TempDir())
-	if err != nil {
+	st := testStore(t)
+	if err := st.InitActivity(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { st.close() })
 	t0 := time.UnixMilli(1_700_000_000_000)
-	rec := func(i int, ws, path, newPath string) activityRecord {
+	rec := func(i int, ws, path, newPath string) ActivityRecord {
 		at := t0.Add(time.Duration(i) * time.Millisecond)
-		return activityRecord{TS: at.UTC().Format(time.RFC3339Nano), WorkspaceSessionID: ws, Op: "write", Path: path, NewPath: newPath, Source: "fuse", at: at}
+		return ActivityRecord{TS: at.UTC().Format(time.RFC3339Nano), WorkspaceSessionID: ws, Op: "write", Path: path, NewPath: newPath, Source: "fuse", At: at}
 	}
-	var batch []activityRecord
+	var batch []ActivityRecord
 	for i := range 30 {
 		batch = append(batch, rec(i, "ws-a", fmt.Sprintf("dir/f%02d", i), ""))
 	}
-	if err := st.appendActivity(ctx, "sbx-1", batch, 25); err != nil {
+	if err := st.AppendActivity(ctx, "sbx-1", batch, 25); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.appendActivity(ctx, "sbx-2", []activityRecord{rec(0, "ws-x", "dir/f00", "")}, 25); err != nil {
+	if err := st.AppendActivity(ctx, "sbx-2", []ActivityRecord{rec(0, "ws-x", "dir/f00", "")}, 25); err != nil {
 		t.Fatal(err)
 	}
-	more := []activityRecord{rec(30, "ws-b", "dirx/a", ""), rec(31, "ws-b", "tmp/save", "dir/target"), rec(32, "ws-b", "dir", "")}
-	if err := st.appendActivity(ctx, "sbx-1", more, 25); err != nil {
+	more := []ActivityRecord{rec(30, "ws-b", "dirx/a", ""), rec(31, "ws-b", "tmp/save", "dir/target"), rec(32, "ws-b", "dir", "")}
+	if err := st.AppendActivity(ctx, "sbx-1", more, 25); err != nil {
 		t.Fatal(err)
 	}
 	paths := func(rs []json.RawMessage) []string {
 		var out []string
 		for _, r := range rs {
-			var a activityRecord
+			var a ActivityRecord
 			if err := json.Unmarshal(r, &a); err != nil {
 				t.Fatal(err)
 			}
@@ -52,20 +51,20 @@ func TestActivityStoreBoundAndFilters(t *testing.T) {
 	tests := []struct {
 		name      string
 		sandbox   string
-		q         activityQuery
+		q         ActivityQuery
 		want      string
 		truncated bool
 	}{
-		{"bounded to the newest 25", "sbx-1", activityQuery{sinceMs: -1, limit: 1000}, "[dir/f08 dir/f09 dir/f10 dir/f11 dir/f12 dir/f13 dir/f14 dir/f15 dir/f16 dir/f17 dir/f18 dir/f19 dir/f20 dir/f21 dir/f22 dir/f23 dir/f24 dir/f25 dir/f26 dir/f27 dir/f28 dir/f29 dirx/a tmp/save dir]", false},
-		{"other sandbox untouched", "sbx-2", activityQuery{sinceMs: -1, limit: 10}, "[dir/f00]", false},
-		{"limit keeps the newest", "sbx-1", activityQuery{sinceMs: -1, limit: 2}, "[tmp/save dir]", true},
-		{"session", "sbx-1", activityQuery{sessionID: "ws-b", sinceMs: -1, limit: 10}, "[dirx/a tmp/save dir]", false},
-		{"path prefix by component and rename target", "sbx-1", activityQuery{sessionID: "ws-b", path: "dir", sinceMs: -1, limit: 10}, "[tmp/save dir]", false},
-		{"since inclusive", "sbx-1", activityQuery{sinceMs: t0.Add(31 * time.Millisecond).UnixMilli(), limit: 10}, "[tmp/save dir]", false},
+		{"bounded to the newest 25", "sbx-1", ActivityQuery{SinceMs: -1, Limit: 1000}, "[dir/f08 dir/f09 dir/f10 dir/f11 dir/f12 dir/f13 dir/f14 dir/f15 dir/f16 dir/f17 dir/f18 dir/f19 dir/f20 dir/f21 dir/f22 dir/f23 dir/f24 dir/f25 dir/f26 dir/f27 dir/f28 dir/f29 dirx/a tmp/save dir]", false},
+		{"other sandbox untouched", "sbx-2", ActivityQuery{SinceMs: -1, Limit: 10}, "[dir/f00]", false},
+		{"limit keeps the newest", "sbx-1", ActivityQuery{SinceMs: -1, Limit: 2}, "[tmp/save dir]", true},
+		{"session", "sbx-1", ActivityQuery{SessionID: "ws-b", SinceMs: -1, Limit: 10}, "[dirx/a tmp/save dir]", false},
+		{"path prefix by component and rename target", "sbx-1", ActivityQuery{SessionID: "ws-b", Path: "dir", SinceMs: -1, Limit: 10}, "[tmp/save dir]", false},
+		{"since inclusive", "sbx-1", ActivityQuery{SinceMs: t0.Add(31 * time.Millisecond).UnixMilli(), Limit: 10}, "[tmp/save dir]", false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			rs, truncated, err := st.queryActivity(ctx, tc.sandbox, tc.q)
+			rs, truncated, err := st.QueryActivity(ctx, tc.sandbox, tc.q)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -74,16 +73,16 @@ func TestActivityStoreBoundAndFilters(t *testing.T) {
 			}
 		})
 	}
-	if err := st.deleteSandboxActivity(ctx, "sbx-1"); err != nil {
+	if err := st.DeleteSandboxActivity(ctx, "sbx-1"); err != nil {
 		t.Fatal(err)
 	}
-	if rs, _, _ := st.queryActivity(ctx, "sbx-1", activityQuery{sinceMs: -1, limit: 10}); len(rs) != 0 {
+	if rs, _, _ := st.QueryActivity(ctx, "sbx-1", ActivityQuery{SinceMs: -1, Limit: 10}); len(rs) != 0 {
 		t.Fatalf("rows left after delete: %d", len(rs))
 	}
 }
 
 // TestRangeAttribution: a checkpoint line span is credited to the latest
-// overlapping write range; lineSpans matches textLines.
+// overlapping write range; lineSpans follows the one line rule.
 func TestRangeAttribution(t *testing.T) {
 	content := []byte("A1\nB1\nA2\nno newline")
 	spans := lineSpans(content)
@@ -97,7 +96,7 @@ func TestRangeAttribution(t *testing.T) {
 			t.Errorf("line %d: %q %v, want %q", i+1, got, ok, want)
 		}
 	}
-	if lineSpans([]byte("a\rb\n")) != nil {
-		t.Error("lone CR: spans must be refused")
+	if got := fmt.Sprint(lineSpans([]byte("a\rb\r\nc"))); got != "[[0 2] [2 5] [5 6]]" {
+		t.Errorf("lone CR and CRLF: spans %v", got)
 	}
 }
