@@ -97,8 +97,8 @@ func TestMergeBlameAgree(t *testing.T) {
 		}
 		return strings.Join(base, ""), strings.Join(sess, "")
 	}
-	longBase, longSess := long(1, 6000)
-	long2Base, long2Sess := long(2, 3000)
+	longBase, longSess := long(1, 4000)
+	long2Base, long2Sess := long(2, 2500)
 	cases := []struct{ name, base, sess string }{
 		{"crlf to lf", "a\r\nb\r\nc\r\nd\r\n", "a\r\nb\nc\r\nd\r\n"},
 		{"lf to crlf all", "a\nb\nc\n", "a\r\nb\r\nc\r\n"},
@@ -120,7 +120,7 @@ func TestMergeBlameAgree(t *testing.T) {
 				t.Fatalf("blame sees %d session lines, the contract %d", len(origins), len(sess))
 			}
 			regions := regionsOf(origins, len(base))
-			step := max(1, len(base)/400)
+			step := max(1, len(base)/150)
 			for i := 0; i < len(base); i += step {
 				head := append([]string(nil), base...)
 				head[i] = fmt.Sprintf("HEAD %d\n", i)
