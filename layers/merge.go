@@ -63,10 +63,12 @@ const (
 // Otherwise all three must be at most MaxFileBytes (else "too_large") and
 // contain no NUL byte and be valid UTF-8 (else "not_text").
 //
-// Lines end after each "\n" and keep it ("\r\n" stays inside the line, a last
-// line without "\n" is a line of its own), so terminators and a missing final
-// newline survive byte for byte. Each side is diffed against base with Myers'
-// algorithm (minimal line edit script). When its edit distance exceeds
+// Lines are split and compared by the module's one line rule (linediff.go:
+// terminators "\r\n", "\n" and lone "\r" stay inside their line, a last
+// line without one is a line of its own), so terminators and a missing final
+// newline survive byte for byte, and blame sees the same changed lines. Each
+// side is diffed against base with Myers' algorithm (minimal line edit
+// script). When its edit distance exceeds
 // MaxEditDistance, or the search exceeds a fixed work budget (m3DiffBudget),
 // the side degrades to one coarse region replacing everything between the
 // common prefix and suffix, which conflicts with any change of the other side
@@ -115,14 +117,6 @@ func Merge3(base, head, session []byte, opt MergeOptions) MergeResult {
 	return lt.combine(b, h, s, hr, sr, max(len(head), len(session)))
 }
 
-// m3DiffBudget bounds the work of one Myers search (diagonal visits plus
-// snake steps, a few nanoseconds each) so that a pathological input, such as
-// a large file shuffled on one side, cannot hold the publish lock for long:
-// beyond it the diff degrades as beyond the edit distance cap. Usual edits
-// need far less (moving 5% of a 200,000-line file: about 10^8). A variable
-// for tests only.
-var m3DiffBudget = 1 << 27
-
 func m3Clean(content []byte) MergeResult {
 	merged := make([]byte, len(content))
 	copy(merged, content)
@@ -131,33 +125,6 @@ func m3Clean(content []byte) MergeResult {
 
 func m3IsText(p []byte) bool {
 	return bytes.IndexByte(p, 0) < 0 && utf8.Valid(p)
-}
-
-// m3Lines interns lines: equal lines of the three files share one id.
-type m3Lines struct {
-	ids   map[string]int32
-	texts []string
-}
-
-func (lt *m3Lines) split(data []byte) []int32 {
-	out := make([]int32, 0, bytes.Count(data, []byte{'\n'})+1)
-	for len(data) > 0 {
-		n := len(data)
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			n = i + 1
-		}
-		line := data[:n]
-		data = data[n:]
-		id, ok := lt.ids[string(line)]
-		if !ok {
-			id = int32(len(lt.texts))
-			s := string(line)
-			lt.ids[s] = id
-			lt.texts = append(lt.texts, s)
-		}
-		out = append(out, id)
-	}
-	return out
 }
 
 // text joins the lines ids, cut to at most limit bytes at a UTF-8 boundary.
@@ -183,16 +150,6 @@ func (lt *m3Lines) appendLines(dst []byte, ids []int32) []byte {
 		dst = append(dst, lt.texts[id]...)
 	}
 	return dst
-}
-
-// m3Region is one change of a side: base lines [bs, be) are replaced by the
-// side's lines [ns, ne). bs == be is a pure insertion before base line bs.
-// The regions of one side are sorted and separated by at least one unchanged
-// line. coarse marks the single region of a side whose diff degraded
-// (edit distance beyond the cap).
-type m3Region struct {
-	bs, be, ns, ne int
-	coarse         bool
 }
 
 // combine groups the regions of both sides and builds the result.
@@ -323,256 +280,4 @@ func m3EqualIDs(a, b []int32) bool {
 		}
 	}
 	return true
-}
-
-// m3Diff returns the regions of a minimal line edit script from a to b, or,
-// when its edit distance exceeds limit or finding it exceeds the work budget,
-// the single coarse region covering all but the common prefix and suffix.
-// nids bounds the line ids.
-//
-// Lines present in only one of the two middles can never match: they are
-// marked at once and Myers runs on the rest (same LCS, so still minimal),
-// which keeps the usual edits (new or removed text) cheap whatever the size.
-func m3Diff(a, b []int32, limit, nids int) []m3Region {
-	lo := 0
-	for lo < len(a) && lo < len(b) && a[lo] == b[lo] {
-		lo++
-	}
-	ea, eb := len(a), len(b)
-	for ea > lo && eb > lo && a[ea-1] == b[eb-1] {
-		ea--
-		eb--
-	}
-	if ea == lo && eb == lo {
-		return nil
-	}
-	if ea == lo || eb == lo {
-		return []m3Region{{bs: lo, be: ea, ns: lo, ne: eb}}
-	}
-	whole := []m3Region{{bs: lo, be: ea, ns: lo, ne: eb, coarse: true}}
-	am, bm := a[lo:ea], b[lo:eb]
-	ca, cb := make([]int32, nids), make([]int32, nids)
-	for _, id := range am {
-		ca[id]++
-	}
-	for _, id := range bm {
-		cb[id]++
-	}
-	// Σ |count_a(line) − count_b(line)| bounds the distance from below: a
-	// rewrite is refused in O(n+m).
-	lb := 0
-	for id := range ca {
-		lb += int(max(ca[id]-cb[id], cb[id]-ca[id]))
-	}
-	if lb > limit {
-		return whole
-	}
-	delA, insB := make([]bool, len(a)), make([]bool, len(b))
-	var ka, kb []int32 // kept positions in am, bm
-	var a2, b2 []int32
-	for i, id := range am {
-		if cb[id] == 0 {
-			delA[lo+i] = true
-		} else {
-			ka, a2 = append(ka, int32(i)), append(a2, id)
-		}
-	}
-	for j, id := range bm {
-		if ca[id] == 0 {
-			insB[lo+j] = true
-		} else {
-			kb, b2 = append(kb, int32(j)), append(b2, id)
-		}
-	}
-	limit -= len(am) - len(a2) + len(bm) - len(b2)
-	if len(a2) > 0 || len(b2) > 0 {
-		z := (min(limit, len(a2)+len(b2))+1)/2 + 2
-		d := m3Differ{
-			a: a2, b: b2,
-			delA: make([]bool, len(a2)), insB: make([]bool, len(b2)),
-			fd: make([]int, 2*z+1), bd: make([]int, 2*z+1), z: z,
-			budget: m3DiffBudget,
-		}
-		if !d.compare(0, len(a2), 0, len(b2), limit) {
-			return whole
-		}
-		for p, del := range d.delA {
-			if del {
-				delA[lo+int(ka[p])] = true
-			}
-		}
-		for p, ins := range d.insB {
-			if ins {
-				insB[lo+int(kb[p])] = true
-			}
-		}
-	}
-	return m3Regions(delA, insB)
-}
-
-// m3Regions turns the marks of an edit script into maximal change regions.
-func m3Regions(delA, insB []bool) []m3Region {
-	var out []m3Region
-	i, j := 0, 0
-	for i < len(delA) || j < len(insB) {
-		if (i < len(delA) && delA[i]) || (j < len(insB) && insB[j]) {
-			r := m3Region{bs: i, ns: j}
-			for i < len(delA) && delA[i] {
-				i++
-			}
-			for j < len(insB) && insB[j] {
-				j++
-			}
-			r.be, r.ne = i, j
-			out = append(out, r)
-			continue
-		}
-		i++
-		j++
-	}
-	return out
-}
-
-// m3Differ is the linear-space variant of Myers' O(ND) algorithm, after GNU
-// diffutils' diffseq.h (compareseq/diag) without its heuristics: the script
-// is minimal. delA marks deleted lines of a, insB inserted lines of b.
-type m3Differ struct {
-	a, b       []int32
-	delA, insB []bool
-	fd, bd     []int // furthest x per diagonal, forward and backward, indexed k-mid+z
-	z          int
-	budget     int // diagonal visits and snake steps left
-}
-
-// compare diffs a[xoff:xlim] with b[yoff:ylim]; false when the edit distance
-// exceeds limit (only checked for the outermost call: the halves are cheaper)
-// or the work budget runs out.
-func (d *m3Differ) compare(xoff, xlim, yoff, ylim, limit int) bool {
-	for xoff < xlim && yoff < ylim && d.a[xoff] == d.b[yoff] {
-		xoff++
-		yoff++
-	}
-	for xlim > xoff && ylim > yoff && d.a[xlim-1] == d.b[ylim-1] {
-		xlim--
-		ylim--
-	}
-	switch {
-	case xoff == xlim:
-		for y := yoff; y < ylim; y++ {
-			d.insB[y] = true
-		}
-		return true
-	case yoff == ylim:
-		for x := xoff; x < xlim; x++ {
-			d.delA[x] = true
-		}
-		return true
-	}
-	xmid, ymid, ok := d.diag(xoff, xlim, yoff, ylim, limit)
-	if !ok {
-		return false
-	}
-	if (xmid == xoff && ymid == yoff) || (xmid == xlim && ymid == ylim) {
-		// Cannot happen once prefix and suffix are trimmed (the distance is
-		// then at least 2 and splits in two non-empty halves); stay finite.
-		for x := xoff; x < xlim; x++ {
-			d.delA[x] = true
-		}
-		for y := yoff; y < ylim; y++ {
-			d.insB[y] = true
-		}
-		return true
-	}
-	return d.compare(xoff, xmid, yoff, ymid, math.MaxInt) && d.compare(xmid, xlim, ymid, ylim, math.MaxInt)
-}
-
-// diag finds a point (xmid, ymid) of a minimal path from (xoff, yoff) to
-// (xlim, ylim) by searching forward and backward at once. The region must
-// start and end with differing lines. false when the distance exceeds limit.
-func (d *m3Differ) diag(xoff, xlim, yoff, ylim, limit int) (int, int, bool) {
-	a, b, fd, bd, z := d.a, d.b, d.fd, d.bd, d.z
-	dmin, dmax := xoff-ylim, xlim-yoff // valid diagonals
-	fmid, bmid := xoff-yoff, xlim-ylim // centres of the two searches
-	fmin, fmax, bmin, bmax := fmid, fmid, bmid, bmid
-	odd := (fmid-bmid)&1 != 0
-	fo, bo := z-fmid, z-bmid // index offsets
-	fd[fmid+fo] = xoff
-	bd[bmid+bo] = xlim
-	for c := 1; ; c++ {
-		// Distance found in this round: 2c-1 forward (odd), 2c backward.
-		if cost := 2*c - m3B2i(odd); cost > limit {
-			return 0, 0, false
-		}
-		if fmin > dmin {
-			fmin--
-			fd[fmin-1+fo] = -1
-		} else {
-			fmin++
-		}
-		if fmax < dmax {
-			fmax++
-			fd[fmax+1+fo] = -1
-		} else {
-			fmax--
-		}
-		for k := fmax; k >= fmin; k -= 2 {
-			tlo, thi := fd[k-1+fo], fd[k+1+fo]
-			x := thi
-			if tlo >= thi {
-				x = tlo + 1
-			}
-			y := x - k
-			x0 := x
-			for x < xlim && y < ylim && a[x] == b[y] {
-				x++
-				y++
-			}
-			if d.budget -= 1 + x - x0; d.budget < 0 {
-				return 0, 0, false
-			}
-			fd[k+fo] = x
-			if odd && bmin <= k && k <= bmax && bd[k+bo] <= x {
-				return x, y, true
-			}
-		}
-		if bmin > dmin {
-			bmin--
-			bd[bmin-1+bo] = math.MaxInt
-		} else {
-			bmin++
-		}
-		if bmax < dmax {
-			bmax++
-			bd[bmax+1+bo] = math.MaxInt
-		} else {
-			bmax--
-		}
-		for k := bmax; k >= bmin; k -= 2 {
-			tlo, thi := bd[k-1+bo], bd[k+1+bo]
-			x := tlo
-			if tlo >= thi {
-				x = thi - 1
-			}
-			y := x - k
-			x0 := x
-			for x > xoff && y > yoff && a[x-1] == b[y-1] {
-				x--
-				y--
-			}
-			if d.budget -= 1 + x0 - x; d.budget < 0 {
-				return 0, 0, false
-			}
-			bd[k+bo] = x
-			if !odd && fmin <= k && k <= fmax && x <= fd[k+fo] {
-				return x, y, true
-			}
-		}
-	}
-}
-
-func m3B2i(v bool) int {
-	if v {
-		return 1
-	}
-	return 0
 }

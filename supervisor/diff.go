@@ -478,7 +478,7 @@ func (d *wsDiffer) file(it wsDiffItem) (wsDiffFile, error) {
 		f.DiffTruncated = true
 		return f, nil
 	}
-	text, err := udiff.ToUnified("a/"+it.path, "b/"+it.path, texts[0], udiff.Lines(texts[0], texts[1]), wsDiffContext)
+	text, err := udiff.ToUnified("a/"+it.path, "b/"+it.path, texts[0], wsDiffEdits(texts[0], texts[1]), wsDiffContext)
 	if err != nil {
 		return wsDiffFile{}, fmt.Errorf("diff %s: %w", it.path, err)
 	}
@@ -490,6 +490,17 @@ func (d *wsDiffer) file(it wsDiffItem) (wsDiffFile, error) {
 	d.budget -= int64(len(text))
 	f.Diff = &text
 	return f, nil
+}
+
+// wsDiffEdits are the hunks of the module's one line diff (layers), so the
+// rendered diff shows the lines blame and the publish merge see changed;
+// go-udiff only prints them.
+func wsDiffEdits(a, b string) []udiff.Edit {
+	var out []udiff.Edit
+	for _, e := range layers.TextEdits([]byte(a), []byte(b)) {
+		out = append(out, udiff.Edit{Start: e.Start, End: e.End, New: e.New})
+	}
+	return out
 }
 
 // headMoved reports whether head's fingerprint of p differs from base's.

@@ -469,8 +469,8 @@ func (s *Supervisor) layerOrigin(ctx context.Context, sandboxID, layerID string)
 		if rows.Scan(&text) != nil || json.Unmarshal([]byte(text), &rec) != nil {
 			continue
 		}
-		for _, o := range rec.lineOwners() {
-			if o.hasMeta() && o.LayerID == layerID {
+		for _, o := range rec.LineOwners() {
+			if o.HasMeta() && o.LayerID == layerID {
 				o.CommandSessionID = ""
 				return layerOrigin{owner: o, ts: rec.TS}, nil
 			}
@@ -1050,13 +1050,13 @@ func traceFile(p string, owners []lineOwner, lines []string, wholesale bool) atF
 	f := atFile{Path: p, Conversations: []atConversation{}}
 	at := map[blameKey]int{}
 	for _, rg := range tileRanges(owners, wholesale) {
-		k := rg.key()
+		k := rg.Key()
 		i, ok := at[k]
 		if !ok {
 			i = len(f.Conversations)
 			at[k] = i
 			meta := map[string]any{"owner": rg.Owner}
-			if rg.hasMeta() {
+			if rg.HasMeta() {
 				meta["workspace_session_id"], meta["command_session_id"], meta["agent"], meta["layer_id"] =
 					nullable(strings.TrimPrefix(rg.Owner, "workspace_session:")), nullable(rg.CommandSessionID), nullable(rg.Agent), nullable(rg.LayerID)
 				if !strings.HasPrefix(rg.Owner, "workspace_session:") {

@@ -15,6 +15,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/attribution"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 )
 
@@ -55,18 +56,8 @@ type leaseRecord struct {
 // starting commands, file operations, publish and destroy are serialized on
 // it, so a file operation never races a finalization. mu guards the rest.
 type session struct {
-	gate   sync.Mutex
-	attrMu sync.Mutex // serializes attribution checkpoints; guards the cached index below
-	// attrIdx caches the parsed checkpoint index with the mtime and size it
-	// was read at.
-	attrIdx     *ckIndex
-	attrIdxMod  time.Time
-	attrIdxSize int64
-	attrIdxIno  uint64
-	attrDirty   bool       // attrIdx is newer than index.json
-	attrSaved   time.Time  // when index.json was last written
-	actMu       sync.Mutex // serializes captures of file activity (activity.go)
-	fuse        *fuseAttr  // FUSE driver: write ranges since the last checkpoint (fuseattr.go)
+	gate sync.Mutex
+	attr attribution.Tracker // checkpoints, activity captures, FUSE write ranges
 
 	mu     sync.Mutex
 	rec    sessionRecord

@@ -1,4 +1,4 @@
-package supervisor
+package attribution
 
 import (
 	"context"
@@ -7,10 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
@@ -26,24 +26,26 @@ const auditSchema = `CREATE TABLE IF NOT EXISTS audit (
 		layer_id TEXT NOT NULL, record TEXT NOT NULL);
 	CREATE INDEX IF NOT EXISTS audit_by_path ON audit (sandbox_id, path, manifest_version)`
 
-// auditReady remembers the stores whose audit table exists.
-var auditReady sync.Map // *store → struct{}
+// Store is attribution's part of the state database: the audit and
+// file_activity tables. The state database's opener calls InitAudit and
+// InitActivity once; the other methods expect the tables.
+type Store struct{ DB *sql.DB }
 
-// initAudit creates the audit table and its index (idempotent). openStore
-// may call it; every audit access also creates the table on first use.
-func (s *store) initAudit(ctx context.Context) error {
-	if _, err := s.db.ExecContext(ctx, auditSchema); err != nil {
+// InitAudit creates the audit table and its index (idempotent).
+func (s Store) InitAudit(ctx context.Context) error {
+	if _, err := s.DB.ExecContext(ctx, auditSchema); err != nil {
 		return fmt.Errorf("init audit table: %w", err)
 	}
-	auditReady.Store(s, struct{}{})
 	return nil
 }
 
-func (s *store) ensureAudit(ctx context.Context) error {
-	if _, ok := auditReady.Load(s); ok {
-		return nil
-	}
-	return s.initAudit(ctx)
+// Audit is one sandbox's attribution: its audit rows in Store, its layer
+// stack, and where warnings go.
+type Audit struct {
+	SandboxID string
+	Stack     *layers.Stack
+	Store     Store
+	Log       *slog.Logger
 }
 
 // auditMeta is a record's default_meta.
@@ -54,8 +56,8 @@ type auditMeta struct {
 	TS               *string `json:"ts"`
 }
 
-// auditRecord is the record of §11.1.
-type auditRecord struct {
+// AuditRecord is the record of §11.1.
+type AuditRecord struct {
 	V               int          `json:"v"`
 	TS              string       `json:"ts"`
 	ManifestVersion int          `json:"manifest_version"`
@@ -66,38 +68,38 @@ type auditRecord struct {
 	Wholesale       bool         `json:"wholesale"`
 	DefaultOwner    string       `json:"default_owner"`
 	DefaultMeta     auditMeta    `json:"default_meta"`
-	OwnerRanges     []ownerRange `json:"owner_ranges"`
+	OwnerRanges     []OwnerRange `json:"owner_ranges"`
 }
 
-func (r *auditRecord) defaultOwner() lineOwner {
+func (r *AuditRecord) defaultOwner() LineOwner {
 	m := r.DefaultMeta
-	return lineOwner{Owner: r.DefaultOwner, CommandSessionID: deref(m.CommandSessionID), Agent: deref(m.Agent),
-		LayerID: deref(m.LayerID), TS: deref(m.TS)}
+	return LineOwner{Owner: r.DefaultOwner, CommandSessionID: Deref(m.CommandSessionID), Agent: Deref(m.Agent),
+		LayerID: Deref(m.LayerID), TS: Deref(m.TS)}
 }
 
-// lineOwners expands the record to one owner per line.
-func (r *auditRecord) lineOwners() []lineOwner {
-	out := repeatOwner(r.defaultOwner(), r.LineCount)
+// LineOwners expands the record to one owner per line.
+func (r *AuditRecord) LineOwners() []LineOwner {
+	out := RepeatOwner(r.defaultOwner(), r.LineCount)
 	for _, rg := range r.OwnerRanges {
 		for k := max(rg.StartLine, 1); k < rg.StartLine+rg.LineCount && k <= r.LineCount; k++ {
-			out[k-1] = rg.lineOwner
+			out[k-1] = rg.LineOwner
 		}
 	}
 	return out
 }
 
-// setOwners fills default_owner, default_meta and owner_ranges from one
+// SetOwners fills default_owner, default_meta and owner_ranges from one
 // owner per line: the owner of the most lines (ties: the first seen; never
 // an approximate one) becomes the default, every other run a sparse range.
 // A wholesale record gets one range covering all its lines. fallback is
 // the default when no line qualifies.
-func (r *auditRecord) setOwners(owners []lineOwner, fallback lineOwner) {
+func (r *AuditRecord) SetOwners(owners []LineOwner, fallback LineOwner) {
 	r.LineCount = len(owners)
 	def := fallback
 	if r.Wholesale && len(owners) > 0 {
 		def = owners[0]
 	} else {
-		count := map[lineOwner]int{}
+		count := map[LineOwner]int{}
 		best := 0
 		for _, o := range owners {
 			if o.Approximate {
@@ -118,12 +120,12 @@ func (r *auditRecord) setOwners(owners []lineOwner, fallback lineOwner) {
 	}
 	r.DefaultOwner = def.Owner
 	r.DefaultMeta = auditMeta{}
-	if def.hasMeta() {
-		r.DefaultMeta = auditMeta{nullable(def.CommandSessionID), nullable(def.Agent), nullable(def.LayerID), nullable(def.TS)}
+	if def.HasMeta() {
+		r.DefaultMeta = auditMeta{Nullable(def.CommandSessionID), Nullable(def.Agent), Nullable(def.LayerID), Nullable(def.TS)}
 	}
-	r.OwnerRanges = []ownerRange{}
+	r.OwnerRanges = []OwnerRange{}
 	if r.Wholesale {
-		r.OwnerRanges = append(r.OwnerRanges, ownerRange{StartLine: 1, LineCount: len(owners), lineOwner: def})
+		r.OwnerRanges = append(r.OwnerRanges, OwnerRange{StartLine: 1, LineCount: len(owners), LineOwner: def})
 		return
 	}
 	for i, o := range owners {
@@ -132,24 +134,21 @@ func (r *auditRecord) setOwners(owners []lineOwner, fallback lineOwner) {
 		}
 		if n := len(r.OwnerRanges); n > 0 {
 			last := &r.OwnerRanges[n-1]
-			if last.lineOwner == o && last.StartLine+last.LineCount == i+1 {
+			if last.LineOwner == o && last.StartLine+last.LineCount == i+1 {
 				last.LineCount++
 				continue
 			}
 		}
-		r.OwnerRanges = append(r.OwnerRanges, ownerRange{StartLine: i + 1, LineCount: 1, lineOwner: o})
+		r.OwnerRanges = append(r.OwnerRanges, OwnerRange{StartLine: i + 1, LineCount: 1, LineOwner: o})
 	}
 }
 
-// appendAudit inserts records in one transaction.
-func (s *store) appendAudit(ctx context.Context, sandboxID string, recs []auditRecord) error {
+// AppendAudit inserts records in one transaction.
+func (s Store) AppendAudit(ctx context.Context, sandboxID string, recs []AuditRecord) error {
 	if len(recs) == 0 {
 		return nil
 	}
-	if err := s.ensureAudit(ctx); err != nil {
-		return err
-	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("append audit: %w", err)
 	}
@@ -170,17 +169,14 @@ func (s *store) appendAudit(ctx context.Context, sandboxID string, recs []auditR
 	return nil
 }
 
-// latestAudit returns the newest record of a path with manifest_version ≤
+// LatestAudit returns the newest record of a path with manifest_version ≤
 // maxVersion (any version when maxVersion < 0), or nil.
-func (s *store) latestAudit(ctx context.Context, sandboxID, path string, maxVersion int) (*auditRecord, error) {
-	if err := s.ensureAudit(ctx); err != nil {
-		return nil, err
-	}
+func (s Store) LatestAudit(ctx context.Context, sandboxID, path string, maxVersion int) (*AuditRecord, error) {
 	if maxVersion < 0 {
 		maxVersion = int(^uint(0) >> 1)
 	}
 	var text string
-	err := s.db.QueryRowContext(ctx, `SELECT record FROM audit WHERE sandbox_id = ? AND path = ? AND manifest_version <= ?
+	err := s.DB.QueryRowContext(ctx, `SELECT record FROM audit WHERE sandbox_id = ? AND path = ? AND manifest_version <= ?
 		ORDER BY manifest_version DESC, seq DESC LIMIT 1`, sandboxID, path, maxVersion).Scan(&text)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
@@ -188,26 +184,23 @@ func (s *store) latestAudit(ctx context.Context, sandboxID, path string, maxVers
 	if err != nil {
 		return nil, fmt.Errorf("read audit %s: %w", path, err)
 	}
-	rec := &auditRecord{}
+	rec := &AuditRecord{}
 	if err := json.Unmarshal([]byte(text), rec); err != nil {
 		return nil, fmt.Errorf("read audit %s: corrupt record: %w", path, err)
 	}
 	return rec, nil
 }
 
-// deleteSandboxAudit removes the audit rows of a destroyed sandbox.
-func (s *store) deleteSandboxAudit(ctx context.Context, sandboxID string) error {
-	if err := s.ensureAudit(ctx); err != nil {
-		return err
-	}
-	if _, err := s.db.ExecContext(ctx, `DELETE FROM audit WHERE sandbox_id = ?`, sandboxID); err != nil {
+// DeleteSandboxAudit removes the audit rows of a destroyed sandbox.
+func (s Store) DeleteSandboxAudit(ctx context.Context, sandboxID string) error {
+	if _, err := s.DB.ExecContext(ctx, `DELETE FROM audit WHERE sandbox_id = ?`, sandboxID); err != nil {
 		return fmt.Errorf("delete audit of %s: %w", sandboxID, err)
 	}
 	return nil
 }
 
-// auditFile is one written path of a committed publish.
-type auditFile struct {
+// AuditFile is one written path of a committed publish.
+type AuditFile struct {
 	Path string
 	// Wholesale marks an ignored-route file (§9.2): one range, all lines,
 	// owned by Owner. Non-text files are wholesale anyway.
@@ -215,10 +208,10 @@ type auditFile struct {
 	// Owner is the publisher: workspace_session:<id> (with Agent and, when
 	// known, CommandSessionID) or operation:<request_id>. LayerID and TS
 	// default to the new layer and the record time.
-	Owner lineOwner
+	Owner LineOwner
 	// Session holds per-line attributions of the session's version of the
-	// file (sessionLineOwners); nil = every new line is Owner's.
-	Session []lineOwner
+	// file (Tracker.LineOwners); nil = every new line is Owner's.
+	Session []LineOwner
 	// SessionContent is the content Session describes. When nil, Session
 	// must describe the committed content line by line (else it is ignored).
 	SessionContent []byte
@@ -254,29 +247,29 @@ func committedManifests(st *layers.Stack, prev layers.Manifest, res layers.Publi
 	return layers.Manifest{}, layers.Manifest{}, fmt.Errorf("layer %s is no longer in head", res.LayerID)
 }
 
-// recordPublishAudit appends one audit record per committed regular file of
+// RecordPublish appends one audit record per committed regular file of
 // a publish (§11.1, §11.2). prev is the head the layer was committed on
 // (the zero Manifest: derive it from the current head). Lines kept from
 // prev's content keep their owners; other lines are the session's
 // (f.Session) or the publisher's. Failures are logged and returned, never
 // fatal to the publish.
-func (s *Supervisor) recordPublishAudit(ctx context.Context, sb *sandbox, prev layers.Manifest, res layers.PublishResult, files []auditFile) error {
+func (a *Audit) RecordPublish(ctx context.Context, prev layers.Manifest, res layers.PublishResult, files []AuditFile) error {
 	if res.NoOp || len(files) == 0 {
 		return nil
 	}
-	before, next, err := committedManifests(sb.stack, prev, res)
+	before, next, err := committedManifests(a.Stack, prev, res)
 	if err != nil {
-		s.log.Warn("audit.append_failed", "sandbox", sb.rec.ID, "layer_id", res.LayerID, "err", err)
+		a.Log.Warn("audit.append_failed", "sandbox", a.SandboxID, "layer_id", res.LayerID, "err", err)
 		return err
 	}
-	prevView, nextView := sb.stack.View(before), sb.stack.View(next)
-	ts := nowRFC3339()
-	recs := make([]auditRecord, 0, len(files))
+	prevView, nextView := a.Stack.View(before), a.Stack.View(next)
+	ts := now3339()
+	recs := make([]AuditRecord, 0, len(files))
 	var firstErr error
 	for _, f := range files {
-		rec, ok, err := s.auditRecordFor(ctx, sb, prevView, nextView, f, res, ts)
+		rec, ok, err := a.recordFor(ctx, prevView, nextView, f, res, ts)
 		if err != nil {
-			s.log.Warn("audit.append_failed", "sandbox", sb.rec.ID, "path", f.Path, "layer_id", res.LayerID, "err", err)
+			a.Log.Warn("audit.append_failed", "sandbox", a.SandboxID, "path", f.Path, "layer_id", res.LayerID, "err", err)
 			if firstErr == nil {
 				firstErr = err
 			}
@@ -286,35 +279,27 @@ func (s *Supervisor) recordPublishAudit(ctx context.Context, sb *sandbox, prev l
 			recs = append(recs, rec)
 		}
 	}
-	if err := s.store.appendAudit(ctx, sb.rec.ID, recs); err != nil {
-		s.log.Warn("audit.append_failed", "sandbox", sb.rec.ID, "layer_id", res.LayerID, "err", err)
+	if err := a.Store.AppendAudit(ctx, a.SandboxID, recs); err != nil {
+		a.Log.Warn("audit.append_failed", "sandbox", a.SandboxID, "layer_id", res.LayerID, "err", err)
 		return err
 	}
 	return firstErr
 }
 
-// auditSessionless records a sessionless file_write/file_edit of path
-// (owner operation:<request_id>, command_session_id null). Call it after a
-// successful Update; a no-op is ignored. prev may be the zero Manifest.
-func (s *Supervisor) auditSessionless(ctx context.Context, sb *sandbox, prev layers.Manifest, res layers.PublishResult, path, requestID string) {
-	s.recordLayerOrigin(ctx, sb, res, operationOwner(requestID))
-	_ = s.recordPublishAudit(ctx, sb, prev, res, []auditFile{{Path: path, Owner: operationOwner(requestID)}})
-}
-
-func (s *Supervisor) auditRecordFor(ctx context.Context, sb *sandbox, prevView, nextView *layers.View, f auditFile, res layers.PublishResult, ts string) (auditRecord, bool, error) {
+func (a *Audit) recordFor(ctx context.Context, prevView, nextView *layers.View, f AuditFile, res layers.PublishResult, ts string) (AuditRecord, bool, error) {
 	e, err := nextView.Lstat(f.Path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return auditRecord{}, false, nil // deleted: nothing to attribute
+		return AuditRecord{}, false, nil // deleted: nothing to attribute
 	}
 	if err != nil {
-		return auditRecord{}, false, err
+		return AuditRecord{}, false, err
 	}
 	if e.Kind != layers.KindFile {
-		return auditRecord{}, false, nil
+		return AuditRecord{}, false, nil
 	}
-	content, digest, text, err := readViewFile(nextView, f.Path)
+	content, digest, text, err := ReadViewFile(nextView, f.Path)
 	if err != nil {
-		return auditRecord{}, false, err
+		return AuditRecord{}, false, err
 	}
 	owner := f.Owner
 	if owner.LayerID == "" {
@@ -323,19 +308,19 @@ func (s *Supervisor) auditRecordFor(ctx context.Context, sb *sandbox, prevView, 
 	if owner.TS == "" {
 		owner.TS = ts
 	}
-	rec := auditRecord{V: 1, TS: ts, ManifestVersion: res.Revision.ManifestVersion, LayerID: res.LayerID, Path: f.Path, ContentDigest: digest}
+	rec := AuditRecord{V: 1, TS: ts, ManifestVersion: res.Revision.ManifestVersion, LayerID: res.LayerID, Path: f.Path, ContentDigest: digest}
 	if f.Wholesale || !text {
 		rec.Wholesale = true
-		rec.setOwners(repeatOwner(owner, max(blameLineCount(content, text, e.Size), 1)), owner)
+		rec.SetOwners(RepeatOwner(owner, max(BlameLineCount(content, text, e.Size), 1)), owner)
 		return rec, true, nil
 	}
-	lines := textLines(content)
-	var fromSession []lineOwner // per committed line, zero Owner = none
+	lines := TextLines(content)
+	var fromSession []LineOwner // per committed line, zero Owner = none
 	if f.Session != nil {
 		switch {
 		case f.SessionContent != nil:
-			fromSession = make([]lineOwner, len(lines))
-			for i, o := range originsOf(textLines(f.SessionContent), lines) {
+			fromSession = make([]LineOwner, len(lines))
+			for i, o := range lineOrigins(f.SessionContent, content) {
 				if o >= 0 && o < len(f.Session) {
 					fromSession[i] = f.Session[o]
 				}
@@ -344,9 +329,9 @@ func (s *Supervisor) auditRecordFor(ctx context.Context, sb *sandbox, prevView, 
 			fromSession = f.Session
 		}
 	}
-	prevOwners, prevContent := s.prevOwners(ctx, sb, prevView, f.Path)
-	owners := make([]lineOwner, len(lines))
-	for i, o := range originsOf(textLines(prevContent), lines) {
+	prevOwners, prevContent := a.prevOwners(ctx, prevView, f.Path)
+	owners := make([]LineOwner, len(lines))
+	for i, o := range lineOrigins(prevContent, content) {
 		switch {
 		case o >= 0:
 			owners[i] = prevOwners[o]
@@ -363,7 +348,7 @@ func (s *Supervisor) auditRecordFor(ctx context.Context, sb *sandbox, prevView, 
 			owners[i] = owner
 		}
 	}
-	rec.setOwners(owners, owner)
+	rec.SetOwners(owners, owner)
 	return rec, true, nil
 }
 
@@ -371,15 +356,15 @@ func (s *Supervisor) auditRecordFor(ctx context.Context, sb *sandbox, prevView, 
 // commit; nil when it was absent or not text. When the file there was
 // written by a recent layer whose record is not stored yet (a concurrent
 // publish still recording it) it waits for that record a little.
-func (s *Supervisor) prevOwners(ctx context.Context, sb *sandbox, v *layers.View, p string) ([]lineOwner, []byte) {
+func (a *Audit) prevOwners(ctx context.Context, v *layers.View, p string) ([]LineOwner, []byte) {
 	version := v.Manifest().Version
-	owners, content, text, _, err := s.viewOwners(ctx, sb, v, version, p)
+	owners, content, text, _, err := a.ViewOwners(ctx, v, version, p)
 	if err != nil || !text {
 		return nil, nil
 	}
-	if len(owners) == 0 || owners[0].Owner == ownerUnknown || owners[0].Owner == ownerOriginal {
-		if s.awaitAudit(ctx, sb, v, version, p) {
-			owners, content, _, _, _ = s.viewOwners(ctx, sb, v, version, p)
+	if len(owners) == 0 || owners[0].Owner == OwnerUnknown || owners[0].Owner == OwnerOriginal {
+		if a.awaitAudit(ctx, v, version, p) {
+			owners, content, _, _, _ = a.ViewOwners(ctx, v, version, p)
 		}
 	}
 	return owners, content
@@ -388,7 +373,7 @@ func (s *Supervisor) prevOwners(ctx context.Context, sb *sandbox, v *layers.View
 // awaitAudit waits up to a second for the record of the layer that wrote p
 // in v, when that layer was committed in the last few seconds and its
 // record is missing. It reports whether a matching record appeared.
-func (s *Supervisor) awaitAudit(ctx context.Context, sb *sandbox, v *layers.View, version int, p string) bool {
+func (a *Audit) awaitAudit(ctx context.Context, v *layers.View, version int, p string) bool {
 	e, err := v.Lstat(p)
 	if err != nil || !strings.HasPrefix(e.LayerID, "L") {
 		return false
@@ -397,12 +382,12 @@ func (s *Supervisor) awaitAudit(ctx context.Context, sb *sandbox, v *layers.View
 	if err != nil || lv > version {
 		return false
 	}
-	if fi, err := os.Stat(sb.stack.LayerDir(layers.LayerRef{LayerID: e.LayerID, Path: "layers/" + e.LayerID})); err != nil || time.Since(fi.ModTime()) > 5*time.Second {
+	if fi, err := os.Stat(a.Stack.LayerDir(layers.LayerRef{LayerID: e.LayerID, Path: "layers/" + e.LayerID})); err != nil || time.Since(fi.ModTime()) > 5*time.Second {
 		return false
 	}
 	deadline := time.Now().Add(time.Second)
 	for time.Now().Before(deadline) {
-		rec, err := s.store.latestAudit(ctx, sb.rec.ID, p, version)
+		rec, err := a.Store.LatestAudit(ctx, a.SandboxID, p, version)
 		if err != nil {
 			return false
 		}

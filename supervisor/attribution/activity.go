@@ -1,4 +1,4 @@
-package supervisor
+package attribution
 
 // File activity (§11.4): records of what changed inside workspace sessions,
 // kept in the state database's file_activity table, bounded per sandbox by
@@ -28,7 +28,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 )
 
@@ -41,8 +40,8 @@ const activitySchema = `CREATE TABLE IF NOT EXISTS file_activity (
 // activityMaxBytes caps one response (§10.1: 256 KiB, oldest dropped).
 const activityMaxBytes = 256 << 10
 
-// activityRecord is one record of §11.4.
-type activityRecord struct {
+// ActivityRecord is one record of §11.4.
+type ActivityRecord struct {
 	TS                 string  `json:"ts"`
 	WorkspaceSessionID string  `json:"workspace_session_id"`
 	CommandSessionID   *string `json:"command_session_id"`
@@ -54,20 +53,21 @@ type activityRecord struct {
 	Source             string  `json:"source"`
 	RequestID          string  `json:"request_id,omitempty"`
 
-	at time.Time
+	At time.Time `json:"-"` // ts as a time: the row's ts_ms
 }
 
-func (s *store) initActivity(ctx context.Context) error {
-	if _, err := s.db.ExecContext(ctx, activitySchema); err != nil {
+// InitActivity creates the file_activity table and its index (idempotent).
+func (s Store) InitActivity(ctx context.Context) error {
+	if _, err := s.DB.ExecContext(ctx, activitySchema); err != nil {
 		return fmt.Errorf("init file_activity table: %w", err)
 	}
 	return nil
 }
 
-// appendActivity inserts records and trims the sandbox's rows to max, in
+// AppendActivity inserts records and trims the sandbox's rows to max, in
 // one transaction.
-func (s *store) appendActivity(ctx context.Context, sandboxID string, recs []activityRecord, max int) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+func (s Store) AppendActivity(ctx context.Context, sandboxID string, recs []ActivityRecord, max int) error {
+	tx, err := s.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("file activity: %w", err)
 	}
@@ -82,7 +82,7 @@ func (s *store) appendActivity(ctx context.Context, sandboxID string, recs []act
 		if err != nil {
 			return fmt.Errorf("file activity: encode: %w", err)
 		}
-		if _, err := stmt.ExecContext(ctx, sandboxID, r.WorkspaceSessionID, r.at.UnixMilli(), r.Path, r.NewPath, string(b)); err != nil {
+		if _, err := stmt.ExecContext(ctx, sandboxID, r.WorkspaceSessionID, r.At.UnixMilli(), r.Path, r.NewPath, string(b)); err != nil {
 			return fmt.Errorf("file activity: insert: %w", err)
 		}
 	}
@@ -100,41 +100,42 @@ func (s *store) appendActivity(ctx context.Context, sandboxID string, recs []act
 	return nil
 }
 
-func (s *store) deleteSandboxActivity(ctx context.Context, sandboxID string) error {
-	if _, err := s.db.ExecContext(ctx, `DELETE FROM file_activity WHERE sandbox_id = ?`, sandboxID); err != nil {
+// DeleteSandboxActivity removes the file_activity rows of a destroyed sandbox.
+func (s Store) DeleteSandboxActivity(ctx context.Context, sandboxID string) error {
+	if _, err := s.DB.ExecContext(ctx, `DELETE FROM file_activity WHERE sandbox_id = ?`, sandboxID); err != nil {
 		return fmt.Errorf("delete file activity of %s: %w", sandboxID, err)
 	}
 	return nil
 }
 
-// activityQuery filters the file_activity view.
-type activityQuery struct {
-	sessionID string
-	path      string // normalized workspace path, "" = all
-	sinceMs   int64  // -1 = no bound
-	limit     int
+// ActivityQuery filters the file_activity view.
+type ActivityQuery struct {
+	SessionID string
+	Path      string // normalized workspace path, "" = all
+	SinceMs   int64  // -1 = no bound
+	Limit     int
 }
 
-// queryActivity returns the newest matching records, oldest first, and
+// QueryActivity returns the newest matching records, oldest first, and
 // whether older matching ones were left out (limit or byte cap).
-func (s *store) queryActivity(ctx context.Context, sandboxID string, q activityQuery) ([]json.RawMessage, bool, error) {
+func (s Store) QueryActivity(ctx context.Context, sandboxID string, q ActivityQuery) ([]json.RawMessage, bool, error) {
 	where, args := []string{"sandbox_id = ?"}, []any{sandboxID}
-	if q.sessionID != "" {
-		where, args = append(where, "session_id = ?"), append(args, q.sessionID)
+	if q.SessionID != "" {
+		where, args = append(where, "session_id = ?"), append(args, q.SessionID)
 	}
-	if q.path != "" {
+	if q.Path != "" {
 		// Prefix by component: the path itself or anything below it, as
 		// source or rename target. LIKE would treat % and _ in names as
 		// wildcards, so compare the prefix with substr.
-		pfx := q.path + "/"
+		pfx := q.Path + "/"
 		where = append(where, "(path = ? OR substr(path, 1, ?) = ? OR new_path = ? OR substr(new_path, 1, ?) = ?)")
-		args = append(args, q.path, len(pfx), pfx, q.path, len(pfx), pfx)
+		args = append(args, q.Path, len(pfx), pfx, q.Path, len(pfx), pfx)
 	}
-	if q.sinceMs >= 0 {
-		where, args = append(where, "ts_ms >= ?"), append(args, q.sinceMs)
+	if q.SinceMs >= 0 {
+		where, args = append(where, "ts_ms >= ?"), append(args, q.SinceMs)
 	}
-	args = append(args, q.limit+1)
-	rows, err := s.db.QueryContext(ctx, `SELECT record FROM file_activity WHERE `+strings.Join(where, " AND ")+
+	args = append(args, q.Limit+1)
+	rows, err := s.DB.QueryContext(ctx, `SELECT record FROM file_activity WHERE `+strings.Join(where, " AND ")+
 		` ORDER BY seq DESC LIMIT ?`, args...)
 	if err != nil {
 		return nil, false, fmt.Errorf("file activity: %w", err)
@@ -147,7 +148,7 @@ func (s *store) queryActivity(ctx context.Context, sandboxID string, q activityQ
 		if err := rows.Scan(&text); err != nil {
 			return nil, false, err
 		}
-		if len(newestFirst) == q.limit || bytes+len(text)+1 > activityMaxBytes {
+		if len(newestFirst) == q.Limit || bytes+len(text)+1 > activityMaxBytes {
 			truncated = true
 			break
 		}
@@ -164,58 +165,6 @@ func (s *store) queryActivity(ctx context.Context, sandboxID string, q activityQ
 	return out, truncated, nil
 }
 
-// activityEnabled: observability.enabled and file_activity.enabled.
-func (s *Supervisor) activityEnabled() bool {
-	return s.cfg.Observability.Enabled && s.cfg.Observability.FileActivity.Enabled
-}
-
-// recordActivity stores records of one sandbox. Observability never fails
-// a runtime operation: a storage error is logged and the records dropped.
-func (s *Supervisor) recordActivity(ctx context.Context, sb *sandbox, recs []activityRecord) {
-	if len(recs) == 0 || !s.activityEnabled() {
-		return
-	}
-	// Detached from the request: a cancelled request must not lose what
-	// already happened.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if err := s.store.appendActivity(ctx, sb.rec.ID, recs, s.cfg.Observability.FileActivity.MaxRecords); err != nil {
-		s.log.Warn("file_activity.dropped", "sandbox_id", sb.rec.ID, "records", len(recs), "err", err)
-	}
-}
-
-func (s *Supervisor) fileActivity(c *call) (any, error) {
-	q := activityQuery{sessionID: c.args.String("workspace_session_id"), sinceMs: -1, limit: 200}
-	if c.args.Has("path") {
-		p, perr := catalog.WorkspacePath(c.args.String("path"), true)
-		if perr != nil {
-			return nil, perr
-		}
-		q.path = p
-	}
-	if c.args.Has("since_ms") {
-		q.sinceMs = int64(c.args.Uint("since_ms"))
-	}
-	if v, explicit := c.req.Args["limit"]; explicit && v != nil {
-		q.limit = int(c.args.Uint("limit"))
-	}
-	out := map[string]any{"view": "file_activity", "sandbox_id": c.sb.rec.ID, "records": []json.RawMessage{}, "truncated": false}
-	if !s.activityEnabled() {
-		return out, nil
-	}
-	recs, truncated, err := s.store.queryActivity(c.ctx, c.sb.rec.ID, q)
-	if err != nil {
-		return nil, err
-	}
-	if recs != nil {
-		out["records"] = recs
-	}
-	out["truncated"] = truncated
-	return out, nil
-}
-
-// ---- capture (kernel driver) ----
-
 // upperState is what capture remembers of one upper-dir entry.
 type upperState struct {
 	Kind    string `json:"k"` // file, dir, symlink, whiteout, opaque (an opaque directory)
@@ -228,9 +177,9 @@ type upperState struct {
 
 const activityStateName = "activity.json"
 
-func loadUpperState(ss *session) map[string]upperState {
+func loadUpperState(dir string) map[string]upperState {
 	st := map[string]upperState{}
-	if b, err := os.ReadFile(filepath.Join(ss.dir, activityStateName)); err == nil {
+	if b, err := os.ReadFile(filepath.Join(dir, activityStateName)); err == nil {
 		_ = json.Unmarshal(b, &st)
 	}
 	return st
@@ -317,25 +266,22 @@ func isStagingName(name string) bool {
 	return strings.HasPrefix(name, ".wh..wh.")
 }
 
-// captureActivity records the upper-dir difference since the previous
-// capture (§11.4 capture). cmd is the command credited ("" for a file
+// CaptureActivity returns the records of the upper-dir difference since
+// the previous capture of w (§11.4 capture), remembering the new state. cmd is the command credited ("" for a file
 // operation), requestID the file operation's request; paths, when given,
 // limit the comparison to those workspace paths (a file operation's
 // target), else the whole upper is walked. source is "capture" for the
 // kernel driver and "fuse" for file operations of a FUSE session.
-func (s *Supervisor) captureActivity(ctx context.Context, sb *sandbox, ss *session, cmd, requestID, source string, paths ...string) {
-	if !s.activityEnabled() {
-		return
+func (t *Tracker) CaptureActivity(ctx context.Context, w Workspace, cmd, requestID, source string, paths ...string) []ActivityRecord {
+	t.actMu.Lock()
+	defer t.actMu.Unlock()
+	if _, err := os.Stat(w.Dir); err != nil {
+		return nil // destroyed
 	}
-	ss.actMu.Lock()
-	defer ss.actMu.Unlock()
-	if _, err := os.Stat(ss.dir); err != nil {
-		return // destroyed
-	}
-	prev := loadUpperState(ss)
-	root, err := layers.OpenRoot(ss.upper())
+	prev := loadUpperState(w.Dir)
+	root, err := layers.OpenRoot(w.Upper)
 	if err != nil {
-		return
+		return nil
 	}
 	defer root.Close()
 	var cur map[string]upperState
@@ -354,21 +300,20 @@ func (s *Supervisor) captureActivity(ctx context.Context, sb *sandbox, ss *sessi
 	} else {
 		cur = walkUpper(ctx, root)
 		if ctx.Err() != nil {
-			return
+			return nil
 		}
 	}
-	base, _ := sessionBase(ss)
-	view := sb.stack.View(base)
+	view := w.Base
 	now := time.Now()
 	var cmdPtr *string
 	if cmd != "" {
 		cmdPtr = &cmd
 	}
-	rec := func(op, p string, length *int64) activityRecord {
-		return activityRecord{TS: now.UTC().Format("2006-01-02T15:04:05.000Z"), WorkspaceSessionID: ss.id(), CommandSessionID: cmdPtr,
-			Op: op, Path: p, Length: length, Source: source, RequestID: requestID, at: now}
+	rec := func(op, p string, length *int64) ActivityRecord {
+		return ActivityRecord{TS: now.UTC().Format("2006-01-02T15:04:05.000Z"), WorkspaceSessionID: w.ID, CommandSessionID: cmdPtr,
+			Op: op, Path: p, Length: length, Source: source, RequestID: requestID, At: now}
 	}
-	var recs []activityRecord
+	var recs []ActivityRecord
 	names := make([]string, 0, len(cur)+len(prev))
 	for p := range cur {
 		names = append(names, p)
@@ -448,11 +393,11 @@ func (s *Supervisor) captureActivity(ctx context.Context, sb *sandbox, ss *sessi
 		}
 	}
 	if b, err := json.Marshal(cur); err == nil {
-		if err := writeFileAtomic(filepath.Join(ss.dir, activityStateName), b); err != nil {
-			s.log.Warn("file_activity.state", "workspace_session_id", ss.id(), "err", err)
+		if err := writeFileAtomic(filepath.Join(w.Dir, activityStateName), b); err != nil {
+			w.Log.Warn("file_activity.state", "workspace_session_id", w.ID, "err", err)
 		}
 	}
-	s.recordActivity(ctx, sb, recs)
+	return recs
 }
 
 // sameBaseContent reports whether the upper copy of p has the base's bytes.
@@ -463,23 +408,4 @@ func sameBaseContent(view *layers.View, p string, root *layers.Root) bool {
 	}
 	u, err := root.ReadFile(p)
 	return err == nil && string(u) == string(b)
-}
-
-// fileOpActivity records a session file operation (file_write, file_edit)
-// with its request_id: for the kernel driver through capture of the one
-// path, for the FUSE driver directly (the holder's own writes are not
-// among the FUSE records).
-func (s *Supervisor) fileOpActivity(ctx context.Context, sb *sandbox, ss *session, requestID, p string, created bool, size int) {
-	if ss.rec.OverlayDriver != "fuse" {
-		s.captureActivity(ctx, sb, ss, "", requestID, "capture", p)
-		return
-	}
-	now := time.Now()
-	op := "write"
-	if created {
-		op = "create"
-	}
-	n := int64(size)
-	s.recordActivity(ctx, sb, []activityRecord{{TS: now.UTC().Format("2006-01-02T15:04:05.000Z"), WorkspaceSessionID: ss.id(),
-		Op: op, Path: p, Length: &n, Source: "fuse", RequestID: requestID, at: now}})
 }

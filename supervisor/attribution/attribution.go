@@ -1,4 +1,4 @@
-package supervisor
+package attribution
 
 import (
 	"context"
@@ -8,10 +8,12 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -123,7 +125,38 @@ func ckKey(p string) string {
 	return hex.EncodeToString(sum[:16])
 }
 
-func attrDir(ss *session) string { return filepath.Join(ss.dir, "attribution") }
+// Workspace is what attribution needs of one workspace session: plain
+// values, never the session object.
+type Workspace struct {
+	ID    string  // workspace_session_id
+	Agent *string // the session's agent label
+	Dir   string  // the session's state directory (sessions/<id>)
+	Upper string  // the session's upper dir
+	Base  *layers.View
+	Log   *slog.Logger
+}
+
+// Tracker is one workspace session's attribution state: the cached
+// checkpoint index, the serialization of checkpoints and captures, and a
+// FUSE session's pending write ranges. The zero value is ready to use.
+type Tracker struct {
+	mu sync.Mutex // serializes checkpoints; guards the cached index below
+	// idx caches the parsed checkpoint index with the mtime, size and inode
+	// of index.json it was read from (or written to).
+	idx     *ckIndex
+	idxMod  time.Time
+	idxSize int64
+	idxIno  uint64
+	dirty   bool      // idx is newer than index.json
+	saved   time.Time // when index.json was last written
+
+	actMu sync.Mutex // serializes captures of file activity (activity.go)
+
+	fuseMu sync.Mutex
+	fuse   *fuseAttr // FUSE driver: write ranges since the last checkpoint (fuseattr.go)
+}
+
+func attrDir(w Workspace) string { return filepath.Join(w.Dir, "attribution") }
 
 // writeFileAtomic writes a file through a temporary name and a rename.
 func writeFileAtomic(p string, data []byte) error {
@@ -140,10 +173,10 @@ func writeFileAtomic(p string, data []byte) error {
 // cachedIndex returns the session's checkpoint index, parsing index.json
 // only when it changed: a publish asks once per committed file, and parsing
 // a 1,000-entry index 1,000 times made large publishes quadratic. The
-// caller holds ss.attrMu.
-func (ss *session) cachedIndex(dir string) *ckIndex {
-	if ss.attrIdx != nil && ss.attrDirty {
-		return ss.attrIdx // newer than index.json (a deferred write, FUSE driver)
+// caller holds t.mu.
+func (t *Tracker) cachedIndex(dir string) *ckIndex {
+	if t.idx != nil && t.dirty {
+		return t.idx // newer than index.json (a deferred write, FUSE driver)
 	}
 	st, err := os.Stat(filepath.Join(dir, attrIndexName))
 	var ino uint64
@@ -152,31 +185,31 @@ func (ss *session) cachedIndex(dir string) *ckIndex {
 			ino = sys.Ino // index.json is replaced by rename: a new inode
 		}
 	}
-	if err == nil && ss.attrIdx != nil && st.ModTime().Equal(ss.attrIdxMod) && st.Size() == ss.attrIdxSize && ino == ss.attrIdxIno {
-		return ss.attrIdx
+	if err == nil && t.idx != nil && st.ModTime().Equal(t.idxMod) && st.Size() == t.idxSize && ino == t.idxIno {
+		return t.idx
 	}
 	idx := loadIndex(dir)
 	if err == nil {
-		ss.attrIdx, ss.attrIdxMod, ss.attrIdxSize, ss.attrIdxIno = idx, st.ModTime(), st.Size(), ino
+		t.idx, t.idxMod, t.idxSize, t.idxIno = idx, st.ModTime(), st.Size(), ino
 	}
 	return idx
 }
 
 // saveIndex writes index.json and caches idx as what it holds. The caller
-// holds ss.attrMu.
-func (ss *session) saveIndex(dir string, idx *ckIndex) error {
+// holds t.mu.
+func (t *Tracker) saveIndex(dir string, idx *ckIndex) error {
 	b, err := json.Marshal(idx)
 	if err == nil {
 		err = writeFileAtomic(filepath.Join(dir, attrIndexName), b)
 	}
-	ss.attrIdx, ss.attrDirty, ss.attrSaved = idx, err != nil, time.Now()
+	t.idx, t.dirty, t.saved = idx, err != nil, time.Now()
 	if err != nil {
 		return err
 	}
 	if st, serr := os.Stat(filepath.Join(dir, attrIndexName)); serr == nil {
-		ss.attrIdxMod, ss.attrIdxSize = st.ModTime(), st.Size()
+		t.idxMod, t.idxSize = st.ModTime(), st.Size()
 		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
-			ss.attrIdxIno = sys.Ino
+			t.idxIno = sys.Ino
 		}
 	}
 	return nil
@@ -239,11 +272,11 @@ func loadCheckpoint(dir string, e *ckEntry) ([]ckLine, []byte, bool) {
 		return nil, nil, false
 	}
 	content, err := os.ReadFile(filepath.Join(dir, e.Key+".txt"))
-	if err != nil || contentDigest(content) != f.Digest {
+	if err != nil || ContentDigest(content) != f.Digest {
 		return nil, nil, false
 	}
 	lines := decodeRuns(f.Lines)
-	if len(lines) != len(textLines(content)) {
+	if len(lines) != len(TextLines(content)) {
 		return nil, nil, false
 	}
 	return lines, content, true
@@ -277,7 +310,7 @@ func isUpperWhiteout(root *layers.Root, rel string, st *unix.Stat_t) bool {
 	return false
 }
 
-// checkpointSession takes a checkpoint of a session (§11.3, kernel driver):
+// Checkpoint takes a checkpoint of a session (§11.3, kernel driver):
 // every text file of the upper dir that changed since the previous
 // checkpoint (size, mtime, ctime, inode; then content) is diffed against
 // its previous checkpoint, or against the base for a first change; kept
@@ -285,11 +318,11 @@ func isUpperWhiteout(root *layers.Root, rel string, st *unix.Stat_t) bool {
 // operation) with approximate set as given. With paths, only those
 // workspace-relative paths are examined (a file operation's own target).
 // Best effort: failures only lose attribution.
-func (s *Supervisor) checkpointSession(ctx context.Context, sb *sandbox, ss *session, commandID string, approximate bool, paths ...string) {
-	s.checkpointWith(ctx, sb, ss, ckLine{Cmd: commandID, Approx: approximate}, nil, false, paths...)
+func (t *Tracker) Checkpoint(ctx context.Context, w Workspace, commandID string, approximate bool, paths ...string) {
+	t.checkpointWith(ctx, w, ckLine{Cmd: commandID, Approx: approximate}, nil, false, paths...)
 }
 
-// checkpointWith is checkpointSession with the default writer of new lines
+// checkpointWith is Checkpoint with the default writer of new lines
 // given as a line (FUSE: Guess set) and, per path, the write ranges
 // reported since the previous checkpoint: a new line (or a guessed one)
 // that a range covers belongs to the range's writer.
@@ -298,28 +331,26 @@ func (s *Supervisor) checkpointSession(ctx context.Context, sb *sandbox, ss *ses
 // most every indexSaveEvery (a FUSE session checkpoints at every release
 // of a written handle: rewriting a large index each time made a command
 // writing thousands of files quadratic).
-func (s *Supervisor) checkpointWith(ctx context.Context, sb *sandbox, ss *session, line ckLine, ranges map[string][]writeRange, deferIndex bool, paths ...string) {
-	mu := &ss.attrMu // checkpoints of one session are serialized
-	mu.Lock()
-	defer mu.Unlock()
-	dir := attrDir(ss)
-	if _, err := os.Stat(ss.dir); err != nil {
+func (t *Tracker) checkpointWith(ctx context.Context, w Workspace, line ckLine, ranges map[string][]writeRange, deferIndex bool, paths ...string) {
+	t.mu.Lock() // checkpoints of one session are serialized
+	defer t.mu.Unlock()
+	dir := attrDir(w)
+	if _, err := os.Stat(w.Dir); err != nil {
 		return // destroyed
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		s.log.Warn("attribution.checkpoint_failed", "workspace_session_id", ss.id(), "err", err)
+		w.Log.Warn("attribution.checkpoint_failed", "workspace_session_id", w.ID, "err", err)
 		return
 	}
 	// The session's processes control the upper dir: read it beneath a
 	// Root, never through a symlink.
-	root, err := layers.OpenRoot(ss.upper())
+	root, err := layers.OpenRoot(w.Upper)
 	if err != nil {
 		return
 	}
 	defer root.Close()
-	base, _ := sessionBase(ss)
-	cp := &checkpointer{s: s, idx: ss.cachedIndex(dir), dir: dir, root: root, base: sb.stack.View(base),
-		ts: nowRFC3339(), line: line, ranges: ranges}
+	cp := &checkpointer{log: w.Log, idx: t.cachedIndex(dir), dir: dir, root: root, base: w.Base,
+		ts: now3339(), line: line, ranges: ranges}
 	cp.line.TS = cp.ts
 	if len(paths) > 0 {
 		for _, p := range paths {
@@ -351,17 +382,17 @@ func (s *Supervisor) checkpointWith(ctx context.Context, sb *sandbox, ss *sessio
 		}
 	}
 	if cp.changed {
-		ss.attrIdx, ss.attrDirty = cp.idx, true
+		t.idx, t.dirty = cp.idx, true
 	}
-	if ss.attrDirty && (!deferIndex || time.Since(ss.attrSaved) >= indexSaveEvery) {
-		if err := ss.saveIndex(dir, cp.idx); err != nil {
-			s.log.Warn("attribution.checkpoint_failed", "workspace_session_id", ss.id(), "err", err)
+	if t.dirty && (!deferIndex || time.Since(t.saved) >= indexSaveEvery) {
+		if err := t.saveIndex(dir, cp.idx); err != nil {
+			w.Log.Warn("attribution.checkpoint_failed", "workspace_session_id", w.ID, "err", err)
 		}
 	}
 }
 
 type checkpointer struct {
-	s       *Supervisor
+	log     *slog.Logger
 	idx     *ckIndex
 	dir     string
 	root    *layers.Root
@@ -402,22 +433,22 @@ func (cp *checkpointer) visit(p string) {
 	if prev != nil && prev.ckIdentity == id && len(rs) == 0 {
 		return // unchanged since the previous checkpoint
 	}
-	if st.Size > attrTextMax {
+	if st.Size > TextMax {
 		cp.set(p, &ckEntry{State: ckNonText, ckIdentity: id})
 		return
 	}
-	content, err := io.ReadAll(io.LimitReader(f, attrTextMax+1))
+	content, err := io.ReadAll(io.LimitReader(f, TextMax+1))
 	if err != nil {
 		return
 	}
-	digest := contentDigest(content)
+	digest := ContentDigest(content)
 	if prev != nil && prev.Digest == digest && (len(rs) == 0 || prev.State != ckStored) {
 		e := *prev
 		e.ckIdentity = id
 		cp.set(p, &e)
 		return
 	}
-	if !isText(content) {
+	if !IsText(content) {
 		cp.set(p, &ckEntry{State: ckNonText, Digest: digest, ckIdentity: id})
 		return
 	}
@@ -425,14 +456,14 @@ func (cp *checkpointer) visit(p string) {
 	if !ok {
 		// First change: the base's lines are nobody's in the session.
 		prevContent = nil
-		if b, err := cp.base.ReadFile(p); err == nil && isText(b) {
+		if b, err := cp.base.ReadFile(p); err == nil && IsText(b) {
 			prevContent = b
 		}
-		if prevContent != nil && contentDigest(prevContent) == digest {
+		if prevContent != nil && ContentDigest(prevContent) == digest {
 			cp.set(p, &ckEntry{State: ckBase, Digest: digest, ckIdentity: id})
 			return
 		}
-		prevLines = make([]ckLine, len(textLines(prevContent)))
+		prevLines = make([]ckLine, len(TextLines(prevContent)))
 		for i := range prevLines {
 			prevLines[i] = ckLine{Base: true}
 		}
@@ -473,7 +504,7 @@ func (cp *checkpointer) visit(p string) {
 		err = writeFileAtomic(filepath.Join(cp.dir, key+".json"), meta)
 	}
 	if err != nil {
-		cp.s.log.Warn("attribution.checkpoint_failed", "path", p, "err", err)
+		cp.log.Warn("attribution.checkpoint_failed", "path", p, "err", err)
 		dropCheckpoint(cp.dir, &ckEntry{Key: key})
 		delete(cp.idx.Files, p)
 		cp.changed = true
@@ -482,24 +513,23 @@ func (cp *checkpointer) visit(p string) {
 	cp.set(p, &ckEntry{State: ckStored, Key: key, Digest: digest, Bytes: int64(len(content)), ckIdentity: id})
 }
 
-// sessionAttribution returns the checkpointed writer of each line of
+// attribution returns the checkpointed writer of each line of
 // content (the session's current version of p), or nil without a
 // checkpoint. Lines changed after the last checkpoint have an empty Cmd and
 // TS (writer unknown).
-func (s *Supervisor) sessionAttribution(ss *session, p string, content []byte) []ckLine {
-	mu := &ss.attrMu // checkpoints of one session are serialized
-	mu.Lock()
-	dir := attrDir(ss)
-	e := ss.cachedIndex(dir).Files[p]
+func (t *Tracker) attribution(w Workspace, p string, content []byte) []ckLine {
+	t.mu.Lock() // checkpoints of one session are serialized
+	dir := attrDir(w)
+	e := t.cachedIndex(dir).Files[p]
 	lines, ckContent, ok := loadCheckpoint(dir, e)
-	mu.Unlock()
+	t.mu.Unlock()
 	if !ok {
 		return nil
 	}
-	if contentDigest(ckContent) == contentDigest(content) {
+	if ContentDigest(ckContent) == ContentDigest(content) {
 		return lines
 	}
-	out := make([]ckLine, len(textLines(content)))
+	out := make([]ckLine, len(TextLines(content)))
 	for i, o := range lineOrigins(ckContent, content) {
 		if o >= 0 && o < len(lines) {
 			out[i] = lines[o]
@@ -508,22 +538,21 @@ func (s *Supervisor) sessionAttribution(ss *session, p string, content []byte) [
 	return out
 }
 
-// sessionLineOwners returns the owner of each line of content, the
-// session's version of path, for publication (auditFile.Session with
+// LineOwners returns the owner of each line of content, the
+// session's version of path, for publication (AuditFile.Session with
 // SessionContent = content): workspace_session:<id> with the session's
 // agent and the checkpointed command_session_id and approximate flag (null
 // command for lines of file operations, of unknown writers and for lines
 // the session kept from its base). Call it before the session directory is
 // removed.
-func (s *Supervisor) sessionLineOwners(ss *session, path string, content []byte) []lineOwner {
-	_, rec := sessionBase(ss)
-	owner := sessionOwner(rec.WorkspaceSessionID, rec.Agent)
-	n := len(textLines(content))
-	out := repeatOwner(owner, n)
-	if !isText(content) {
+func (t *Tracker) LineOwners(w Workspace, path string, content []byte) []LineOwner {
+	owner := SessionOwner(w.ID, w.Agent)
+	n := len(TextLines(content))
+	out := RepeatOwner(owner, n)
+	if !IsText(content) {
 		return out
 	}
-	for i, l := range s.sessionAttribution(ss, path, content) {
+	for i, l := range t.attribution(w, path, content) {
 		if i < n && !l.Base {
 			out[i].CommandSessionID, out[i].TS, out[i].Approximate = l.Cmd, l.TS, l.Approx
 		}

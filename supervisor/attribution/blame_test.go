@@ -1,9 +1,9 @@
-package supervisor
+package attribution
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,14 +14,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	_ "modernc.org/sqlite" // the state database's driver
+
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 )
 
 // checkOrigins verifies that origins describe a common subsequence.
 func checkOrigins(t *testing.T, prev, next string, got []int) {
 	t.Helper()
-	a, b := textLines([]byte(prev)), textLines([]byte(next))
+	a, b := layers.SplitLines([]byte(prev)), layers.SplitLines([]byte(next))
 	if len(got) != len(b) {
 		t.Fatalf("len(origins) = %d, want %d", len(got), len(b))
 	}
@@ -30,7 +31,7 @@ func checkOrigins(t *testing.T, prev, next string, got []int) {
 		if i < 0 {
 			continue
 		}
-		if i <= last || i >= len(a) || a[i] != b[j] {
+		if i <= last || i >= len(a) || string(a[i]) != string(b[j]) {
 			t.Fatalf("origins %v: line %d → %d is not an increasing match", got, j, i)
 		}
 		last = i
@@ -56,11 +57,14 @@ func TestBlameLineOrigins(t *testing.T) {
 		{"swap lines", "x\ny\n", "y\nx\n", nil},
 		{"duplicates", "x\nx\nx\n", "x\ny\nx\nx\n", []int{0, -1, 1, 2}},
 		{"crlf insert", "a\r\nb\r\n", "a\r\nX\r\nb\r\n", []int{0, -1, 1}},
-		{"crlf to lf keeps lines", "a\r\nb\r\n", "a\nb\n", []int{0, 1}},
+		// The one line rule (layers/linediff.go): terminators are part of a
+		// line, as for the publish merge.
+		{"crlf to lf changes lines", "a\r\nb\r\n", "a\nb\n", []int{-1, -1}},
+		{"crlf to lf of one line", "a\r\nb\r\nc\r\n", "a\r\nb\nc\r\n", []int{0, -1, 2}},
 		{"lone cr", "a\rb\r", "a\rc\rb\r", []int{0, -1, 1}},
-		{"bom dropped", "\xef\xbb\xbfa\nb\n", "a\nb\n", []int{0, 1}},
-		{"no final newline, append", "a\nb", "a\nb\nc", []int{0, 1, -1}},
-		{"no final newline added", "a\nb\n", "a\nb", []int{0, 1}},
+		{"bom dropped changes the first line", "\xef\xbb\xbfa\nb\n", "a\nb\n", []int{-1, 1}},
+		{"no final newline, append", "a\nb", "a\nb\nc", []int{0, -1, -1}},
+		{"final newline removed", "a\nb\n", "a\nb", []int{0, -1}},
 		{"blank lines", "\n\n\n", "\n\nx\n\n", []int{0, 1, -1, 2}},
 	}
 	for _, tc := range cases {
@@ -84,8 +88,8 @@ func TestBlameLineOriginsBigFiles(t *testing.T) {
 		fmt.Fprintf(&sb, "line %07d of a rather long file, padded to some width....\n", i)
 	}
 	prev := sb.String()
-	if len(prev) > attrTextMax {
-		prev = prev[:strings.LastIndexByte(prev[:attrTextMax], '\n')+1]
+	if len(prev) > TextMax {
+		prev = prev[:strings.LastIndexByte(prev[:TextMax], '\n')+1]
 	}
 	lines := strings.SplitAfter(prev, "\n")
 	lines = lines[:len(lines)-1]
@@ -148,19 +152,19 @@ func TestBlameLineOriginsBigFiles(t *testing.T) {
 }
 
 var (
-	ownA = lineOwner{Owner: "operation:a", LayerID: "L000002-aaaaaaaa", TS: "2024-01-01T00:00:00.000Z"}
-	ownB = lineOwner{Owner: "workspace_session:ws-1", CommandSessionID: "cmd-1", Agent: "alice", LayerID: "L000003-bbbbbbbb", TS: "2024-01-02T00:00:00.000Z"}
-	ownC = lineOwner{Owner: ownerOriginal}
+	ownA = LineOwner{Owner: "operation:a", LayerID: "L000002-aaaaaaaa", TS: "2024-01-01T00:00:00.000Z"}
+	ownB = LineOwner{Owner: "workspace_session:ws-1", CommandSessionID: "cmd-1", Agent: "alice", LayerID: "L000003-bbbbbbbb", TS: "2024-01-02T00:00:00.000Z"}
+	ownC = LineOwner{Owner: OwnerOriginal}
 )
 
 func TestBlameRecordOwners(t *testing.T) {
-	owners := []lineOwner{ownA, ownA, ownB, ownA, ownC, ownC}
-	rec := auditRecord{V: 1, Path: "f"}
-	rec.setOwners(owners, ownB)
-	if rec.DefaultOwner != "operation:a" || deref(rec.DefaultMeta.LayerID) != ownA.LayerID || rec.DefaultMeta.CommandSessionID != nil {
+	owners := []LineOwner{ownA, ownA, ownB, ownA, ownC, ownC}
+	rec := AuditRecord{V: 1, Path: "f"}
+	rec.SetOwners(owners, ownB)
+	if rec.DefaultOwner != "operation:a" || Deref(rec.DefaultMeta.LayerID) != ownA.LayerID || rec.DefaultMeta.CommandSessionID != nil {
 		t.Fatalf("default: %+v", rec)
 	}
-	want := []ownerRange{{StartLine: 3, LineCount: 1, lineOwner: ownB}, {StartLine: 5, LineCount: 2, lineOwner: ownC}}
+	want := []OwnerRange{{StartLine: 3, LineCount: 1, LineOwner: ownB}, {StartLine: 5, LineCount: 2, LineOwner: ownC}}
 	if !reflect.DeepEqual(rec.OwnerRanges, want) || rec.LineCount != 6 {
 		t.Fatalf("ranges: %+v", rec.OwnerRanges)
 	}
@@ -186,34 +190,34 @@ func TestBlameRecordOwners(t *testing.T) {
 	if r1 := rs[1].(map[string]any); len(r1) != 3 || r1["owner"] != "original" {
 		t.Errorf("original range carries metadata: %v", r1)
 	}
-	var back auditRecord
+	var back AuditRecord
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	if got := back.lineOwners(); !reflect.DeepEqual(got, owners) {
+	if got := back.LineOwners(); !reflect.DeepEqual(got, owners) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", got, owners)
 	}
 
 	// Ties go to the first seen; approximate owners never become the default.
 	approx := ownB
 	approx.Approximate = true
-	tie := auditRecord{}
-	tie.setOwners([]lineOwner{ownB, ownA, approx, approx, approx, ownA, ownB}, ownC)
+	tie := AuditRecord{}
+	tie.SetOwners([]LineOwner{ownB, ownA, approx, approx, approx, ownA, ownB}, ownC)
 	if tie.DefaultOwner != ownB.Owner || len(tie.OwnerRanges) != 3 || tie.OwnerRanges[1].LineCount != 3 {
 		t.Fatalf("tie/approximate: default %s ranges %+v", tie.DefaultOwner, tie.OwnerRanges)
 	}
-	allApprox := auditRecord{}
-	allApprox.setOwners([]lineOwner{approx, approx}, ownA)
-	if allApprox.DefaultOwner != ownA.Owner || len(allApprox.OwnerRanges) != 1 || !allApprox.lineOwners()[1].Approximate {
+	allApprox := AuditRecord{}
+	allApprox.SetOwners([]LineOwner{approx, approx}, ownA)
+	if allApprox.DefaultOwner != ownA.Owner || len(allApprox.OwnerRanges) != 1 || !allApprox.LineOwners()[1].Approximate {
 		t.Fatalf("all approximate: %+v", allApprox)
 	}
-	empty := auditRecord{}
-	empty.setOwners(nil, ownA)
+	empty := AuditRecord{}
+	empty.SetOwners(nil, ownA)
 	if empty.DefaultOwner != ownA.Owner || empty.LineCount != 0 || empty.OwnerRanges == nil || len(empty.OwnerRanges) != 0 {
 		t.Fatalf("empty: %+v", empty)
 	}
-	whole := auditRecord{Wholesale: true}
-	whole.setOwners(repeatOwner(ownA, 3), ownA)
+	whole := AuditRecord{Wholesale: true}
+	whole.SetOwners(RepeatOwner(ownA, 3), ownA)
 	if len(whole.OwnerRanges) != 1 || whole.OwnerRanges[0].LineCount != 3 || whole.DefaultOwner != ownA.Owner {
 		t.Fatalf("wholesale: %+v", whole)
 	}
@@ -223,8 +227,8 @@ func TestBlameTileRanges(t *testing.T) {
 	later := ownB
 	later.TS = "2024-02-01T00:00:00.000Z"
 	later.Approximate = true
-	owners := []lineOwner{ownC, ownC, ownB, later, ownA, ownB}
-	got := tileRanges(owners, false)
+	owners := []LineOwner{ownC, ownC, ownB, later, ownA, ownB}
+	got := TileRanges(owners, false)
 	if len(got) != 4 {
 		t.Fatalf("ranges: %+v", got)
 	}
@@ -247,17 +251,17 @@ func TestBlameTileRanges(t *testing.T) {
 		!strings.Contains(string(b), `"approximate":true`) || strings.Contains(string(b), "wholesale") {
 		t.Fatalf("json: %s", b)
 	}
-	if w, _ := json.Marshal(tileRanges([]lineOwner{ownA}, true)); !strings.Contains(string(w), `"wholesale":true`) {
+	if w, _ := json.Marshal(TileRanges([]LineOwner{ownA}, true)); !strings.Contains(string(w), `"wholesale":true`) {
 		t.Fatalf("wholesale json: %s", w)
 	}
-	if r := tileRanges(nil, false); r == nil || len(r) != 0 {
+	if r := TileRanges(nil, false); r == nil || len(r) != 0 {
 		t.Fatalf("empty tiling: %#v", r)
 	}
 }
 
-// testSandbox is a supervisor with a state database and one sandbox with a
-// real LayerStack (no namespaces needed).
-func testSandbox(t *testing.T, files map[string]string) (*Supervisor, *sandbox) {
+// testAudit is one sandbox's attribution over a real LayerStack and a
+// state database with the audit table (no namespaces needed).
+func testAudit(t *testing.T, files map[string]string) *Audit {
 	t.Helper()
 	root := t.TempDir()
 	ws := filepath.Join(root, "ws")
@@ -274,52 +278,59 @@ func testSandbox(t *testing.T, files map[string]string) (*Supervisor, *sandbox) 
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	st, err := openStore(ctx, root)
+	st := testStore(t)
+	if err := st.InitAudit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stack, _, err := layers.Create(ctx, filepath.Join(root, "sandboxes", "sbx-test", "layerstack"), ws, layers.SnapshotOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { st.Close() })
-	if err := st.initAudit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	sbDir := filepath.Join(root, "sandboxes", "sbx-test")
-	stack, _, err := layers.Create(ctx, filepath.Join(sbDir, "layerstack"), ws, layers.SnapshotOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &Supervisor{store: st, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	sb := newSandbox(sandboxRecord{ID: "sbx-test"}, sbDir)
-	sb.stack = stack
-	return s, sb
+	return &Audit{SandboxID: "sbx-test", Stack: stack, Store: st, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 
+// testStore is a Store on a fresh SQLite database.
+func testStore(t *testing.T) Store {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return Store{DB: db}
+}
+
+func ptr[T any](v T) *T { return &v }
+
 // write publishes one sessionless write and records it as file_write does.
-func write(t *testing.T, s *Supervisor, sb *sandbox, p, content, requestID string) layers.PublishResult {
+func write(t *testing.T, a *Audit, p, content, requestID string) layers.PublishResult {
 	t.Helper()
 	var prev layers.Manifest
-	res, err := sb.stack.Update(context.Background(), func(v *layers.View) ([]layers.Change, error) {
+	res, err := a.Stack.Update(context.Background(), func(v *layers.View) ([]layers.Change, error) {
 		prev = v.Manifest()
 		return []layers.Change{{Kind: layers.ChangeWrite, Path: p, Mode: 0o644, Data: []byte(content)}}, nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if requestID != "" {
-		if requestID == "zero-prev" {
-			prev = layers.Manifest{}
-		}
-		s.auditSessionless(context.Background(), sb, prev, res, p, requestID)
+	if err := a.RecordPublish(context.Background(), prev, res, []AuditFile{{Path: p, Owner: OperationOwner(requestID)}}); err != nil {
+		t.Fatal(err)
 	}
 	return res
 }
 
-func blame(t *testing.T, s *Supervisor, sb *sandbox, p string) (map[string]any, error) {
+// blame is file_blame of head's p as JSON (line_count, ranges).
+func blame(t *testing.T, a *Audit, p string) (map[string]any, error) {
 	t.Helper()
-	out, err := s.fileBlame(&call{ctx: context.Background(), args: catalog.Args{"path": p}, sb: sb})
+	head, err := a.Stack.Head()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owners, _, _, wholesale, err := a.ViewOwners(context.Background(), a.Stack.View(head), head.Version, p)
 	if err != nil {
 		return nil, err
 	}
-	b, err := json.Marshal(out)
+	b, err := json.Marshal(map[string]any{"line_count": len(owners), "ranges": TileRanges(owners, wholesale)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,101 +367,16 @@ func owners(t *testing.T, m map[string]any) string {
 	return strings.Join(parts, " ")
 }
 
-func wantErrKind(t *testing.T, err error, kind string) *catalog.Error {
-	t.Helper()
-	var ce *catalog.Error
-	if !errors.As(err, &ce) || ce.Kind != kind {
-		t.Fatalf("want %s, got %v", kind, err)
-	}
-	return ce
-}
-
-func TestBlameHeadFromAudit(t *testing.T) {
-	s, sb := testSandbox(t, map[string]string{"base.txt": "one\ntwo\n", "dir/x": "x\n", "empty": ""})
-	m, err := blame(t, s, sb, "/workspace/base.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := owners(t, m); got != "original×2" || m["view"] != "head" || m["workspace_session_id"] != nil || m["path"] != "base.txt" {
-		t.Fatalf("base file: %v", m)
-	}
-	if rev := m["revision"].(map[string]any); rev["manifest_version"] != 1.0 {
-		t.Fatalf("revision %v", rev)
-	}
-
-	// Edit the base file: kept lines stay original.
-	write(t, s, sb, "base.txt", "zero\none\nTWO\n", "r1")
-	m, _ = blame(t, s, sb, "base.txt")
-	if got := owners(t, m); got != "operation:r1×1 original×1 operation:r1×1" {
-		t.Fatalf("after edit: %s", got)
-	}
-	r0 := m["ranges"].([]any)[0].(map[string]any)
-	if _, ok := r0["command_session_id"]; !ok || r0["command_session_id"] != nil || !strings.HasPrefix(r0["layer_id"].(string), "L000002-") || r0["ts"] == nil {
-		t.Fatalf("operation range metadata: %v", r0)
-	}
-	res := write(t, s, sb, "base.txt", "zero\none\nTWO\nthree\n", "zero-prev")
-	m, _ = blame(t, s, sb, "base.txt")
-	if got := owners(t, m); got != "operation:r1×1 original×1 operation:r1×1 operation:zero-prev×1" {
-		t.Fatalf("after second edit: %s", got)
-	}
-
-	// A write without its record: the digest no longer matches.
-	write(t, s, sb, "base.txt", "lost\n", "")
-	m, _ = blame(t, s, sb, "base.txt")
-	if got := owners(t, m); got != "unknown×1" {
-		t.Fatalf("lost record: %s", got)
-	}
-	write(t, s, sb, "base.txt", "lost\nfound\n", "r4")
-	m, _ = blame(t, s, sb, "base.txt")
-	if got := owners(t, m); got != "unknown×1 operation:r4×1" {
-		t.Fatalf("after lost record: %s", got)
-	}
-
-	// Empty, binary and big files.
-	m, _ = blame(t, s, sb, "empty")
-	if m["line_count"] != 0.0 || len(m["ranges"].([]any)) != 0 {
-		t.Fatalf("empty: %v", m)
-	}
-	write(t, s, sb, "bin", "a\x00b\nc\n", "rb")
-	m, _ = blame(t, s, sb, "bin")
-	if got := owners(t, m); got != "operation:rb×1(w)" {
-		t.Fatalf("binary: %s", got)
-	}
-	write(t, s, sb, "empty2", "", "re")
-	m, _ = blame(t, s, sb, "empty2")
-	if m["line_count"] != 0.0 || len(m["ranges"].([]any)) != 0 {
-		t.Fatalf("written empty: %v", m)
-	}
-
-	// Errors: directory, absent, deleted with a record.
-	_, err = blame(t, s, sb, "dir")
-	wantErrKind(t, err, catalog.InvalidRequest)
-	_, err = blame(t, s, sb, "nope.txt")
-	if ce := wantErrKind(t, err, catalog.NotFound); ce.Message != "file not found: nope.txt" || ce.Details["last_record_layer_id"] != nil {
-		t.Fatalf("absent: %v", ce)
-	}
-	_, err = blame(t, s, sb, "../x")
-	wantErrKind(t, err, catalog.InvalidRequest)
-	if _, err := sb.stack.Publish(context.Background(), []layers.Change{{Kind: layers.ChangeDelete, Path: "base.txt"}}); err != nil {
-		t.Fatal(err)
-	}
-	_, err = blame(t, s, sb, "base.txt")
-	if ce := wantErrKind(t, err, catalog.NotFound); !strings.HasPrefix(fmt.Sprint(ce.Details["last_record_layer_id"]), "L") {
-		t.Fatalf("deleted: %v", ce.Details)
-	}
-	_ = res
-}
-
 func TestBlamePublishWithSession(t *testing.T) {
-	s, sb := testSandbox(t, map[string]string{"f.txt": "a\nb\nc\n", "ign/log": "x\n"})
+	a := testAudit(t, map[string]string{"f.txt": "a\nb\nc\n", "ign/log": "x\n"})
 	ctx := context.Background()
-	pub := sessionOwner("ws-1", ptr("alice"))
+	pub := SessionOwner("ws-1", ptr("alice"))
 	sessionContent := "a\nS1\nb\nc\nS2\n"
-	sess := []lineOwner{pub, {Owner: pub.Owner, Agent: "alice", CommandSessionID: "cmd-1"}, pub, pub, {Owner: pub.Owner, Agent: "alice", CommandSessionID: "cmd-2", Approximate: true}}
+	sess := []LineOwner{pub, {Owner: pub.Owner, Agent: "alice", CommandSessionID: "cmd-1"}, pub, pub, {Owner: pub.Owner, Agent: "alice", CommandSessionID: "cmd-2", Approximate: true}}
 	var prev layers.Manifest
 	// The committed content merges a head-side change (H) with the session's.
 	committed := "H\na\nS1\nb\nc\nS2\n"
-	res, err := sb.stack.Update(ctx, func(v *layers.View) ([]layers.Change, error) {
+	res, err := a.Stack.Update(ctx, func(v *layers.View) ([]layers.Change, error) {
 		prev = v.Manifest()
 		return []layers.Change{
 			{Kind: layers.ChangeWrite, Path: "f.txt", Mode: 0o644, Data: []byte(committed)},
@@ -461,7 +387,7 @@ func TestBlamePublishWithSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = s.recordPublishAudit(ctx, sb, prev, res, []auditFile{
+	err = a.RecordPublish(ctx, prev, res, []AuditFile{
 		{Path: "f.txt", Owner: pub, Session: sess, SessionContent: []byte(sessionContent)},
 		{Path: "ign/log", Owner: pub, Wholesale: true},
 		{Path: "new.bin", Owner: pub},
@@ -470,7 +396,7 @@ func TestBlamePublishWithSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, _ := blame(t, s, sb, "f.txt")
+	m, _ := blame(t, a, "f.txt")
 	want := "workspace_session:ws-1×1 original×1 workspace_session:ws-1:cmd-1×1 original×2 workspace_session:ws-1:cmd-2×1"
 	if got := owners(t, m); got != want {
 		t.Fatalf("merged publish:\n got %s\nwant %s", got, want)
@@ -479,46 +405,46 @@ func TestBlamePublishWithSession(t *testing.T) {
 	if last["approximate"] != true || last["agent"] != "alice" || last["layer_id"] != res.LayerID {
 		t.Fatalf("session range: %v", last)
 	}
-	m, _ = blame(t, s, sb, "ign/log")
+	m, _ = blame(t, a, "ign/log")
 	if got := owners(t, m); got != "workspace_session:ws-1×2(w)" {
 		t.Fatalf("ignored route: %s", got)
 	}
-	rec, err := s.store.latestAudit(ctx, sb.rec.ID, "new.bin", -1)
+	rec, err := a.Store.LatestAudit(ctx, a.SandboxID, "new.bin", -1)
 	if err != nil || rec == nil || !rec.Wholesale || rec.LineCount != 1 || rec.ManifestVersion != 2 || rec.LayerID != res.LayerID {
 		t.Fatalf("binary record: %+v %v", rec, err)
 	}
-	if rec, _ := s.store.latestAudit(ctx, sb.rec.ID, "gone", -1); rec != nil {
+	if rec, _ := a.Store.LatestAudit(ctx, a.SandboxID, "gone", -1); rec != nil {
 		t.Fatalf("record for an unwritten path")
 	}
-	if err := s.store.deleteSandboxAudit(ctx, sb.rec.ID); err != nil {
+	if err := a.Store.DeleteSandboxAudit(ctx, a.SandboxID); err != nil {
 		t.Fatal(err)
 	}
-	if rec, _ := s.store.latestAudit(ctx, sb.rec.ID, "f.txt", -1); rec != nil {
+	if rec, _ := a.Store.LatestAudit(ctx, a.SandboxID, "f.txt", -1); rec != nil {
 		t.Fatalf("audit survives sandbox deletion")
 	}
 }
 
 // testSession is a session over the sandbox's head with a plain upper dir
 // (no holder: checkpoints only read the upper dir).
-func testSession(t *testing.T, sb *sandbox) *session {
+func testSession(t *testing.T, a *Audit) (Workspace, *Tracker) {
 	t.Helper()
-	head, err := sb.stack.Head()
+	head, err := a.Stack.Head()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ss := &session{dir: filepath.Join(sb.dir, "sessions", "ws-t"), rec: sessionRecord{WorkspaceSessionID: "ws-t", Agent: ptr("bob"),
-		BaseRevision: head.Revision(), Lease: leaseRecord{Layers: head.Layers}}}
+	dir := filepath.Join(t.TempDir(), "sessions", "ws-t")
+	w := Workspace{ID: "ws-t", Agent: ptr("bob"), Dir: dir, Upper: filepath.Join(dir, "upper"), Base: a.Stack.View(head), Log: a.Log}
 	for _, d := range []string{"upper", "attribution"} {
-		if err := os.MkdirAll(filepath.Join(ss.dir, d), 0o700); err != nil {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return ss
+	return w, &Tracker{}
 }
 
-func upperWrite(t *testing.T, ss *session, p, content string) {
+func upperWrite(t *testing.T, w Workspace, p, content string) {
 	t.Helper()
-	full := filepath.Join(ss.upper(), p)
+	full := filepath.Join(w.Upper, p)
 	if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -531,7 +457,7 @@ func upperWrite(t *testing.T, ss *session, p, content string) {
 	}
 }
 
-func cmdsOf(owners []lineOwner) string {
+func cmdsOf(owners []LineOwner) string {
 	var parts []string
 	for _, o := range owners {
 		c := o.CommandSessionID
@@ -550,40 +476,39 @@ func cmdsOf(owners []lineOwner) string {
 }
 
 func TestBlameCheckpoints(t *testing.T) {
-	s, sb := testSandbox(t, map[string]string{"f.txt": "a\nb\nc\n", "same.txt": "s\n"})
-	write(t, s, sb, "f.txt", "a\nb\nc\nd\n", "r1") // line d is operation:r1 in the base
+	a := testAudit(t, map[string]string{"f.txt": "a\nb\nc\n", "same.txt": "s\n"})
+	write(t, a, "f.txt", "a\nb\nc\nd\n", "r1") // line d is operation:r1 in the base
 	ctx := context.Background()
-	ss := testSession(t, sb)
+	w, tr := testSession(t, a)
 
-	upperWrite(t, ss, "f.txt", "a\nX\nb\nc\nd\n")
-	upperWrite(t, ss, "same.txt", "s\n") // copied up, unchanged
-	s.checkpointSession(ctx, sb, ss, "cmd-1", false)
-	upperWrite(t, ss, "f.txt", "a\nX\nb\nY\nc\nd\n")
-	upperWrite(t, ss, "n/new.txt", "n1\nn2\n")
-	s.checkpointSession(ctx, sb, ss, "cmd-2", true)
-	upperWrite(t, ss, "f.txt", "a\nX\nb\nY\nc\nd\nZ\n")
-	s.checkpointSession(ctx, sb, ss, "", false, "f.txt") // a file operation
-	s.checkpointSession(ctx, sb, ss, "cmd-3", false)     // nothing changed since
+	upperWrite(t, w, "f.txt", "a\nX\nb\nc\nd\n")
+	upperWrite(t, w, "same.txt", "s\n") // copied up, unchanged
+	tr.Checkpoint(ctx, w, "cmd-1", false)
+	upperWrite(t, w, "f.txt", "a\nX\nb\nY\nc\nd\n")
+	upperWrite(t, w, "n/new.txt", "n1\nn2\n")
+	tr.Checkpoint(ctx, w, "cmd-2", true)
+	upperWrite(t, w, "f.txt", "a\nX\nb\nY\nc\nd\nZ\n")
+	tr.Checkpoint(ctx, w, "", false, "f.txt") // a file operation
+	tr.Checkpoint(ctx, w, "cmd-3", false)     // nothing changed since
 
 	content := []byte("a\nX\nb\nY\nc\nd\nZ\n")
-	if got := cmdsOf(s.sessionLineOwners(ss, "f.txt", content)); got != "-,cmd-1,-,cmd-2~,-,-,-" {
+	if got := cmdsOf(tr.LineOwners(w, "f.txt", content)); got != "-,cmd-1,-,cmd-2~,-,-,-" {
 		t.Fatalf("sessionLineOwners: %s", got)
 	}
-	if got := cmdsOf(s.sessionLineOwners(ss, "n/new.txt", []byte("n1\nn2\n"))); got != "cmd-2~,cmd-2~" {
+	if got := cmdsOf(tr.LineOwners(w, "n/new.txt", []byte("n1\nn2\n"))); got != "cmd-2~,cmd-2~" {
 		t.Fatalf("new file: %s", got)
 	}
 	// Content changed after the last checkpoint: new lines have no writer.
-	if got := cmdsOf(s.sessionLineOwners(ss, "n/new.txt", []byte("n1\nlate\nn2\n"))); got != "cmd-2~,-,cmd-2~" {
+	if got := cmdsOf(tr.LineOwners(w, "n/new.txt", []byte("n1\nlate\nn2\n"))); got != "cmd-2~,-,cmd-2~" {
 		t.Fatalf("uncheckpointed change: %s", got)
 	}
-	if got := cmdsOf(s.sessionLineOwners(ss, "nothing.txt", []byte("q\n"))); got != "-" {
+	if got := cmdsOf(tr.LineOwners(w, "nothing.txt", []byte("q\n"))); got != "-" {
 		t.Fatalf("no checkpoint: %s", got)
 	}
 
 	// Session view: base lines keep the base's owners.
-	base, _ := sessionBase(ss)
 	read := func(b []byte) func() ([]byte, error) { return func() ([]byte, error) { return b, nil } }
-	got, wholesale, err := s.sessionBlameOwners(ctx, sb, ss, base, "f.txt", int64(len(content)), read(content))
+	got, wholesale, err := a.SessionBlameOwners(ctx, tr, w, "f.txt", int64(len(content)), read(content))
 	if err != nil || wholesale {
 		t.Fatal(err, wholesale)
 	}
@@ -595,45 +520,45 @@ func TestBlameCheckpoints(t *testing.T) {
 			t.Fatalf("session line metadata: %+v", o)
 		}
 	}
-	if got, _, _ := s.sessionBlameOwners(ctx, sb, ss, base, "same.txt", 2, read([]byte("s\n"))); cmdsOf(got) != "original" {
+	if got, _, _ := a.SessionBlameOwners(ctx, tr, w, "same.txt", 2, read([]byte("s\n"))); cmdsOf(got) != "original" {
 		t.Fatalf("unchanged copy-up: %s", cmdsOf(got))
 	}
 
 	// The index survives, and is rebuilt when lost.
-	if err := os.Remove(filepath.Join(attrDir(ss), attrIndexName)); err != nil {
+	if err := os.Remove(filepath.Join(attrDir(w), attrIndexName)); err != nil {
 		t.Fatal(err)
 	}
-	if got := cmdsOf(s.sessionLineOwners(ss, "f.txt", content)); got != "-,cmd-1,-,cmd-2~,-,-,-" {
+	if got := cmdsOf(tr.LineOwners(w, "f.txt", content)); got != "-,cmd-1,-,cmd-2~,-,-,-" {
 		t.Fatalf("after losing the index: %s", got)
 	}
-	s.checkpointSession(ctx, sb, ss, "cmd-4", false)
-	if got := cmdsOf(s.sessionLineOwners(ss, "f.txt", content)); got != "-,cmd-1,-,cmd-2~,-,-,-" {
+	tr.Checkpoint(ctx, w, "cmd-4", false)
+	if got := cmdsOf(tr.LineOwners(w, "f.txt", content)); got != "-,cmd-1,-,cmd-2~,-,-,-" {
 		t.Fatalf("rebuilt index re-attributed: %s", got)
 	}
 
 	// A removed file loses its checkpoint.
-	if err := os.Remove(filepath.Join(ss.upper(), "n", "new.txt")); err != nil {
+	if err := os.Remove(filepath.Join(w.Upper, "n", "new.txt")); err != nil {
 		t.Fatal(err)
 	}
-	s.checkpointSession(ctx, sb, ss, "cmd-5", false)
-	if _, err := os.Stat(filepath.Join(attrDir(ss), ckKey("n/new.txt")+".json")); !os.IsNotExist(err) {
+	tr.Checkpoint(ctx, w, "cmd-5", false)
+	if _, err := os.Stat(filepath.Join(attrDir(w), ckKey("n/new.txt")+".json")); !os.IsNotExist(err) {
 		t.Fatalf("stale checkpoint kept: %v", err)
 	}
 
 	// Publishing carries the session's writers into the audit record.
 	var prev layers.Manifest
-	res, err := sb.stack.Update(ctx, func(v *layers.View) ([]layers.Change, error) {
+	res, err := a.Stack.Update(ctx, func(v *layers.View) ([]layers.Change, error) {
 		prev = v.Manifest()
 		return []layers.Change{{Kind: layers.ChangeWrite, Path: "f.txt", Mode: 0o644, Data: content}}, nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.recordPublishAudit(ctx, sb, prev, res, []auditFile{{Path: "f.txt", Owner: sessionOwner("ws-t", ptr("bob")),
-		Session: s.sessionLineOwners(ss, "f.txt", content), SessionContent: content}}); err != nil {
+	if err := a.RecordPublish(ctx, prev, res, []AuditFile{{Path: "f.txt", Owner: SessionOwner("ws-t", ptr("bob")),
+		Session: tr.LineOwners(w, "f.txt", content), SessionContent: content}}); err != nil {
 		t.Fatal(err)
 	}
-	m, _ := blame(t, s, sb, "f.txt")
+	m, _ := blame(t, a, "f.txt")
 	want := "original×1 workspace_session:ws-t:cmd-1×1 original×1 workspace_session:ws-t:cmd-2×1 original×1 operation:r1×1 workspace_session:ws-t×1"
 	if got := owners(t, m); got != want {
 		t.Fatalf("published:\n got %s\nwant %s", got, want)
@@ -641,34 +566,34 @@ func TestBlameCheckpoints(t *testing.T) {
 }
 
 func TestBlameCheckpointLimits(t *testing.T) {
-	s, sb := testSandbox(t, map[string]string{})
-	ss := testSession(t, sb)
+	a := testAudit(t, map[string]string{})
+	w, tr := testSession(t, a)
 	ctx := context.Background()
 	// Fill the byte budget with a fake stored entry, then a new file has no room.
 	idx := &ckIndex{V: 1, Files: map[string]*ckEntry{"big": {State: ckStored, Key: "k", Bytes: attrMaxBytes}}}
 	b, _ := json.Marshal(idx)
-	if err := os.WriteFile(filepath.Join(attrDir(ss), attrIndexName), b, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(attrDir(w), attrIndexName), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	upperWrite(t, ss, "big", "x\n")
-	upperWrite(t, ss, "f.txt", "1\n")
-	s.checkpointSession(ctx, sb, ss, "cmd-1", false, "f.txt")
-	if got := cmdsOf(s.sessionLineOwners(ss, "f.txt", []byte("1\n"))); got != "-" {
+	upperWrite(t, w, "big", "x\n")
+	upperWrite(t, w, "f.txt", "1\n")
+	tr.Checkpoint(ctx, w, "cmd-1", false, "f.txt")
+	if got := cmdsOf(tr.LineOwners(w, "f.txt", []byte("1\n"))); got != "-" {
 		t.Fatalf("over the limit: %s", got)
 	}
-	b, _ = os.ReadFile(filepath.Join(attrDir(ss), attrIndexName))
+	b, _ = os.ReadFile(filepath.Join(attrDir(w), attrIndexName))
 	if !strings.Contains(string(b), `"state":"over_limit"`) {
 		t.Fatalf("index: %s", b)
 	}
 	// Non-text files are not attributed line by line.
-	upperWrite(t, ss, "bin", "a\x00")
-	upperWrite(t, ss, "f.txt", "1\n2\n")
-	s.checkpointSession(ctx, sb, ss, "cmd-2", false)
-	if _, err := os.Stat(filepath.Join(attrDir(ss), ckKey("bin")+".txt")); !os.IsNotExist(err) {
+	upperWrite(t, w, "bin", "a\x00")
+	upperWrite(t, w, "f.txt", "1\n2\n")
+	tr.Checkpoint(ctx, w, "cmd-2", false)
+	if _, err := os.Stat(filepath.Join(attrDir(w), ckKey("bin")+".txt")); !os.IsNotExist(err) {
 		t.Fatalf("binary checkpointed: %v", err)
 	}
 	// "big" was re-read (its stored copy is gone) and shrank: room for f.txt once it changes.
-	if got := cmdsOf(s.sessionLineOwners(ss, "f.txt", []byte("1\n2\n"))); got != "cmd-2,cmd-2" {
+	if got := cmdsOf(tr.LineOwners(w, "f.txt", []byte("1\n2\n"))); got != "cmd-2,cmd-2" {
 		t.Fatalf("after room was freed: %s", got)
 	}
 }

@@ -1,4 +1,4 @@
-package supervisor
+package attribution
 
 // Live attribution and file activity of FUSE sessions (§11.3 fuse, §11.4
 // fuse). The holder reports the overlay's provenance records and every
@@ -27,7 +27,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ephemeral-ai-lab/sandbox/nsholder"
+	"github.com/ephemeral-ai-lab/sandbox/layers"
 )
 
 // Bounds of the pending write ranges of one session.
@@ -48,13 +48,13 @@ type fuseAttr struct {
 	ranges map[string][]writeRange
 }
 
-func (ss *session) fuseState() *fuseAttr {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.fuse == nil {
-		ss.fuse = &fuseAttr{ranges: map[string][]writeRange{}}
+func (t *Tracker) fuseState() *fuseAttr {
+	t.fuseMu.Lock()
+	defer t.fuseMu.Unlock()
+	if t.fuse == nil {
+		t.fuse = &fuseAttr{ranges: map[string][]writeRange{}}
 	}
-	return ss.fuse
+	return t.fuse
 }
 
 func (fa *fuseAttr) add(p string, r writeRange) {
@@ -119,34 +119,43 @@ func rangeWriter(rs []writeRange, span [2]int64) (string, bool) {
 	return "", false
 }
 
-// lineSpans returns the byte range [start, end) of each text line of b
-// (end includes its newline), or nil when they cannot be matched with
-// textLines (lone CR line ends).
+// lineSpans returns the byte range [start, end) of each line of b (end
+// includes its terminator), by the one line rule (layers.SplitLines).
 func lineSpans(b []byte) [][2]int64 {
 	var out [][2]int64
 	start := int64(0)
-	for i, c := range b {
-		if c == '\n' {
-			out = append(out, [2]int64{start, int64(i) + 1})
-			start = int64(i) + 1
-		}
-	}
-	if start < int64(len(b)) {
-		out = append(out, [2]int64{start, int64(len(b))})
-	}
-	if len(out) != len(textLines(b)) {
-		return nil
+	for _, l := range layers.SplitLines(b) {
+		out = append(out, [2]int64{start, start + int64(len(l))})
+		start += int64(len(l))
 	}
 	return out
 }
 
-// fuseNotices applies notices of a FUSE session's holder, in order: every
+// FSNotice is what the holder reports of a FUSE session (nsholder.FSNotice
+// as plain values): provenance records and released written handles.
+type FSNotice struct {
+	Records  []FSRecord
+	Released []FSReleased
+}
+
+// FSRecord is one provenance record of the FUSE overlay.
+type FSRecord struct {
+	TimeUnixNs     int64
+	Command, Op    string
+	Path, NewPath  string
+	Offset, Length int64
+}
+
+// FSReleased says a handle that wrote Path was released; Command owned it.
+type FSReleased struct{ Path, Command string }
+
+// FuseNotices applies notices of a FUSE session's holder, in order: every
 // record is stored and its ranges kept, then the checkpoints they call for
-// are taken, consecutive ones of one command in one pass.
-func (s *Supervisor) fuseNotices(sb *sandbox, ss *session, ns []*nsholder.FSNotice) {
-	ctx := context.Background()
-	fa := ss.fuseState()
-	var acts []activityRecord
+// are taken, consecutive ones of one command in one pass. record stores
+// the file_activity records before any checkpoint.
+func (t *Tracker) FuseNotices(ctx context.Context, w Workspace, ns []FSNotice, record func([]ActivityRecord)) {
+	fa := t.fuseState()
+	var acts []ActivityRecord
 	type ck struct {
 		path, cmd string
 	}
@@ -157,8 +166,8 @@ func (s *Supervisor) fuseNotices(sb *sandbox, ss *session, ns []*nsholder.FSNoti
 				continue
 			}
 			at := time.Unix(0, r.TimeUnixNs)
-			a := activityRecord{TS: at.UTC().Format("2006-01-02T15:04:05.000Z"), WorkspaceSessionID: ss.id(),
-				Op: r.Op, Path: r.Path, NewPath: r.NewPath, Source: "fuse", at: at}
+			a := ActivityRecord{TS: at.UTC().Format("2006-01-02T15:04:05.000Z"), WorkspaceSessionID: w.ID,
+				Op: r.Op, Path: r.Path, NewPath: r.NewPath, Source: "fuse", At: at}
 			if r.Command != "" {
 				cmd := r.Command
 				a.CommandSessionID = &cmd
@@ -188,7 +197,7 @@ func (s *Supervisor) fuseNotices(sb *sandbox, ss *session, ns []*nsholder.FSNoti
 			cks = append(cks, ck{r.Path, r.Command})
 		}
 	}
-	s.recordActivity(ctx, sb, acts)
+	record(acts)
 	for i := 0; i < len(cks); {
 		j, seen := i, map[string]bool{}
 		var paths []string
@@ -198,7 +207,7 @@ func (s *Supervisor) fuseNotices(sb *sandbox, ss *session, ns []*nsholder.FSNoti
 			seen[cks[j].path] = true
 			paths = append(paths, cks[j].path)
 		}
-		s.fuseCheckpoint(ctx, sb, ss, cks[i].cmd, paths)
+		t.fuseCheckpoint(ctx, w, cks[i].cmd, paths)
 		i = j
 	}
 }
@@ -210,14 +219,14 @@ func isStagingPath(p string) bool {
 
 // fuseCheckpoint checkpoints paths (nil: every path with pending ranges)
 // crediting uncovered new lines to cmd as a guess.
-func (s *Supervisor) fuseCheckpoint(ctx context.Context, sb *sandbox, ss *session, cmd string, paths []string) {
-	s.fuseCheckpointSave(ctx, sb, ss, cmd, paths, true)
+func (t *Tracker) fuseCheckpoint(ctx context.Context, w Workspace, cmd string, paths []string) {
+	t.fuseCheckpointSave(ctx, w, cmd, paths, true)
 }
 
 // fuseCheckpointSave is fuseCheckpoint; deferIndex false writes the index
 // now (command end).
-func (s *Supervisor) fuseCheckpointSave(ctx context.Context, sb *sandbox, ss *session, cmd string, paths []string, deferIndex bool) {
-	fa := ss.fuseState()
+func (t *Tracker) fuseCheckpointSave(ctx context.Context, w Workspace, cmd string, paths []string, deferIndex bool) {
+	fa := t.fuseState()
 	ranges := fa.take(paths)
 	if paths == nil {
 		for p := range ranges {
@@ -229,22 +238,22 @@ func (s *Supervisor) fuseCheckpointSave(ctx context.Context, sb *sandbox, ss *se
 		// Nothing to examine (no paths means a whole-upper walk to
 		// checkpointWith); only a deferred index may be due.
 		if !deferIndex {
-			ss.attrMu.Lock()
-			if ss.attrDirty && ss.attrIdx != nil {
-				if err := ss.saveIndex(attrDir(ss), ss.attrIdx); err != nil {
-					s.log.Warn("attribution.checkpoint_failed", "workspace_session_id", ss.id(), "err", err)
+			t.mu.Lock()
+			if t.dirty && t.idx != nil {
+				if err := t.saveIndex(attrDir(w), t.idx); err != nil {
+					w.Log.Warn("attribution.checkpoint_failed", "workspace_session_id", w.ID, "err", err)
 				}
 			}
-			ss.attrMu.Unlock()
+			t.mu.Unlock()
 		}
 		return
 	}
-	s.checkpointWith(ctx, sb, ss, ckLine{Cmd: cmd, Guess: true}, ranges, deferIndex, paths...)
+	t.checkpointWith(ctx, w, ckLine{Cmd: cmd, Guess: true}, ranges, deferIndex, paths...)
 }
 
-// fuseCommandEnd is the command-end checkpoint of a FUSE session: the
+// FuseCommandEnd is the command-end checkpoint of a FUSE session: the
 // holder flushed the command's records before Done, so every path written
 // since its last checkpoint has ranges here.
-func (s *Supervisor) fuseCommandEnd(sb *sandbox, ss *session, cmd string) {
-	s.fuseCheckpointSave(context.Background(), sb, ss, cmd, nil, false)
+func (t *Tracker) FuseCommandEnd(ctx context.Context, w Workspace, cmd string) {
+	t.fuseCheckpointSave(ctx, w, cmd, nil, false)
 }

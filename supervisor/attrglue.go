@@ -1,0 +1,210 @@
+package supervisor
+
+// Glue between the supervisor's sandboxes and sessions and
+// supervisor/attribution, which works from plain values only: the names
+// below turn a *sandbox or *session into those values, and keep the
+// supervisor's callers (commands, files, finalize, git) unchanged.
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/nsholder"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/attribution"
+)
+
+type (
+	lineOwner   = attribution.LineOwner
+	auditRecord = attribution.AuditRecord
+	auditFile   = attribution.AuditFile
+	blameKey    = attribution.BlameKey
+)
+
+const ownerOriginal = attribution.OwnerOriginal
+
+func nullable(s string) *string                       { return attribution.Nullable(s) }
+func deref(p *string) string                          { return attribution.Deref(p) }
+func rfc3339ms(t time.Time) string                    { return attribution.RFC3339ms(t) }
+func textLines(b []byte) []string                     { return attribution.TextLines(b) }
+func contentDigest(b []byte) string                   { return attribution.ContentDigest(b) }
+func sessionOwner(id string, agent *string) lineOwner { return attribution.SessionOwner(id, agent) }
+func tileRanges(owners []lineOwner, wholesale bool) []attribution.OwnerRange {
+	return attribution.TileRanges(owners, wholesale)
+}
+
+// attr is attribution's view of the state database (audit, file_activity).
+func (s *store) attr() attribution.Store { return attribution.Store{DB: s.db} }
+
+func (s *store) initAudit(ctx context.Context) error    { return s.attr().InitAudit(ctx) }
+func (s *store) ensureAudit(ctx context.Context) error  { return s.attr().InitAudit(ctx) }
+func (s *store) initActivity(ctx context.Context) error { return s.attr().InitActivity(ctx) }
+func (s *store) deleteSandboxAudit(ctx context.Context, sandboxID string) error {
+	return s.attr().DeleteSandboxAudit(ctx, sandboxID)
+}
+func (s *store) deleteSandboxActivity(ctx context.Context, sandboxID string) error {
+	return s.attr().DeleteSandboxActivity(ctx, sandboxID)
+}
+
+// audit is attribution's view of a sandbox.
+func (s *Supervisor) audit(sb *sandbox) *attribution.Audit {
+	return &attribution.Audit{SandboxID: sb.rec.ID, Stack: sb.stack, Store: s.store.attr(), Log: s.log}
+}
+
+// sessionBase returns the manifest a session was created on.
+func sessionBase(ss *session) (layers.Manifest, sessionRecord) {
+	ss.mu.Lock()
+	rec := ss.rec
+	ss.mu.Unlock()
+	return layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: rec.BaseRevision.ManifestVersion, Layers: rec.Lease.Layers}, rec
+}
+
+// workspace is attribution's view of a session; sb may be nil where the
+// base is not needed (line owners of a publish).
+func (s *Supervisor) workspace(sb *sandbox, ss *session) attribution.Workspace {
+	base, rec := sessionBase(ss)
+	w := attribution.Workspace{ID: rec.WorkspaceSessionID, Agent: rec.Agent, Dir: ss.dir, Upper: ss.upper(), Log: s.log}
+	if sb != nil {
+		w.Base = sb.stack.View(base)
+	}
+	return w
+}
+
+// checkpointSession takes an attribution checkpoint of a session (kernel
+// driver and file operations; see attribution.Tracker.Checkpoint).
+func (s *Supervisor) checkpointSession(ctx context.Context, sb *sandbox, ss *session, commandID string, approximate bool, paths ...string) {
+	ss.attr.Checkpoint(ctx, s.workspace(sb, ss), commandID, approximate, paths...)
+}
+
+// sessionLineOwners returns the owner of each line of content, the
+// session's version of path, for publication. Call it before the session
+// directory is removed.
+func (s *Supervisor) sessionLineOwners(ss *session, path string, content []byte) []lineOwner {
+	return ss.attr.LineOwners(s.workspace(nil, ss), path, content)
+}
+
+// recordPublishAudit appends the audit records of a committed publish
+// (attribution.Audit.RecordPublish).
+func (s *Supervisor) recordPublishAudit(ctx context.Context, sb *sandbox, prev layers.Manifest, res layers.PublishResult, files []auditFile) error {
+	return s.audit(sb).RecordPublish(ctx, prev, res, files)
+}
+
+// auditSessionless records a sessionless file_write/file_edit of path
+// (owner operation:<request_id>, command_session_id null). Call it after a
+// successful Update; a no-op is ignored. prev may be the zero Manifest.
+func (s *Supervisor) auditSessionless(ctx context.Context, sb *sandbox, prev layers.Manifest, res layers.PublishResult, path, requestID string) {
+	s.recordLayerOrigin(ctx, sb, res, attribution.OperationOwner(requestID))
+	_ = s.recordPublishAudit(ctx, sb, prev, res, []auditFile{{Path: path, Owner: attribution.OperationOwner(requestID)}})
+}
+
+func (s *Supervisor) viewOwners(ctx context.Context, sb *sandbox, v *layers.View, version int, p string) (owners []lineOwner, content []byte, text, wholesale bool, err error) {
+	return s.audit(sb).ViewOwners(ctx, v, version, p)
+}
+
+// ---- file activity ----
+
+// activityEnabled: observability.enabled and file_activity.enabled.
+func (s *Supervisor) activityEnabled() bool {
+	return s.cfg.Observability.Enabled && s.cfg.Observability.FileActivity.Enabled
+}
+
+// recordActivity stores records of one sandbox. Observability never fails
+// a runtime operation: a storage error is logged and the records dropped.
+func (s *Supervisor) recordActivity(ctx context.Context, sb *sandbox, recs []attribution.ActivityRecord) {
+	if len(recs) == 0 || !s.activityEnabled() {
+		return
+	}
+	// Detached from the request: a cancelled request must not lose what
+	// already happened.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := s.store.attr().AppendActivity(ctx, sb.rec.ID, recs, s.cfg.Observability.FileActivity.MaxRecords); err != nil {
+		s.log.Warn("file_activity.dropped", "sandbox_id", sb.rec.ID, "records", len(recs), "err", err)
+	}
+}
+
+// captureActivity records the upper-dir difference since the previous
+// capture (§11.4 capture); see attribution.Tracker.CaptureActivity.
+func (s *Supervisor) captureActivity(ctx context.Context, sb *sandbox, ss *session, cmd, requestID, source string, paths ...string) {
+	if !s.activityEnabled() {
+		return
+	}
+	s.recordActivity(ctx, sb, ss.attr.CaptureActivity(ctx, s.workspace(sb, ss), cmd, requestID, source, paths...))
+}
+
+// fileOpActivity records a session file operation (file_write, file_edit)
+// with its request_id: for the kernel driver through capture of the one
+// path, for the FUSE driver directly (the holder's own writes are not
+// among the FUSE records).
+func (s *Supervisor) fileOpActivity(ctx context.Context, sb *sandbox, ss *session, requestID, p string, created bool, size int) {
+	if ss.rec.OverlayDriver != "fuse" {
+		s.captureActivity(ctx, sb, ss, "", requestID, "capture", p)
+		return
+	}
+	now := time.Now()
+	op := "write"
+	if created {
+		op = "create"
+	}
+	n := int64(size)
+	s.recordActivity(ctx, sb, []attribution.ActivityRecord{{TS: now.UTC().Format("2006-01-02T15:04:05.000Z"), WorkspaceSessionID: ss.id(),
+		Op: op, Path: p, Length: &n, Source: "fuse", RequestID: requestID, At: now}})
+}
+
+func (s *Supervisor) fileActivity(c *call) (any, error) {
+	q := attribution.ActivityQuery{SessionID: c.args.String("workspace_session_id"), SinceMs: -1, Limit: 200}
+	if c.args.Has("path") {
+		p, perr := catalog.WorkspacePath(c.args.String("path"), true)
+		if perr != nil {
+			return nil, perr
+		}
+		q.Path = p
+	}
+	if c.args.Has("since_ms") {
+		q.SinceMs = int64(c.args.Uint("since_ms"))
+	}
+	if v, explicit := c.req.Args["limit"]; explicit && v != nil {
+		q.Limit = int(c.args.Uint("limit"))
+	}
+	out := map[string]any{"view": "file_activity", "sandbox_id": c.sb.rec.ID, "records": []json.RawMessage{}, "truncated": false}
+	if !s.activityEnabled() {
+		return out, nil
+	}
+	recs, truncated, err := s.store.attr().QueryActivity(c.ctx, c.sb.rec.ID, q)
+	if err != nil {
+		return nil, err
+	}
+	if recs != nil {
+		out["records"] = recs
+	}
+	out["truncated"] = truncated
+	return out, nil
+}
+
+// ---- FUSE sessions ----
+
+// fuseNotices applies notices of a FUSE session's holder, in order
+// (attribution.Tracker.FuseNotices).
+func (s *Supervisor) fuseNotices(sb *sandbox, ss *session, ns []*nsholder.FSNotice) {
+	plain := make([]attribution.FSNotice, 0, len(ns))
+	for _, n := range ns {
+		var p attribution.FSNotice
+		for _, r := range n.Records {
+			p.Records = append(p.Records, attribution.FSRecord{TimeUnixNs: r.TimeUnixNs, Command: r.Command, Op: r.Op,
+				Path: r.Path, NewPath: r.NewPath, Offset: r.Offset, Length: r.Length})
+		}
+		for _, r := range n.Released {
+			p.Released = append(p.Released, attribution.FSReleased{Path: r.Path, Command: r.Command})
+		}
+		plain = append(plain, p)
+	}
+	ctx := context.Background()
+	ss.attr.FuseNotices(ctx, s.workspace(sb, ss), plain, func(recs []attribution.ActivityRecord) { s.recordActivity(ctx, sb, recs) })
+}
+
+// fuseCommandEnd is the command-end checkpoint of a FUSE session.
+func (s *Supervisor) fuseCommandEnd(sb *sandbox, ss *session, cmd string) {
+	ss.attr.FuseCommandEnd(context.Background(), s.workspace(sb, ss), cmd)
+}
