@@ -16,9 +16,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// clockTicks is USER_HZ, the unit of /proc/<pid>/stat times. It is 100 on
+// ClockTicks is USER_HZ, the unit of /proc/<pid>/stat times. It is 100 on
 // every architecture Linux supports for user space (sysconf needs cgo).
-const clockTicks = 100
+const ClockTicks = 100
 
 // ProcStat is what the sampler and the views read of one process.
 type ProcStat struct {
@@ -32,7 +32,7 @@ type ProcStat struct {
 	NSPid          int // the PID in its innermost namespace (0 when unknown)
 }
 
-func (p ProcStat) CPUTimeUs() uint64 { return (p.UTime + p.STime) * (1_000_000 / clockTicks) }
+func (p ProcStat) CPUTimeUs() uint64 { return (p.UTime + p.STime) * (1_000_000 / ClockTicks) }
 
 var procStates = map[byte]string{
 	'R': "running", 'S': "sleeping", 'D': "disk_sleep", 'Z': "zombie", 'T': "stopped",

@@ -1,6 +1,8 @@
 package views
 
 import (
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/resources"
 	"os"
 	"runtime"
 	"strconv"
@@ -35,9 +37,9 @@ type DaemonInput struct {
 // counters and the state of every listed holder.
 func Daemon(in DaemonInput) map[string]any {
 	d := map[string]any{"available": true, "error": nil, "sampled_at_unix_ms": time.Now().UnixMilli()}
-	p, err := ReadProc("/proc/self")
+	p, err := resources.ReadProc("/proc/self")
 	if err != nil {
-		d["available"], d["error"] = false, BoundedError(err.Error())
+		d["available"], d["error"] = false, obs.BoundedError(err.Error())
 	}
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
@@ -49,10 +51,10 @@ func Daemon(in DaemonInput) map[string]any {
 	d["name"] = p.Name
 	d["state"] = p.State
 	d["uptime_s"] = uptime
-	d["resident_bytes"] = p.VmRSS
-	d["virtual_bytes"] = p.VmSize
-	d["peak_resident_bytes"] = p.VmHWM
-	d["anonymous_bytes"] = p.RssAnon
+	d["resident_bytes"] = p.VMRSS
+	d["virtual_bytes"] = p.VMSize
+	d["peak_resident_bytes"] = p.VMHWM
+	d["anonymous_bytes"] = p.RSSAnon
 	d["cpu_time_us"] = p.CPUTimeUs()
 	d["thread_count"] = p.Threads
 	d["goroutines"] = runtime.NumGoroutine()
@@ -73,8 +75,8 @@ func Daemon(in DaemonInput) map[string]any {
 		}
 		h := map[string]any{"sandbox_id": hd.SandboxID, "workspace_session_id": hd.WorkspaceID, "pid": hd.Pid,
 			"state": "unavailable", "resident_bytes": nil, "cpu_time_us": nil}
-		if hp, err := ReadProc("/proc/" + strconv.Itoa(hd.Pid)); err == nil {
-			h["state"], h["resident_bytes"], h["cpu_time_us"] = hp.State, hp.VmRSS, hp.CPUTimeUs()
+		if hp, err := resources.ReadProc("/proc/" + strconv.Itoa(hd.Pid)); err == nil {
+			h["state"], h["resident_bytes"], h["cpu_time_us"] = hp.State, hp.VMRSS, hp.CPUTimeUs()
 		}
 		holders = append(holders, h)
 	}
@@ -84,7 +86,7 @@ func Daemon(in DaemonInput) map[string]any {
 
 // processUptime converts a start time in ticks since boot to seconds of age.
 func processUptime(startTicks uint64) (float64, bool) {
-	b, err := ReadSmall("/proc/uptime", 128)
+	b, err := resources.ReadSmall("/proc/uptime", 128)
 	if err != nil {
 		return 0, false
 	}
@@ -96,7 +98,7 @@ func processUptime(startTicks uint64) (float64, bool) {
 	if err != nil {
 		return 0, false
 	}
-	return max(0, boot-float64(startTicks)/clockTicks), true
+	return max(0, boot-float64(startTicks)/resources.ClockTicks), true
 }
 
 // countFDs counts the supervisor's open descriptors (minus the one used to list them).

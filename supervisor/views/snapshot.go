@@ -5,6 +5,7 @@ package views
 
 import (
 	"fmt"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 	"os"
 	"sort"
 	"time"
@@ -58,7 +59,7 @@ func SafeSnapshotNode(src SnapshotSource, nodes, depth int) (node map[string]any
 	defer func() {
 		if r := recover(); r != nil {
 			sb := src.Sandbox()
-			msg := BoundedError(fmt.Sprintf("building the snapshot failed: %v", r))
+			msg := obs.BoundedError(fmt.Sprintf("building the snapshot failed: %v", r))
 			node = map[string]any{"sandbox_id": sb.ID, "lifecycle_state": sb.State, "availability": "unavailable",
 				"sampled_at_unix_ms": time.Now().UnixMilli(), "errors": []string{msg}, "error": msg}
 		}
@@ -82,7 +83,7 @@ func SnapshotNode(src SnapshotSource, nodes, depth int) map[string]any {
 	sbRes, wsRes, rerr := src.Resources()
 	switch {
 	case rerr != nil:
-		availability, errs = "partial", append(errs, BoundedError(rerr.Error()))
+		availability, errs = "partial", append(errs, obs.BoundedError(rerr.Error()))
 		sbRes = map[string]any{"latest": nil, "history": []any{}}
 	case sbRes["latest"] == nil:
 		// No samples: the sandbox has no live session, or none was taken yet.
@@ -95,7 +96,7 @@ func SnapshotNode(src SnapshotSource, nodes, depth int) map[string]any {
 		"resources": sbRes,
 	}
 	if sb.Failed && sb.Error != "" {
-		errs = append(errs, BoundedError("sandbox failed: "+sb.Error))
+		errs = append(errs, obs.BoundedError("sandbox failed: "+sb.Error))
 	}
 	// Running commands by session.
 	running := map[string][]map[string]any{}
@@ -142,7 +143,7 @@ func SnapshotNode(src SnapshotSource, nodes, depth int) map[string]any {
 	} else {
 		sum, err := SummarizeStack(sb.Stack, nodes, depth)
 		if err != nil {
-			errs = append(errs, BoundedError("layer stack: "+err.Error()))
+			errs = append(errs, obs.BoundedError("layer stack: "+err.Error()))
 			node["stack"] = nil
 		} else {
 			node["stack"] = map[string]any{"layer_count": len(sum.Layers), "layers_bytes": sum.TotalBytes,

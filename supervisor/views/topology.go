@@ -3,6 +3,8 @@ package views
 import (
 	"errors"
 	"fmt"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/resources"
 	"os"
 	"sort"
 	"strconv"
@@ -31,12 +33,12 @@ type TopoProcess struct {
 
 // TopoWorkspace is one session of the topology view and its processes.
 type TopoWorkspace struct {
-	WorkspaceID string        `json:"workspace_id"`
-	State       string        `json:"state"`
-	HolderPid   *int          `json:"holder_pid"`
-	PidNS       *NSID         `json:"pid_namespace"`
-	MountNS     *NSID         `json:"mount_namespace"`
-	Processes   []TopoProcess `json:"processes"`
+	WorkspaceID string          `json:"workspace_id"`
+	State       string          `json:"state"`
+	HolderPid   *int            `json:"holder_pid"`
+	PidNS       *resources.NSID `json:"pid_namespace"`
+	MountNS     *resources.NSID `json:"mount_namespace"`
+	Processes   []TopoProcess   `json:"processes"`
 	errs        int
 }
 
@@ -54,10 +56,10 @@ func BuildTopology(procRoot string, sessions []Session) map[string]any {
 			warnings = append(warnings, fmt.Sprintf(format, a...))
 		}
 	}
-	type nsKey struct{ pid, mnt NSID }
+	type nsKey struct{ pid, mnt resources.NSID }
 	wss := make([]*TopoWorkspace, 0, len(sessions))
 	byNS := map[nsKey]*TopoWorkspace{}
-	pidNS := map[NSID]bool{}
+	pidNS := map[resources.NSID]bool{}
 	for _, ss := range sessions {
 		w := &TopoWorkspace{WorkspaceID: ss.ID, Processes: []TopoProcess{}}
 		wss = append(wss, w)
@@ -69,8 +71,8 @@ func BuildTopology(procRoot string, sessions []Session) map[string]any {
 		}
 		w.HolderPid = &pid
 		dir := procRoot + "/" + strconv.Itoa(pid)
-		pn, err1 := StatNS(dir, "pid")
-		mn, err2 := StatNS(dir, "mnt")
+		pn, err1 := resources.StatNS(dir, "pid")
+		mn, err2 := resources.StatNS(dir, "mnt")
 		if err := errors.Join(err1, err2); err != nil {
 			w.errs++
 			warn("workspace %s: holder %d namespaces unreadable: %v", w.WorkspaceID, pid, err)
@@ -86,7 +88,7 @@ func BuildTopology(procRoot string, sessions []Session) map[string]any {
 	if len(byNS) > 0 {
 		d, err := os.Open(procRoot)
 		if err != nil {
-			out["available"], out["error"] = false, BoundedError(err.Error())
+			out["available"], out["error"] = false, obs.BoundedError(err.Error())
 		} else {
 		scan:
 			for {
@@ -97,11 +99,11 @@ func BuildTopology(procRoot string, sessions []Session) map[string]any {
 						continue
 					}
 					dir := procRoot + "/" + name
-					pn, err := StatNS(dir, "pid")
+					pn, err := resources.StatNS(dir, "pid")
 					if err != nil || !pidNS[pn] {
 						continue // gone, another user's, or not a session's
 					}
-					mn, err := StatNS(dir, "mnt")
+					mn, err := resources.StatNS(dir, "mnt")
 					if err != nil {
 						continue
 					}
@@ -113,19 +115,19 @@ func BuildTopology(procRoot string, sessions []Session) map[string]any {
 						truncated = true
 						break scan
 					}
-					p, err := ReadProc(dir)
+					p, err := resources.ReadProc(dir)
 					if err != nil {
 						continue // exited meanwhile
 					}
 					row := TopoProcess{Pid: pid, ParentPid: p.PPid, Name: p.Name, State: p.State, Kind: "process",
-						Cgroups: cgroupLines(dir)}
-					if p.NsPid > 0 {
-						row.NsPid = &p.NsPid
+						Cgroups: resources.CgroupLines(dir)}
+					if p.NSPid > 0 {
+						row.NsPid = &p.NSPid
 					}
 					if w.HolderPid != nil && *w.HolderPid == pid {
 						row.Kind = "namespace_init"
 					}
-					rss, cpu, st := p.VmRSS, p.CPUTimeUs(), p.StartTicks
+					rss, cpu, st := p.VMRSS, p.CPUTimeUs(), p.StartTicks
 					row.Resident, row.CPUTimeUs, row.StartTicks = &rss, &cpu, &st
 					w.Processes = append(w.Processes, row)
 					rows++

@@ -1,4 +1,4 @@
-package views
+package resources
 
 import "testing"
 
@@ -13,7 +13,7 @@ func TestViewParseStat(t *testing.T) {
 		t.Fatalf("parsed %+v", p)
 	}
 	parseStatus([]byte("Name:\tx\nVmRSS:\t  2048 kB\nThreads:\t5\nNSpid:\t4242\t17\n"), &p)
-	if p.VmRSS != 2<<20 || p.Threads != 5 || p.NsPid != 17 {
+	if p.VMRSS != 2<<20 || p.Threads != 5 || p.NSPid != 17 {
 		t.Fatalf("status %+v", p)
 	}
 	if err := parseStat([]byte("garbage"), &p); err == nil {
