@@ -34,7 +34,14 @@ func Open(dirfd int, rel string, flags int) (int, error) {
 	}
 	flags |= unix.O_NOFOLLOW | unix.O_CLOEXEC
 	if !noOpenat2.Load() {
-		how := unix.OpenHow{Flags: uint64(flags), Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS}
+		o2 := flags
+		if flags&unix.O_DIRECTORY != 0 {
+			// RESOLVE_NO_SYMLINKS refuses a final symlink with ELOOP; with
+			// O_PATH|O_NOFOLLOW it would open the link, and O_DIRECTORY
+			// then fail with an ENOTDIR that says less.
+			o2 &^= unix.O_NOFOLLOW
+		}
+		how := unix.OpenHow{Flags: uint64(o2), Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS}
 		for i := 0; ; i++ {
 			fd, err := unix.Openat2(dirfd, rel, &how)
 			switch {
@@ -137,11 +144,19 @@ func walk(dirfd int, rel string, flags int, create bool, perm uint32) (int, erro
 	}
 	comps := strings.Split(rel, "/")
 	for i, c := range comps {
-		if i == len(comps)-1 && !create {
-			nfd, err := unix.Openat(fd, c, flags, 0)
-			if err != nil && (errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP)) && isSymlink(fd, c) {
-				err = unix.ELOOP // O_DIRECTORY|O_NOFOLLOW on a symlink says ENOTDIR
+		if i == len(comps)-1 && !create && flags&unix.O_DIRECTORY != 0 {
+			// Classify what was opened, not what a second look finds: the
+			// name may be swapped between the two.
+			nfd, err := component(fd, c)
+			unix.Close(fd)
+			if err != nil || flags&unix.O_PATH != 0 {
+				return nfd, err
 			}
+			defer unix.Close(nfd)
+			return unix.Openat(nfd, ".", flags&^unix.O_NOFOLLOW, 0)
+		}
+		if i == len(comps)-1 && !create {
+			nfd, err := unix.Openat(fd, c, flags, 0) // O_NOFOLLOW: a symlink is ELOOP
 			unix.Close(fd)
 			return nfd, err
 		}
@@ -189,9 +204,4 @@ func component(dfd int, name string) (int, error) {
 	}
 	unix.Close(fd)
 	return -1, err
-}
-
-func isSymlink(dfd int, name string) bool {
-	var st unix.Stat_t
-	return unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK
 }

@@ -214,19 +214,40 @@ func TestResolverSwappedPath(t *testing.T) {
 	for i := 0; i < 4000; i++ {
 		for name, open := range resolvers {
 			fd, err := open(rootfd, "flip/file", unix.O_RDONLY)
-			if err != nil {
-				if !errors.Is(err, unix.ELOOP) && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) {
-					t.Errorf("%s: unexpected error %v", name, err)
+			switch {
+			case err == nil:
+				opened++
+				if got := readFD(t, fd); got == secret {
+					t.Errorf("%s: read the outside file through a swapped component", name)
 				}
+			case errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR):
 				refused++
-				continue
+			default:
+				t.Errorf("%s: unexpected error %v", name, err)
 			}
-			opened++
-			if got := readFD(t, fd); got == secret {
-				close(stop)
-				wg.Wait()
-				t.Fatalf("%s: read the outside file through a swapped component", name)
+			// The swapped name itself, as a directory: the directory or
+			// ELOOP, never ENOTDIR from a second look at a swapped name.
+			for _, flags := range []int{unix.O_PATH | unix.O_DIRECTORY, unix.O_RDONLY | unix.O_DIRECTORY} {
+				dfd, err := open(rootfd, "flip", flags)
+				if err != nil {
+					if !errors.Is(err, unix.ELOOP) {
+						t.Errorf("%s flip flags %#x: err %v, want ELOOP or the directory", name, flags, err)
+					}
+					continue
+				}
+				var st unix.Stat_t
+				if unix.Fstat(dfd, &st) == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+					t.Errorf("%s flip: opened a non-directory", name)
+				}
+				var in unix.Stat_t
+				if unix.Fstatat(dfd, "file", &in, 0) == nil && in.Size == int64(len(secret)) {
+					t.Errorf("%s flip: opened the outside directory", name)
+				}
+				unix.Close(dfd)
 			}
+		}
+		if t.Failed() {
+			break
 		}
 	}
 	close(stop)
