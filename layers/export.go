@@ -277,27 +277,6 @@ func (fo *folder) foldLayer(i int) error {
 	return fo.walk(i, fd, root, "")
 }
 
-// fdOpaque reports whether the directory open at fd is opaque (xattr "y" or
-// an .wh..wh..opq entry).
-func fdOpaque(fd int) (bool, error) {
-	for _, x := range []string{xattrUserOpq, xattrTrustedOpq} {
-		buf := make([]byte, 8)
-		n, err := unix.Fgetxattr(fd, x, buf)
-		if err == nil && string(buf[:n]) == "y" {
-			return true, nil
-		}
-	}
-	var st unix.Stat_t
-	err := unix.Fstatat(fd, opaqueMarker, &st, unix.AT_SYMLINK_NOFOLLOW)
-	if err == nil {
-		return true, nil
-	}
-	if errors.Is(err, unix.ENOENT) {
-		return false, nil
-	}
-	return false, &fs.PathError{Op: "lstat", Path: opaqueMarker, Err: err}
-}
-
 // readDirFD lists the directory open at fd (through a new open file
 // description, so fd's offset is untouched), sorted by name bytes.
 func readDirFD(fd int) ([]string, error) {
@@ -335,11 +314,10 @@ func (fo *folder) walk(i, fd int, host, rel string) error {
 	local := make(map[string]bool, len(names))
 	var ociWhiteouts []string
 	for _, name := range names {
-		if hiddenName(name) {
-			if name == opaqueMarker {
-				continue
-			}
-			target := name[len(whPrefix):]
+		switch kind, target := ParseName(LayerFormat, name); kind {
+		case NameOpaqueMarker:
+			continue
+		case NameOCIWhiteout:
 			if !validComponent(target) || hiddenName(target) {
 				return hostile(id, joinRel(rel, name), "invalid whiteout name")
 			}
@@ -382,12 +360,8 @@ func (fo *folder) walk(i, fd int, host, rel string) error {
 			nd.kind = foldFile
 			nd.mode = fs.FileMode(st.Mode & 0o777)
 			nd.size = st.Size
-			if st.Size == 0 {
-				if _, ok := getxattr(childHost, xattrUserWh); ok {
-					nd.kind = foldDelete
-				} else if _, ok := getxattr(childHost, xattrTrustedWh); ok {
-					nd.kind = foldDelete
-				}
+			if IsWhiteout(&st, PathXattr(childHost)) {
+				nd.kind = foldDelete
 			}
 		case unix.S_IFLNK:
 			nd.kind = foldSymlink
@@ -400,7 +374,7 @@ func (fo *folder) walk(i, fd int, host, rel string) error {
 			}
 			nd.target = t
 		case unix.S_IFCHR:
-			if st.Rdev != 0 {
+			if !IsWhiteout(&st, nil) {
 				return hostile(id, childRel, "unsupported device node")
 			}
 			nd.kind = foldDelete
