@@ -1,0 +1,103 @@
+package layers
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/ephemeral-ai-lab/sandbox/internal/upperfmtcases"
+	"golang.org/x/sys/unix"
+)
+
+// TestUpperFormatConformance reads every case of the shared upper-format
+// table through each way layers reads the format — by host path (view,
+// squash, update), beneath a Root (capture, the supervisor's upper-dir
+// readers) and through a descriptor (export) — and requires the table's
+// answer from each; fuseoverlay's test reads the same table with its twin.
+func TestUpperFormatConformance(t *testing.T) {
+	writers := upperfmtcases.Writers{
+		Whiteout: MakeWhiteout,
+		Opaque: func(dir, name string) error {
+			p := filepath.Join(dir, name)
+			if err := os.Mkdir(p, 0o755); err != nil {
+				return err
+			}
+			return MakeOpaque(p)
+		},
+	}
+	names := map[NameKind]string{NamePlain: "plain", NameOCIWhiteout: "oci_whiteout", NameOpaqueMarker: "opaque_marker"}
+	for _, c := range upperfmtcases.Load(t) {
+		t.Run(c.Name, func(t *testing.T) {
+			parent := upperfmtcases.Build(t, c, writers)
+			p := filepath.Join(parent, c.Entry)
+			fi, err := os.Lstat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			root, err := OpenRoot(parent)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer root.Close()
+			top, err := root.OpenDir("")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer top.Close()
+			rfi, err := top.Lstat(c.Entry)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := rfi.Sys().(*unix.Stat_t)
+
+			if c.IsDir() {
+				sub, err := top.OpenDir(c.Entry)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer sub.Close()
+				fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer unix.Close(fd)
+				fdOp, err := fdOpaque(fd)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for reader, got := range map[string]bool{
+					"upper: IsUpperOpaque (Root)":  IsUpperOpaque(root, c.Entry),
+					"upper: capture (Dir)":         hasOpaqueXattr(sub),
+					"layer: IsLayerOpaque (path)":  IsLayerOpaque(p),
+					"layer: fdOpaque (descriptor)": fdOp,
+				} {
+					want := c.Want.OpaqueLayer
+					if reader[:5] == "upper" {
+						want = c.Want.OpaqueUpper
+					}
+					if got != want {
+						t.Errorf("%s = %v, want %v", reader, got, want)
+					}
+				}
+			} else {
+				for reader, got := range map[string]bool{
+					"IsLayerWhiteout (path)":     IsLayerWhiteout(p, fi),
+					"IsUpperWhiteout (Root)":     IsUpperWhiteout(root, c.Entry, st),
+					"capture isWhiteoutAt (Dir)": isWhiteoutAt(top, c.Entry, rfi),
+					"IsWhiteout (Root's stat)":   IsLayerWhiteout(p, rfi),
+				} {
+					if got != c.Want.Whiteout {
+						t.Errorf("%s = %v, want %v", reader, got, c.Want.Whiteout)
+					}
+				}
+			}
+			kind, target := ParseName(LayerFormat, c.Entry)
+			if names[kind] != c.Want.Name || target != c.Want.Target {
+				t.Errorf("ParseName(LayerFormat) = %s %q, want %s %q", names[kind], target, c.Want.Name, c.Want.Target)
+			}
+			if kind, _ := ParseName(UpperFormat, c.Entry); kind != NamePlain {
+				t.Errorf("ParseName(UpperFormat) = %s, want plain: an upper never reads names", names[kind])
+			}
+		})
+	}
+}
