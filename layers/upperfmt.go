@@ -154,6 +154,17 @@ func IsCarrier(opaque bool, mode fs.FileMode, base *Entry) bool {
 	return !opaque && base != nil && base.Kind == KindDir && base.Mode == mode
 }
 
+// CarrierMode is the mode of a directory written only to carry its
+// children (a parent no change names): the base's mode when the base has a
+// directory there, so that it is a carrier and changes nothing by itself,
+// else 0755.
+func CarrierMode(base *Entry) fs.FileMode {
+	if base != nil && base.Kind == KindDir {
+		return dirMode(base.Mode)
+	}
+	return 0o755
+}
+
 // PathXattr reads xattrs by host path (not following a final symlink):
 // for trees nobody else controls (layers, a staging directory). Trees a
 // session controls are read through a Root (Root.Xattr, Dir.Xattr).

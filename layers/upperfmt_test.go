@@ -1,6 +1,7 @@
 package layers
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -99,5 +100,34 @@ func TestUpperFormatConformance(t *testing.T) {
 				t.Errorf("ParseName(UpperFormat) = %s, want plain: an upper never reads names", names[kind])
 			}
 		})
+	}
+}
+
+// TestCarrierRule: an upper directory is a carrier only when it is not
+// opaque and the base has a directory with exactly its mode; a carrier
+// written for a parent takes the base's mode (else 0755).
+func TestCarrierRule(t *testing.T) {
+	dir := func(m fs.FileMode) *Entry { return &Entry{Kind: KindDir, Mode: m} }
+	for _, tc := range []struct {
+		name     string
+		opaque   bool
+		mode     fs.FileMode
+		base     *Entry
+		carrier  bool
+		makeMode fs.FileMode
+	}{
+		{"same mode", false, 0o755, dir(0o755), true, 0o755},
+		{"sticky kept", false, 0o777 | fs.ModeSticky, dir(0o777 | fs.ModeSticky), true, 0o777 | fs.ModeSticky},
+		{"other mode", false, 0o700, dir(0o755), false, 0o755},
+		{"opaque", true, 0o755, dir(0o755), false, 0o755},
+		{"no base", false, 0o755, nil, false, 0o755},
+		{"base file", false, 0o644, &Entry{Kind: KindFile, Mode: 0o644}, false, 0o755},
+	} {
+		if got := IsCarrier(tc.opaque, tc.mode, tc.base); got != tc.carrier {
+			t.Errorf("%s: IsCarrier = %v, want %v", tc.name, got, tc.carrier)
+		}
+		if got := CarrierMode(tc.base); got != tc.makeMode {
+			t.Errorf("%s: CarrierMode = %v, want %v", tc.name, got, tc.makeMode)
+		}
 	}
 }
