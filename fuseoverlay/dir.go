@@ -3,7 +3,6 @@ package fuseoverlay
 import (
 	"context"
 	"encoding/binary"
-	"strings"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -48,9 +47,9 @@ func (o *ofs) merged(layers []int, p string, root bool) ([]fuse.DirEntry, syscal
 				if name == "." || name == ".." {
 					continue
 				}
-				if strings.HasPrefix(name, whPrefix) {
-					if l > 0 && name != opaqueMarker {
-						ociWh = append(ociWh, name[len(whPrefix):])
+				if kind, target := parseName(name); kind != namePlain {
+					if l > 0 && kind == nameOCIWhiteout {
+						ociWh = append(ociWh, target)
 					}
 					continue
 				}

@@ -8,7 +8,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// On-disk names of the overlay format (contract §8.4).
+// The overlay format (contract §8.4) as this package reads and writes it,
+// through descriptors: the twin of layers/upperfmt.go, which this package
+// may not import. The table in internal/upperfmtcases/testdata/cases.json
+// holds both to the same answers (TestUpperFormatConformance here and in
+// layers). One difference is by design: this package reads its upper dir
+// with the layer rule for opaque directories (an .wh..wh..opq entry
+// counts), which only its own fallback writes where user xattrs are
+// refused.
+
+// On-disk names of the overlay format.
 const (
 	xUserWhiteout    = "user.overlay.whiteout"
 	xTrustedWhiteout = "trusted.overlay.whiteout"
@@ -46,6 +55,26 @@ func errnoOf(err error) syscall.Errno {
 		return 0
 	}
 	return syscall.EIO
+}
+
+// Kinds of a directory entry's name in a lower layer (layers.NameKind).
+const (
+	namePlain        = iota // an ordinary entry
+	nameOCIWhiteout         // ".wh.<target>": target is whited out
+	nameOpaqueMarker        // ".wh..wh..opq": the directory is opaque
+)
+
+// parseName classifies a name as layers.ParseName does for a layer: any
+// ".wh." name is a marker, never an entry; the upper applies none of them
+// but hides them too.
+func parseName(name string) (int, string) {
+	if !strings.HasPrefix(name, whPrefix) {
+		return namePlain, ""
+	}
+	if name == opaqueMarker {
+		return nameOpaqueMarker, ""
+	}
+	return nameOCIWhiteout, name[len(whPrefix):]
 }
 
 // isOverlayXattr reports whether name belongs to the overlay format; such

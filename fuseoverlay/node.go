@@ -116,7 +116,7 @@ func (n *node) parentNode() *node {
 // hidden reports whether name is never visible in the directory: the
 // reserved .wh.* names and the root's staging directory.
 func (n *node) hidden(name string) bool {
-	if len(name) >= len(whPrefix) && name[:len(whPrefix)] == whPrefix {
+	if kind, _ := parseName(name); kind != namePlain {
 		return true
 	}
 	return n.o.hideTmp && name == stagingName && n.IsRoot()

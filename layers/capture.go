@@ -149,33 +149,15 @@ func invalidLayerPath(rawRel string) string {
 	return InvalidLayerPathPrefix + hex.EncodeToString([]byte(rawRel))
 }
 
-// hasOpaqueXattr reports whether the directory d carries an overlay opaque
-// xattr set to "y" (the name-based .wh..wh..opq marker is not consulted:
-// capture never interprets names).
-func hasOpaqueXattr(d *Dir) bool {
-	if v, ok := d.getxattr(".", xattrUserOpq); ok && v == "y" {
-		return true
-	}
-	v, ok := d.getxattr(".", xattrTrustedOpq)
-	return ok && v == "y"
-}
+// hasOpaqueXattr reports whether the directory d is opaque in UpperFormat
+// (the name-based .wh..wh..opq marker is not consulted: capture never
+// interprets names).
+func hasOpaqueXattr(d *Dir) bool { return IsOpaqueXattr(d.Xattr(".")) }
 
-// isWhiteoutAt is isWhiteoutFile for the entry name of d.
+// isWhiteoutAt is IsWhiteout for the entry name of d.
 func isWhiteoutAt(d *Dir, name string, fi fs.FileInfo) bool {
-	m := fi.Mode()
-	if m&fs.ModeCharDevice != 0 {
-		st, ok := fi.Sys().(*unix.Stat_t)
-		return ok && st.Rdev == 0
-	}
-	if m.IsRegular() && fi.Size() == 0 {
-		if _, ok := d.Getxattr(name, xattrUserWh); ok {
-			return true
-		}
-		if _, ok := d.Getxattr(name, xattrTrustedWh); ok {
-			return true
-		}
-	}
-	return false
+	st, ok := fi.Sys().(*unix.Stat_t)
+	return ok && IsWhiteout(st, d.Xattr(name))
 }
 
 // changed maps what a raced walk meets (an entry gone, a directory replaced
@@ -219,7 +201,7 @@ func (w *captureWalker) walkDir(d *Dir, opaque bool) error {
 		case m.IsDir():
 			subdirs = append(subdirs, captureSubdir{name: name})
 		case isWhiteoutAt(d, name, fi):
-			if opaque && name == opaqueMarker {
+			if IsOpaqueCompanion(name, true, opaque) {
 				continue // the second half of the opaque encoding of d
 			}
 			w.cs.Changes = append(w.cs.Changes, Change{Kind: ChangeDelete, Path: childRel})
@@ -294,5 +276,5 @@ func (w *captureWalker) isCarrier(rel string, mode fs.FileMode) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("base view: %w", err)
 	}
-	return e.Kind == KindDir && e.Mode == mode, nil
+	return IsCarrier(false, mode, &e), nil
 }

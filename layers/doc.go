@@ -15,8 +15,15 @@
 //   - leases pinning manifest snapshots, garbage collection on release and the
 //     fail-closed start-up Sweep (§8.5, §8.7).
 //
-// It imports nothing of this module, needs no privileges and no namespaces,
-// and is Linux-only (golang.org/x/sys/unix).
+// It imports nothing of this module but the leaf internal/beneath (the
+// module's one resolver beneath a root), needs no privileges and no
+// namespaces, and is Linux-only (golang.org/x/sys/unix).
+//
+// upperfmt.go is the one upper-format module: every decision of what a
+// whiteout, an opaque directory, an OCI marker name or a carrier is, and
+// the writers of whiteouts and opaque directories (UpperFormat for a
+// session's upper dir, LayerFormat for layers). fuseoverlay keeps an
+// fd-based twin; internal/upperfmtcases holds both to one table.
 //
 // Decisions where the contract is silent:
 //
@@ -41,7 +48,7 @@
 //   - Garbage collection and Sweep never run without a parsable manifest; the
 //     in-memory leases of the Stack are honoured by Sweep as well.
 //   - Trees a session controls (its upper dir, a recovery artifact) are read
-//     only through a Root (root.go), the one resolver for them: paths are
+//     only through a Root (root.go, on internal/beneath): paths are
 //     resolved descriptor-relative with openat2(RESOLVE_BENEATH|
 //     RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS), or one O_NOFOLLOW openat
 //     per component where openat2 is missing, and a symlink is never

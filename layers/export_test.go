@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ephemeral-ai-lab/sandbox/internal/beneath"
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 )
@@ -415,9 +416,9 @@ func TestFoldHostileLayers(t *testing.T) {
 	for _, fallback := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tampered/fallback=%v", fallback), func(t *testing.T) {
 			if fallback {
-				prev := noOpenat2.Load()
-				noOpenat2.Store(true)
-				t.Cleanup(func() { noOpenat2.Store(prev) })
+				prev := resolve
+				resolve = beneath.Walk
+				t.Cleanup(func() { resolve = prev })
 			}
 			// An intermediate directory swapped for a symlink.
 			if err := os.Rename(filepath.Join(layer, "sub"), filepath.Join(layer, "sub2")); err != nil {

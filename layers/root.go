@@ -11,9 +11,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
+	"github.com/ephemeral-ai-lab/sandbox/internal/beneath"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,7 +25,8 @@ import (
 // reads from such a tree therefore goes through a Root: one descriptor of
 // the tree's top, and every path below it resolved descriptor-relative with
 // openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS), or,
-// where openat2 is unavailable, one openat(O_NOFOLLOW) per component.
+// where openat2 is unavailable, one openat(O_NOFOLLOW) per component: the
+// module's one resolver, internal/beneath.
 //
 // A symlink is never followed, in any component, even one that points to
 // another place inside the root: such a link is a path the session chose,
@@ -538,51 +539,21 @@ func symlinkErr(err error, dirfd int, name string) error {
 	return err
 }
 
-// noOpenat2 remembers that openat2 is unavailable (old kernel, seccomp):
-// a property of the host, found once.
-var noOpenat2 atomic.Bool
+// resolve is the resolver beneath a descriptor (internal/beneath); a
+// seam so that tests also run the per-component walk that replaces
+// openat2 where the kernel lacks it.
+var resolve = beneath.Open
 
 // openBeneath opens rel (slash-separated, clean, relative, "." for the
 // directory itself) below the directory open at rootfd without following
 // any symlink: a symlink on the way, or as the final component unless
 // flags has O_PATH, is ErrSymlink (errors.Is unix.ELOOP too).
 func openBeneath(rootfd int, rel string, flags int) (int, error) {
-	flags |= unix.O_CLOEXEC | unix.O_NOFOLLOW
-	if !noOpenat2.Load() {
-		how := unix.OpenHow{Flags: uint64(flags), Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS}
-		fd, err := unix.Openat2(rootfd, rel, &how)
-		switch {
-		case err == nil:
-			return fd, nil
-		case errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM):
-			noOpenat2.Store(true) // walk instead
-		case errors.Is(err, unix.EXDEV) || errors.Is(err, unix.ELOOP):
-			return -1, fmt.Errorf("%w: %w", ErrSymlink, unix.ELOOP)
-		case errors.Is(err, unix.ENOTDIR):
-			// A file on the way, or a final symlink with O_DIRECTORY: the
-			// walk below (as safe) tells which.
-		default:
-			return -1, err
-		}
+	fd, err := resolve(rootfd, rel, flags)
+	if errors.Is(err, unix.ELOOP) {
+		return -1, fmt.Errorf("%w: %w", ErrSymlink, unix.ELOOP)
 	}
-	comps := strings.Split(rel, "/")
-	cur := rootfd
-	for j, c := range comps {
-		fl := unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
-		if j == len(comps)-1 {
-			fl = flags
-		}
-		nfd, err := unix.Openat(cur, c, fl, 0)
-		err = symlinkErr(err, cur, c)
-		if cur != rootfd {
-			unix.Close(cur)
-		}
-		if err != nil {
-			return -1, err
-		}
-		cur = nfd
-	}
-	return cur, nil
+	return fd, err
 }
 
 // statInfo is an fs.FileInfo made from a unix.Stat_t.

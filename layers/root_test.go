@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ephemeral-ai-lab/sandbox/internal/beneath"
 	"golang.org/x/sys/unix"
 )
 
@@ -32,9 +33,9 @@ func forResolvers(t *testing.T, body func(t *testing.T)) {
 	for _, name := range []string{"openat2", "walk"} {
 		t.Run(name, func(t *testing.T) {
 			if name == "walk" {
-				prev := noOpenat2.Load()
-				noOpenat2.Store(true)
-				t.Cleanup(func() { noOpenat2.Store(prev) })
+				prev := resolve
+				resolve = beneath.Walk
+				t.Cleanup(func() { resolve = prev })
 			}
 			body(t)
 		})

@@ -287,9 +287,9 @@ func readLayerDir(host string) (map[string]layerEntry, bool, error) {
 	}
 	out := make(map[string]layerEntry, len(names))
 	for _, n := range names {
-		if hiddenName(n) {
-			if n != opaqueMarker {
-				out[n[len(whPrefix):]] = layerEntry{whiteout: true}
+		if kind, target := ParseName(LayerFormat, n); kind != NamePlain {
+			if kind == NameOCIWhiteout {
+				out[target] = layerEntry{whiteout: true}
 			}
 			continue
 		}

@@ -395,15 +395,15 @@ func (b *layerBuilder) ensureDir(rel string) error {
 	if err := b.ensureDir(parentOf(rel)); err != nil {
 		return err
 	}
-	mode := fs.FileMode(0o755)
 	e, err := b.view.Lstat(rel)
-	switch {
-	case err == nil && e.Kind == KindDir:
-		mode = dirMode(e.Mode)
-	case err != nil && !errors.Is(err, fs.ErrNotExist):
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	return b.mkdir(rel, mode)
+	var base *Entry
+	if err == nil {
+		base = &e
+	}
+	return b.mkdir(rel, CarrierMode(base))
 }
 
 func (b *layerBuilder) mkdir(rel string, mode fs.FileMode) error {

@@ -161,8 +161,6 @@ func splitViewPath(p string) ([]string, error) {
 	return comps, nil
 }
 
-func hiddenName(c string) bool { return strings.HasPrefix(c, whPrefix) }
-
 type probeState int
 
 const (
@@ -438,9 +436,9 @@ func mergeDir(host, rel, layerID string, seen map[string]bool, out *[]Entry) err
 	}
 	var ociWhiteouts []string
 	for _, name := range names {
-		if hiddenName(name) {
-			if name != opaqueMarker {
-				ociWhiteouts = append(ociWhiteouts, name[len(whPrefix):])
+		if kind, target := ParseName(LayerFormat, name); kind != NamePlain {
+			if kind == NameOCIWhiteout {
+				ociWhiteouts = append(ociWhiteouts, target)
 			}
 			continue
 		}

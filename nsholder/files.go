@@ -2,10 +2,10 @@ package nsholder
 
 // File operations of a session (§7.1 "Session"): every path is resolved
 // relative to an open directory fd of /workspace without following a
-// symlink in any component, so nothing can escape it. Resolution uses
-// openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS); where
-// the kernel lacks openat2 (ENOSYS, < 5.6) it walks component by component
-// with openat(O_NOFOLLOW|O_DIRECTORY). After resolution every operation is
+// symlink in any component, so nothing can escape it. Resolution is
+// internal/beneath: openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|
+// RESOLVE_NO_MAGICLINKS); where the kernel lacks openat2 (ENOSYS, < 5.6) it
+// walks component by component with openat(O_PATH|O_NOFOLLOW). After resolution every operation is
 // relative to the directory fd it got, so swapping a component for a
 // symlink afterwards has no effect, and swapping it before makes the
 // resolution fail.
@@ -22,6 +22,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/ephemeral-ai-lab/sandbox/internal/beneath"
 	"golang.org/x/sys/unix"
 )
 
@@ -194,89 +195,23 @@ func createTemp(dfd int) (string, int, error) {
 }
 
 // openDir opens the directory path beneath root with flags (O_PATH or
-// O_RDONLY); no component, including the last, may be a symlink.
+// O_RDONLY); no component, including the last, may be a symlink. The
+// resolution is the module's one resolver, internal/beneath (openat2, or a
+// per-component walk where the kernel lacks it).
 func openDir(root *os.File, path string, flags int) (int, error) {
 	defer runtime.KeepAlive(root)
-	p := path
-	if p == "" {
-		p = "."
-	}
-	how := unix.OpenHow{
-		Flags:   uint64(flags | unix.O_DIRECTORY | unix.O_CLOEXEC),
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-	}
-	for i := 0; ; i++ {
-		fd, err := unix.Openat2(int(root.Fd()), p, &how)
-		switch {
-		case err == unix.ENOSYS:
-			return walkDir(root, path, flags, false)
-		case (err == unix.EAGAIN || err == unix.EINTR) && i < 10:
-			continue
-		}
-		return fd, err
-	}
+	return beneath.Open(int(root.Fd()), path, flags|unix.O_DIRECTORY)
 }
 
-// walkDir is openDir without openat2: it opens one component at a time
-// relative to the previous one with O_PATH|O_NOFOLLOW and checks the fd it
-// got, so a component that is (or just became) a symlink fails the walk.
-// With create it makes missing directories (mode 0755).
+// walkDir is openDir without openat2 (beneath's per-component walk). With
+// create it makes missing directories (mode 0755, regardless of the
+// umask) and returns an O_PATH descriptor.
 func walkDir(root *os.File, path string, flags int, create bool) (int, error) {
 	defer runtime.KeepAlive(root)
-	fd, err := unix.Openat(int(root.Fd()), ".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, err
+	if create {
+		return beneath.MkdirAll(int(root.Fd()), path, 0o755)
 	}
-	var comps []string
-	if path != "" {
-		comps = strings.Split(path, "/")
-	}
-	for _, c := range comps {
-		next, err := openComponent(fd, c)
-		if err == unix.ENOENT && create {
-			if err = unix.Mkdirat(fd, c, 0o755); err == nil || err == unix.EEXIST {
-				made := err == nil
-				if next, err = openComponent(fd, c); err == nil && made {
-					err = unix.Fchmodat(next, ".", 0o755, 0) // regardless of the umask
-				}
-			}
-		}
-		unix.Close(fd)
-		if err != nil {
-			if next >= 0 {
-				unix.Close(next)
-			}
-			return -1, err
-		}
-		fd = next
-	}
-	if flags == unix.O_PATH {
-		return fd, nil
-	}
-	defer unix.Close(fd)
-	return unix.Openat(fd, ".", flags|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-}
-
-// openComponent opens the directory name in dfd as O_PATH: ELOOP when it
-// is a symlink, ENOTDIR when it is something else but a directory.
-func openComponent(dfd int, name string) (int, error) {
-	fd, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, err
-	}
-	var st unix.Stat_t
-	if err = unix.Fstat(fd, &st); err == nil {
-		switch kindOf(st.Mode) {
-		case "directory":
-			return fd, nil
-		case "symlink":
-			err = unix.ELOOP
-		default:
-			err = unix.ENOTDIR
-		}
-	}
-	unix.Close(fd)
-	return -1, err
+	return beneath.Walk(int(root.Fd()), path, flags|unix.O_DIRECTORY)
 }
 
 // resolveErr is pathErr for a failed resolution of dir (path's directory,
@@ -295,26 +230,9 @@ func resolveErr(root *os.File, op, path, dir string, err error) error {
 // itself when the walk no longer meets one (the tree changed meanwhile).
 func firstSymlink(root *os.File, dir string) string {
 	defer runtime.KeepAlive(root)
-	fd, err := unix.Openat(int(root.Fd()), ".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil || dir == "" {
-		if err == nil {
-			unix.Close(fd)
-		}
-		return dir
+	if c := beneath.FirstSymlink(int(root.Fd()), dir); c != "" {
+		return c
 	}
-	comps := strings.Split(dir, "/")
-	for i, c := range comps {
-		next, err := openComponent(fd, c)
-		unix.Close(fd)
-		switch {
-		case err == unix.ELOOP:
-			return strings.Join(comps[:i+1], "/")
-		case err != nil:
-			return dir
-		}
-		fd = next
-	}
-	unix.Close(fd)
 	return dir
 }
 
