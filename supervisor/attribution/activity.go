@@ -204,13 +204,13 @@ func upperStateOf(root *layers.Root, rel string, fi fs.FileInfo) (upperState, bo
 	u := upperState{Mode: st.Mode & 0o7777, Size: st.Size, MtimeNs: st.Mtim.Nano(), Ino: st.Ino}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
-		if isUpperWhiteout(root, rel, st) {
+		if layers.IsUpperWhiteout(root, rel, st) {
 			return upperState{Kind: "whiteout"}, true
 		}
 		u.Kind = "file"
 	case unix.S_IFDIR:
 		u.Kind = "dir"
-		if isOpaqueDir(root, rel) {
+		if layers.IsUpperOpaque(root, rel) {
 			u.Kind = "opaque"
 		}
 		u.Size, u.MtimeNs = 0, 0 // a directory's own size and mtime change with its entries
@@ -219,7 +219,7 @@ func upperStateOf(root *layers.Root, rel string, fi fs.FileInfo) (upperState, bo
 		u.Target, _ = root.Readlink(rel)
 		u.Mode = 0
 	case unix.S_IFCHR:
-		if st.Rdev != 0 {
+		if !layers.IsWhiteout(st, nil) {
 			return upperState{}, false
 		}
 		return upperState{Kind: "whiteout"}, true
@@ -227,15 +227,6 @@ func upperStateOf(root *layers.Root, rel string, fi fs.FileInfo) (upperState, bo
 		return upperState{}, false
 	}
 	return u, true
-}
-
-func isOpaqueDir(root *layers.Root, rel string) bool {
-	for _, name := range []string{"user.overlay.opaque", "trusted.overlay.opaque"} {
-		if v, ok := root.Getxattr(rel, name); ok && v == "y" {
-			return true
-		}
-	}
-	return false
 }
 
 // walkUpper lists every entry of the upper dir (workspace-relative, slash

@@ -293,23 +293,6 @@ func identityOf(st *unix.Stat_t) ckIdentity {
 	return ckIdentity{Size: st.Size, MtimeNs: st.Mtim.Nano(), CtimeNs: st.Ctim.Nano(), Ino: st.Ino}
 }
 
-// isUpperWhiteout reports whether the upper-dir entry rel is a whiteout
-// (0:0 character device, or an empty file with an overlay whiteout xattr),
-// reading its xattrs beneath root.
-func isUpperWhiteout(root *layers.Root, rel string, st *unix.Stat_t) bool {
-	if st.Mode&unix.S_IFMT == unix.S_IFCHR {
-		return st.Rdev == 0
-	}
-	if st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size == 0 {
-		for _, name := range []string{"user.overlay.whiteout", "trusted.overlay.whiteout"} {
-			if _, ok := root.Getxattr(rel, name); ok {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // Checkpoint takes a checkpoint of a session (§11.3, kernel driver):
 // every text file of the upper dir that changed since the previous
 // checkpoint (size, mtime, ctime, inode; then content) is diffed against
@@ -425,7 +408,7 @@ func (cp *checkpointer) visit(p string) {
 	}
 	defer f.Close()
 	var st unix.Stat_t
-	if unix.Fstat(int(f.Fd()), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || isUpperWhiteout(cp.root, p, &st) {
+	if unix.Fstat(int(f.Fd()), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || layers.IsUpperWhiteout(cp.root, p, &st) {
 		return
 	}
 	id := identityOf(&st)

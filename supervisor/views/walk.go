@@ -10,16 +10,11 @@ import (
 	"os"
 	"path"
 	"sort"
-	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
-)
-
-const (
-	whPrefixName = ".wh."
-	opaqueName   = ".wh..wh..opq"
 )
 
 // walkStats is the result of a bounded size walk.
@@ -118,7 +113,6 @@ func layerEntries(root string, limit, maxDepth int) (entries []layerEntry, trunc
 		depth     int
 	}
 	stack := []item{{root, "", 0}}
-	var st unix.Stat_t
 	for len(stack) > 0 && !truncated {
 		it := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
@@ -141,19 +135,21 @@ func layerEntries(root string, limit, maxDepth int) (entries []layerEntry, trunc
 		for _, name := range names {
 			rel := path.Join(it.rel, name)
 			p := it.path + "/" + name
-			if name == opaqueName {
+			kind, target := layers.ParseName(layers.LayerFormat, name)
+			if kind == layers.NameOpaqueMarker {
 				continue // the directory itself is reported as opaque_dir
 			}
-			if strings.HasPrefix(name, whPrefixName) {
-				entries = append(entries, layerEntry{path.Join(it.rel, name[len(whPrefixName):]), "delete"})
-			} else if unix.Lstat(p, &st) == nil {
+			if kind == layers.NameOCIWhiteout {
+				entries = append(entries, layerEntry{path.Join(it.rel, target), "delete"})
+			} else if fi, lerr := os.Lstat(p); lerr == nil {
+				st := fi.Sys().(*syscall.Stat_t)
 				switch st.Mode & unix.S_IFMT {
 				case unix.S_IFCHR:
-					if st.Rdev == 0 {
+					if layers.IsLayerWhiteout(p, fi) {
 						entries = append(entries, layerEntry{rel, "delete"})
 					}
 				case unix.S_IFREG:
-					if st.Size == 0 && (hasXattr(p, "user.overlay.whiteout") || hasXattr(p, "trusted.overlay.whiteout")) {
+					if layers.IsLayerWhiteout(p, fi) {
 						entries = append(entries, layerEntry{rel, "delete"})
 					} else {
 						entries = append(entries, layerEntry{rel, "write"})
@@ -162,7 +158,7 @@ func layerEntries(root string, limit, maxDepth int) (entries []layerEntry, trunc
 					entries = append(entries, layerEntry{rel, "symlink"})
 				case unix.S_IFDIR:
 					kind := "directory"
-					if opaqueDir(p) {
+					if layers.IsLayerOpaque(p) {
 						kind = "opaque_dir"
 					}
 					entries = append(entries, layerEntry{rel, kind})
@@ -187,22 +183,6 @@ func layerEntries(root string, limit, maxDepth int) (entries []layerEntry, trunc
 		entries, truncated = entries[:limit], true
 	}
 	return entries, truncated, nil
-}
-
-func hasXattr(p, name string) bool {
-	_, err := unix.Lgetxattr(p, name, nil)
-	return err == nil || errors.Is(err, unix.ERANGE)
-}
-
-func opaqueDir(p string) bool {
-	for _, name := range []string{"user.overlay.opaque", "trusted.overlay.opaque"} {
-		var b [4]byte
-		if n, err := unix.Lgetxattr(p, name, b[:]); err == nil && string(b[:n]) == "y" {
-			return true
-		}
-	}
-	var st unix.Stat_t
-	return unix.Lstat(p+"/"+opaqueName, &st) == nil
 }
 
 // ReadNames lists at most max names of a directory, sorted.
