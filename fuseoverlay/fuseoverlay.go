@@ -120,6 +120,7 @@ type serverImpl interface {
 	flush()
 	unmount() error
 	wait()
+	swapLower(ctx context.Context, lowers []*os.File) error
 }
 
 // Mount mounts the overlay at mountpoint and serves it until Unmount or until
