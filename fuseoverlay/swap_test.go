@@ -3,10 +3,12 @@ package fuseoverlay
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -236,6 +238,111 @@ func TestSwapLowerRefusesBadInput(t *testing.T) {
 		}
 		if got := f.read("a"); got != "a" {
 			t.Errorf("%s: a reads %q after a refused swap", name, got)
+		}
+	}
+}
+
+// TestSwapLowerConcurrent swaps back and forth between two chains while
+// other goroutines read, list, create and copy up through the mount (run
+// it with -race): every read shows one chain's content or the upper's,
+// and the final state is the last chain's.
+func TestSwapLowerConcurrent(t *testing.T) {
+	base := tree{"f": "fa", "d/": ""}
+	for i := range 8 {
+		base[fmt.Sprintf("d/c%d", i)] = "c"
+	}
+	f := mountLayers(t, []tree{base}, nil)
+	a := f.openLower(0)
+	_, b := f.newLayer("b", tree{"f": "fb-longer", "g": "g"})
+	stop := make(chan struct{})
+	errs := make(chan error, 64)
+	var wg sync.WaitGroup
+	loop := func(fn func(i int) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := fn(i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	loop(func(int) error {
+		got, err := os.ReadFile(f.p("f"))
+		if err != nil {
+			return fmt.Errorf("read f: %w", err)
+		}
+		if s := string(got); s != "fa" && s != "fb-longer" {
+			return fmt.Errorf("read f: %q, from neither chain", s)
+		}
+		return nil
+	})
+	loop(func(int) error {
+		_, err := os.ReadDir(f.mnt)
+		return err
+	})
+	loop(func(i int) error {
+		p := f.p(fmt.Sprintf("d/n%d", i%4))
+		if err := os.WriteFile(p, []byte("n"), 0o644); err != nil {
+			return err
+		}
+		return os.Remove(p)
+	})
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		for i := range 8 {
+			fh, err := os.OpenFile(f.p(fmt.Sprintf("d/c%d", i)), os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				errs <- fmt.Errorf("copy-up c%d: %w", i, err)
+				return
+			}
+			_, err = fh.WriteString("+")
+			fh.Close()
+			if err != nil {
+				errs <- fmt.Errorf("append to c%d: %w", i, err)
+				return
+			}
+		}
+	}()
+	for i := 0; ; i++ {
+		if i%2 == 0 {
+			f.swap(b, a)
+		} else {
+			f.swap(a)
+		}
+		select {
+		case <-copied:
+		default:
+			continue
+		}
+		if i >= 40 {
+			break
+		}
+	}
+	f.swap(b, a)
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := f.read("f"); got != "fb-longer" {
+		t.Errorf("f after the last swap: %q", got)
+	}
+	if got := f.read("g"); got != "g" {
+		t.Errorf("g after the last swap: %q", got)
+	}
+	for i := range 8 {
+		if got := f.read(fmt.Sprintf("d/c%d", i)); got != "c+" {
+			t.Errorf("d/c%d: %q, want c+", i, got)
 		}
 	}
 }
