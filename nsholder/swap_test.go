@@ -1,0 +1,171 @@
+package nsholder
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// spawnIn is session.spawn with a working directory and an owner.
+func (s *session) spawnIn(dir, owner, cmd string) *cmdRun {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := s.h.Spawn(ctx, SpawnRequest{Cmd: cmd, Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=dumb"},
+		Dir: dir, Owner: owner})
+	if err != nil {
+		s.t.Fatalf("Spawn %q: %v", cmd, err)
+	}
+	r := &cmdRun{p: p, events: make(chan Event, 16), outDone: make(chan struct{})}
+	s.mu.Lock()
+	s.chans[p.ID] = r.events
+	for _, e := range s.early[p.ID] {
+		r.events <- e
+	}
+	delete(s.early, p.ID)
+	s.mu.Unlock()
+	go func() {
+		defer close(r.outDone)
+		_, _ = io.Copy(&r.out, p.PTY)
+	}()
+	return r
+}
+
+// waitFile waits until p exists (a command's signal that it is ready).
+func waitFile(t *testing.T, p string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Lstat(p); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not appear", p)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestSwapLowerHolder drives a real holder of each driver through lower
+// swaps: a command running across the swap (cwd outside /workspace) goes
+// on and then sees the new chain, new commands and the holder's own file
+// operations see it, the upper's files stay. The fuse driver swaps under a
+// command whose cwd and an open file are in /workspace (the file keeps its
+// old content); the kernel driver refuses that, naming the command, and
+// changes nothing, until the command is gone.
+func TestSwapLowerHolder(t *testing.T) {
+	for _, driver := range []string{OverlayKernel, OverlayFuse} {
+		t.Run(driver, func(t *testing.T) {
+			f := newFixture(t)
+			cfg := f.config("sess-swap-" + driver)
+			cfg.Overlay = driver
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			if driver == OverlayFuse {
+				if _, err := os.Stat("/dev/fuse"); err != nil {
+					t.Skipf("no FUSE here: %v", err)
+				}
+			}
+			s := startSession(t, cfg)
+			s.ok("echo mine > mine.txt")
+			head := filepath.Join(f.dir, "head")
+			must(t, os.MkdirAll(filepath.Join(head, "sub"), 0o755))
+			must(t, os.WriteFile(filepath.Join(head, "hello.txt"), []byte("hello from head\n"), 0o644))
+			must(t, os.WriteFile(filepath.Join(head, "sub", "b"), []byte("b\n"), 0o644))
+			chain := []string{head, f.lower, f.lower2}
+
+			// Runs across the swap, cwd "/": waits for "go", then reads.
+			across := s.spawnIn("/", "cmd-across", "touch /workspace/across-ready; while [ ! -e /workspace/go ]; do sleep 0.02; done; cat /workspace/hello.txt")
+			waitFile(t, filepath.Join(f.upper, "across-ready"))
+
+			var inside *cmdRun
+			switch driver {
+			case OverlayKernel:
+				pin := s.spawnIn("/workspace", "cmd-pin", "touch pin-ready; exec sleep 60")
+				waitFile(t, filepath.Join(f.upper, "pin-ready"))
+				err := s.h.SwapLower(ctx, SwapRequest{Lowers: chain})
+				var pe *PinnedError
+				if !errors.Is(err, ErrSwapPinned) || !errors.As(err, &pe) {
+					t.Fatalf("swap with a cwd in /workspace: %v, want a PinnedError", err)
+				}
+				found := false
+				for _, p := range pe.Pins {
+					if p.Pid == pin.p.Pid && p.Kind == "cwd" && p.Owner == "cmd-pin" && p.Path == "/workspace" {
+						found = true
+					}
+				}
+				if !found || !strings.Contains(err.Error(), "cmd-pin") {
+					t.Errorf("pins %+v (%v) do not name cmd-pin's cwd", pe.Pins, err)
+				}
+				if got := s.ok("cat hello.txt"); got != "hello from lower" {
+					t.Fatalf("after a refused swap: %q", got)
+				}
+				must(t, s.h.Signal(ctx, pin.p.ID, 9))
+				pin.wait(t, 20*time.Second)
+				// An open descriptor pins as well.
+				fdPin := s.spawnIn("/", "cmd-fd", "exec 3</workspace/hello.txt; touch /workspace/fd-ready; exec sleep 60")
+				waitFile(t, filepath.Join(f.upper, "fd-ready"))
+				err = s.h.SwapLower(ctx, SwapRequest{Lowers: chain})
+				if !errors.As(err, &pe) || len(pe.Pins) == 0 || pe.Pins[0].Kind != "fd" || pe.Pins[0].Path != "/workspace/hello.txt" {
+					t.Fatalf("swap with a descriptor in /workspace: %v", err)
+				}
+				must(t, s.h.Signal(ctx, fdPin.p.ID, 9))
+				fdPin.wait(t, 20*time.Second)
+			case OverlayFuse:
+				inside = s.spawnIn("/workspace/sub", "cmd-inside", "exec 3<../hello.txt; touch ../inside-ready; while [ ! -e ../go ]; do sleep 0.02; done; cat <&3; ls -1")
+				waitFile(t, filepath.Join(f.upper, "inside-ready"))
+			}
+
+			if err := s.h.SwapLower(ctx, SwapRequest{Lowers: chain}); err != nil {
+				t.Fatalf("SwapLower: %v", err)
+			}
+			if _, err := s.h.WriteFile(ctx, "go", nil, nil); err != nil {
+				t.Fatal(err)
+			}
+			if out := strings.TrimSpace(across.wait(t, 20*time.Second)); out != "hello from head" || across.status.ExitStatus() != 0 {
+				t.Errorf("command across the swap: %q, exit %d", out, across.status.ExitStatus())
+			}
+			if inside != nil {
+				out := strings.ReplaceAll(strings.TrimSpace(inside.wait(t, 20*time.Second)), "\r", "")
+				if want := "hello from lower\na\nb"; out != want {
+					t.Errorf("command inside /workspace across the swap: %q, want %q", out, want)
+				}
+			}
+			if got := s.ok("cat hello.txt mine.txt; ls -1 sub"); got != "hello from head\nmine\na\nb" {
+				t.Errorf("a new command after the swap: %q", got)
+			}
+			data, _, err := s.h.ReadFile(ctx, "sub/b", 1<<20)
+			if err != nil || string(data) != "b\n" {
+				t.Errorf("holder ReadFile after the swap: %q %v", data, err)
+			}
+			s.ok("echo more >> sub/b")
+			if b, err := os.ReadFile(filepath.Join(f.upper, "sub", "b")); err != nil || string(b) != "b\nmore\n" {
+				t.Errorf("upper sub/b after a write: %q %v", b, err)
+			}
+		})
+	}
+}
+
+// TestSwapLowerBadRequest: no layers, or a layer that is not a directory,
+// fails on the client side; the session is unchanged.
+func TestSwapLowerBadRequest(t *testing.T) {
+	f := newFixture(t)
+	s := startSession(t, f.config("sess-swap-bad"))
+	ctx := context.Background()
+	if err := s.h.SwapLower(ctx, SwapRequest{}); err == nil {
+		t.Error("a swap without layers succeeded")
+	}
+	file := filepath.Join(f.dir, "file")
+	must(t, os.WriteFile(file, nil, 0o644))
+	if err := s.h.SwapLower(ctx, SwapRequest{Lowers: []string{file}}); err == nil {
+		t.Error("a swap onto a file succeeded")
+	}
+	if got := s.ok("cat hello.txt"); got != "hello from lower" {
+		t.Errorf("after refused swaps: %q", got)
+	}
+}
