@@ -3,12 +3,16 @@ package nsholder
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // spawnIn is session.spawn with a working directory and an owner.
@@ -167,5 +171,129 @@ func TestSwapLowerBadRequest(t *testing.T) {
 	}
 	if got := s.ok("cat hello.txt"); got != "hello from lower" {
 		t.Errorf("after refused swaps: %q", got)
+	}
+}
+
+// oldViewEnv makes the test binary run oldViewChild (in a new user and
+// mount namespace) and exit.
+const oldViewEnv = "NSHOLDER_TEST_OLD_VIEW"
+
+func init() {
+	if dir := os.Getenv(oldViewEnv); dir != "" {
+		os.Exit(oldViewChild(dir))
+	}
+}
+
+// oldViewChild mounts a kernel overlay at dir/ws, keeps a cwd-like
+// directory descriptor and an open file in it, mounts a second overlay
+// over the same upper (newer lowers, fresh work directory) beneath it and
+// detaches the first: the swap the holder does. It prints what each view
+// shows, one "key=value" per line.
+func oldViewChild(dir string) int {
+	p := func(n string) string { return filepath.Join(dir, n) }
+	out := func(k, v string) { fmt.Printf("%s=%s\n", k, v) }
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, err); return 1 }
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fail(err)
+	}
+	for _, n := range []string{"l1/sub", "l2", "u", "w/w1", "w/w2", "ws"} {
+		if err := os.MkdirAll(p(n), 0o755); err != nil {
+			return fail(err)
+		}
+	}
+	for n, c := range map[string]string{"l1/a": "old", "l1/b": "lower-b", "l2/a": "new"} {
+		if err := os.WriteFile(p(n), []byte(c), 0o644); err != nil {
+			return fail(err)
+		}
+	}
+	if _, err := MountOverlay(p("ws"), []string{p("l1")}, p("u"), p("w/w1")); err != nil {
+		return fail(err)
+	}
+	cwd, err := unix.Open(p("ws/sub"), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return fail(err)
+	}
+	opened, err := os.Open(p("ws/a"))
+	if err != nil {
+		return fail(err)
+	}
+	var st unix.Stat_t
+	_ = unix.Fstatat(cwd, "../b", &st, 0) // cache b in the old view
+	mfd, err := newOverlayFD([]string{p("l2"), p("l1")}, p("u"), p("w/w2"))
+	if err != nil {
+		return fail(fmt.Errorf("second overlay over the same upper: %w", err))
+	}
+	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, p("ws"), unix.MOVE_MOUNT_F_EMPTY_PATH|moveMountBeneath); err != nil {
+		return fail(fmt.Errorf("move_mount beneath: %w", err))
+	}
+	if err := unix.Unmount(p("ws"), unix.MNT_DETACH); err != nil {
+		return fail(err)
+	}
+	b, _ := os.ReadFile(p("ws/a"))
+	out("new_path_a", string(b))
+	b, _ = io.ReadAll(opened)
+	out("opened_before_a", string(b))
+	readAtOld := func(name string) string {
+		fd, err := unix.Openat(cwd, name, unix.O_RDONLY, 0)
+		if err != nil {
+			return "error:" + err.Error()
+		}
+		defer unix.Close(fd)
+		f := os.NewFile(uintptr(fd), name)
+		b, _ := io.ReadAll(f)
+		return string(b)
+	}
+	out("old_cwd_a", readAtOld("../a"))
+	_ = os.WriteFile(p("ws/sub/fromnew"), []byte("x"), 0o644)
+	out("old_cwd_sees_new_create", fmt.Sprint(unix.Fstatat(cwd, "fromnew", &st, 0) == nil))
+	_ = os.WriteFile(p("ws/b"), []byte("new-view"), 0o644)
+	if fd, err := unix.Openat(cwd, "../b", unix.O_WRONLY|unix.O_APPEND, 0); err != nil {
+		out("old_cwd_write_b", "error:"+err.Error())
+	} else {
+		_, werr := unix.Write(fd, []byte("+old-view"))
+		unix.Close(fd)
+		out("old_cwd_write_b", fmt.Sprint(werr))
+	}
+	b, _ = os.ReadFile(p("u/b"))
+	out("upper_b", string(b))
+	return 0
+}
+
+// TestSwapKernelOldView is the finding behind the kernel swap's pin check
+// (swap-findings.md): two overlays over one upper coexist (index=off) and
+// a new one can replace the old at /workspace with MOVE_MOUNT_BENEATH, on
+// this kernel, rootless. New lookups see the new chain and a file opened
+// before keeps its content, but a process left in the old overlay (a cwd)
+// resolves names in the old chain and the kernel calls using both
+// "undefined": the old view misses the new view's writes, and its own
+// writes fail or race the new view's copy-ups. The holder therefore
+// refuses the swap while anything is in the old overlay.
+func TestSwapKernelOldView(t *testing.T) {
+	dir := t.TempDir()
+	t.Cleanup(func() { openUp(dir) })
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), oldViewEnv+"="+dir)
+	cmd.SysProcAttr = NamespaceAttr(0)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	outb, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("old-view child: %v: %s", err, stderr.String())
+	}
+	got := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(outb)), "\n") {
+		k, v, _ := strings.Cut(line, "=")
+		got[k] = v
+	}
+	var uts unix.Utsname
+	_ = unix.Uname(&uts)
+	t.Logf("kernel %s: %v", unix.ByteSliceToString(uts.Release[:]), got)
+	for k, want := range map[string]string{"new_path_a": "new", "opened_before_a": "old", "old_cwd_a": "old"} {
+		if got[k] != want {
+			t.Errorf("%s = %q, want %q", k, got[k], want)
+		}
+	}
+	if got["old_cwd_sees_new_create"] != "false" {
+		t.Logf("this kernel keeps the old view coherent with the new one's creates; the pin check is still needed for copy-ups")
 	}
 }
