@@ -297,3 +297,51 @@ func TestSwapKernelOldView(t *testing.T) {
 		t.Logf("this kernel keeps the old view coherent with the new one's creates; the pin check is still needed for copy-ups")
 	}
 }
+
+// TestSwapFrameManyDescriptors: a frame carries more descriptors than one
+// SCM_RIGHTS message may (a chain near the depth limit); all arrive, in
+// order, with the frame, and the next frame is intact.
+func TestSwapFrameManyDescriptors(t *testing.T) {
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	must(t, err)
+	a, err := newCtlConn(os.NewFile(uintptr(pair[0]), "a"))
+	must(t, err)
+	defer a.Close()
+	b, err := newCtlConn(os.NewFile(uintptr(pair[1]), "b"))
+	must(t, err)
+	defer b.Close()
+	dirs := make([]string, 520)
+	fds := make([]int, len(dirs))
+	base := t.TempDir()
+	for i := range dirs {
+		dirs[i] = filepath.Join(base, fmt.Sprint(i))
+		must(t, os.Mkdir(dirs[i], 0o755))
+		fd, err := unix.Open(dirs[i], unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		must(t, err)
+		defer unix.Close(fd)
+		fds[i] = fd
+	}
+	go func() {
+		ctx := context.Background()
+		_ = a.writeFrameFDs(ctx, &ctlHeader{Op: opSwap, Swap: &swapHeader{Lowers: len(fds)}}, nil, fds, true)
+		_ = a.writeFrame(ctx, &ctlHeader{Op: opReply, ID: 7}, []byte("next"), -1)
+	}()
+	hdr, _, fd, err := b.readFrame()
+	must(t, err)
+	if fd != -1 || len(hdr.fds) != len(dirs) {
+		t.Fatalf("fd %d, %d descriptors, want %d", fd, len(hdr.fds), len(dirs))
+	}
+	for i, got := range hdr.fds {
+		var x, y unix.Stat_t
+		must(t, unix.Fstat(got, &x))
+		must(t, unix.Stat(dirs[i], &y))
+		if x.Ino != y.Ino {
+			t.Errorf("descriptor %d is not %s", i, dirs[i])
+		}
+		unix.Close(got)
+	}
+	hdr, payload, _, err := b.readFrame()
+	if err != nil || hdr.ID != 7 || string(payload) != "next" {
+		t.Fatalf("next frame: %+v %q %v", hdr, payload, err)
+	}
+}
