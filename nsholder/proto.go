@@ -34,6 +34,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ephemeral-ai-lab/sandbox/fuseoverlay"
 )
 
 const (
@@ -141,6 +143,7 @@ var errCodes = []struct {
 	{"unsupported", ErrSwapUnsupported},
 	{"pinned", ErrSwapPinned},
 	{"freeze_timeout", ErrFreezeTimeout},
+	{"swap_invalidate", fuseoverlay.ErrSwapInvalidate},
 }
 
 func encodeError(err error) *wireError {

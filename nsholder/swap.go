@@ -209,6 +209,11 @@ func (s *server) swapKernel(lowers []*os.File, paths []string) error {
 	}
 	mfd, err := newOverlayFD(lowerPaths, ks.path(ks.tree, ks.upper), ks.path(ks.tree, work))
 	if err != nil {
+		if errors.Is(err, unix.EINVAL) {
+			// Typically "failed to clone upperpath/lowerpath" in dmesg:
+			// overlayfs takes layers on detached trees from Linux 6.15.
+			return fmt.Errorf("swaplower: %w: the kernel refused an overlay over the holder's detached clones (%v; it needs Linux 6.15, dmesg names the reason)", ErrSwapUnsupported, err)
+		}
 		return fmt.Errorf("swaplower: mount the new overlay: %w", err)
 	}
 	defer unix.Close(mfd)
