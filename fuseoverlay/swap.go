@@ -34,7 +34,10 @@ package fuseoverlay
 // still be served an entry, attribute or page the kernel had cached from
 // the old chain for a path that differs; every reply from the server is
 // from the new chain. A caller that needs the session to see no mix at all
-// stops the session's processes around the call.
+// stops the session's processes around the call. An operation the kernel
+// sends to a detached node in that window fails with ESTALE; open and stat
+// are retried once by the VFS with a fresh lookup, so only a second swap
+// of the same path within that retry makes ESTALE reach the process.
 
 import (
 	"context"

@@ -244,8 +244,8 @@ func TestSwapLowerRefusesBadInput(t *testing.T) {
 
 // TestSwapLowerConcurrent swaps back and forth between two chains while
 // other goroutines read, list, create and copy up through the mount (run
-// it with -race): every read shows one chain's content or the upper's,
-// and the final state is the last chain's.
+// it with -race): every read shows one chain's content (or fails with
+// ESTALE, see swap.go), and the final state is the last chain's.
 func TestSwapLowerConcurrent(t *testing.T) {
 	base := tree{"f": "fa", "d/": ""}
 	for i := range 8 {
@@ -276,6 +276,11 @@ func TestSwapLowerConcurrent(t *testing.T) {
 	}
 	loop(func(int) error {
 		got, err := os.ReadFile(f.p("f"))
+		if errors.Is(err, unix.ESTALE) {
+			// The open raced the switch of f itself and the VFS's one
+			// retry raced the next swap (they follow each other here).
+			return nil
+		}
 		if err != nil {
 			return fmt.Errorf("read f: %w", err)
 		}
