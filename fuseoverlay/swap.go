@@ -100,6 +100,11 @@ func (s *server) swapLower(ctx context.Context, lowers []*os.File) error {
 	if err != nil {
 		return err
 	}
+	return notify(notes)
+}
+
+// notify sends the invalidations of a swap to the kernel (no lock held).
+func notify(notes []notice) error {
 	var errs []error
 	for _, nt := range notes {
 		var errno syscall.Errno
@@ -158,7 +163,7 @@ func (o *ofs) swapLower(lowers []*os.File) ([]notice, error) {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	w := &swapWalk{o: o, old: chain{fds: o.fds, files: o.files, devs: o.devs}, nw: nw}
+	w := &swapWalk{o: o, old: chain{fds: o.fds, files: o.files, devs: o.devs}, nw: nw, seen: map[noticeKey]bool{}}
 	o.use(nw)
 	root := o.root
 	oldLayers := root.dirLayers
@@ -171,6 +176,27 @@ type swapWalk struct {
 	o       *ofs
 	old, nw chain
 	notes   []notice
+	seen    map[noticeKey]bool
+}
+
+type noticeKey struct {
+	kind noticeKind
+	dir  *fs.Inode
+	name string
+}
+
+// add queues an invalidation once (a changed child is found both by its
+// node and by its directory's listing).
+func (w *swapWalk) add(nt notice) {
+	k := noticeKey{nt.kind, nt.dir, nt.name}
+	if nt.kind == noticeContent || nt.kind == noticeAttr {
+		k.name = ""
+	}
+	if w.seen[k] {
+		return
+	}
+	w.seen[k] = true
+	w.notes = append(w.notes, nt)
 }
 
 // onOld runs f with the old chain in place (the walk holds ofs.mu).
@@ -236,15 +262,15 @@ func (w *swapWalk) dir(d *node, p string, oldLayers []int) {
 			changed = nil // unreadable: drop the whole listing, names go by their nodes
 		}
 		for _, name := range changed {
-			w.notes = append(w.notes, notice{kind: noticeEntry, dir: &d.Inode, name: name})
+			w.add(notice{kind: noticeEntry, dir: &d.Inode, name: name})
 		}
 		var newTop unix.Stat_t
 		topErr := fstatat(o.fds[d.dirLayers[0]], rel(p), &newTop, unix.AT_SYMLINK_NOFOLLOW)
 		switch {
 		case len(changed) > 0 || oldErr != 0 || newErr != 0:
-			w.notes = append(w.notes, notice{kind: noticeContent, dir: &d.Inode, name: p})
+			w.add(notice{kind: noticeContent, dir: &d.Inode, name: p})
 		case oldTopErr != nil || topErr != nil || !sameShown(&oldTop, &newTop) || (len(oldLayers) > 1) != (len(d.dirLayers) > 1):
-			w.notes = append(w.notes, notice{kind: noticeAttr, dir: &d.Inode, name: p})
+			w.add(notice{kind: noticeAttr, dir: &d.Inode, name: p})
 		}
 	}
 	for name, ch := range d.Children() {
@@ -287,8 +313,16 @@ func (w *swapWalk) detach(d *node, name string, ch *fs.Inode, kind noticeKind) {
 	nt := notice{kind: kind, dir: &d.Inode, name: name}
 	if kind == noticeDelete {
 		nt.child = ch
+		// A delete invalidates the entry too; drop a queued plain one.
+		for i, q := range w.notes {
+			if q.kind == noticeEntry && q.dir == nt.dir && q.name == name {
+				w.notes = append(w.notes[:i], w.notes[i+1:]...)
+				break
+			}
+		}
+		w.seen[noticeKey{noticeEntry, nt.dir, name}] = true
 	}
-	w.notes = append(w.notes, nt)
+	w.add(nt)
 }
 
 // fullEntry is a listed name with what a readdir shows of it.

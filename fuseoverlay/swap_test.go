@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -349,5 +350,70 @@ func TestSwapLowerConcurrent(t *testing.T) {
 		if got := f.read(fmt.Sprintf("d/c%d", i)); got != "c+" {
 			t.Errorf("d/c%d: %q, want c+", i, got)
 		}
+	}
+}
+
+// swapNotes swaps f's mount onto lowers like SwapLower and returns the
+// invalidations it sent, as "kind dir/name" strings.
+func (f *fixture) swapNotes(lowers ...*os.File) []string {
+	f.t.Helper()
+	s := f.srv.impl.(*server)
+	notes, err := s.o.swapLower(lowers)
+	must(f.t, err)
+	must(f.t, notify(notes))
+	var out []string
+	for _, nt := range notes {
+		dir := "/" + nt.dir.Path(nil)
+		kind := map[noticeKind]string{noticeEntry: "entry", noticeDelete: "delete", noticeContent: "content", noticeAttr: "attr"}[nt.kind]
+		if nt.kind == noticeContent || nt.kind == noticeAttr {
+			out = append(out, kind+" "+dir)
+		} else {
+			out = append(out, kind+" "+filepath.Join(dir, nt.name))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestSwapLowerInvalidatesOnlyWhatDiffers: the invalidations a swap sends
+// are exactly those of the paths whose lookup (or listing, or shown
+// directory attributes) changed; a squash of the same content sends no
+// entry invalidation at all.
+func TestSwapLowerInvalidatesOnlyWhatDiffers(t *testing.T) {
+	old := tree{"a": "a", "keep": "k", "gone": "g", "d/": "", "d/x": "x", "d/y": "y", "e/": "", "e/f": "f"}
+	f := mountLayers(t, []tree{old}, nil)
+	cacheAll := func() {
+		filepath.Walk(f.mnt, func(p string, fi os.FileInfo, err error) error {
+			must(t, err)
+			if fi.Mode().IsRegular() {
+				_, err = os.ReadFile(p)
+				must(t, err)
+			}
+			return nil
+		})
+	}
+	cacheAll()
+	_, head := f.newLayer("head", tree{"a": "a2", "d/": "", "d/x": "x2", "new": "n", "gone": "=wh"})
+	got := f.swapNotes(head, f.openLower(0))
+	want := []string{"content /", "content /d", "delete /gone", "entry /a", "entry /d/x", "entry /new"}
+	if !slices.Equal(got, want) {
+		t.Errorf("head swap invalidated %q, want %q", got, want)
+	}
+
+	// A squash of that chain (hardlinks, new directories): no entry changes.
+	cacheAll()
+	sq, sqf := f.newLayer("squash", tree{"d/": "", "e/": ""})
+	for _, l := range []struct {
+		dir, p string
+	}{{"head", "a"}, {"head", "d/x"}, {"head", "new"}, {"lower0", "keep"}, {"lower0", "d/y"}, {"lower0", "e/f"}} {
+		must(t, os.Link(filepath.Join(filepath.Dir(f.mnt), l.dir, l.p), filepath.Join(sq, l.p)))
+	}
+	for _, n := range f.swapNotes(sqf) {
+		if !strings.HasPrefix(n, "attr ") {
+			t.Errorf("squash swap invalidated %q (only directory attributes may differ)", n)
+		}
+	}
+	if got := f.read("d/x"); got != "x2" {
+		t.Errorf("d/x after the squash: %q", got)
 	}
 }
