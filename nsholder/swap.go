@@ -72,7 +72,7 @@ type Pin struct {
 	Pid     int    `json:"pid"`               // in the session's PID namespace
 	Command uint64 `json:"command,omitempty"` // the holder's command ID, 0 when not one of them
 	Owner   string `json:"owner,omitempty"`   // SpawnRequest.Owner of that command
-	Kind    string `json:"kind"`              // "cwd", "root", "fd" or "mapping"
+	Kind    string `json:"kind"`              // "cwd", "root", "fd", "mapping", or "unreadable" (/proc refused)
 	Path    string `json:"path"`              // as the session sees it
 }
 
@@ -366,12 +366,20 @@ func (s *server) pins(oldMnt uint64) []Pin {
 			pins = append(pins, pin)
 		}
 		for _, k := range []string{"cwd", "root"} {
-			if id, err := mountID(dir + "/" + k); err == nil && id == oldMnt {
+			id, err := mountID(dir + "/" + k)
+			switch {
+			case err == nil && id == oldMnt:
 				target, _ := os.Readlink(dir + "/" + k)
 				add(k, target)
+			case err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ESRCH):
+				// A process the holder cannot inspect might be anywhere:
+				// it blocks the swap rather than risk the upper.
+				add("unreadable", err.Error())
 			}
 		}
-		if ents, err := os.ReadDir(dir + "/fdinfo"); err == nil {
+		if ents, err := os.ReadDir(dir + "/fdinfo"); err != nil && errors.Is(err, fs.ErrPermission) {
+			add("unreadable", err.Error())
+		} else if err == nil {
 			for _, e := range ents {
 				b, err := os.ReadFile(dir + "/fdinfo/" + e.Name())
 				if err != nil {
