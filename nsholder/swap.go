@@ -16,7 +16,7 @@ package nsholder
 //     behaviour" for the kernel whenever both are used: a process still in
 //     the old one sees stale lowers, misses what the new one writes and can
 //     fail or clobber copy-ups. So the session is frozen first (SIGSTOP of
-//     every session process, bounded by swapFreezeBudget), and any process
+//     every session process, bounded by SwapRequest.FreezeBudget), and any process
 //     whose cwd, root, open descriptor or mapping is in the old overlay
 //     makes the swap fail with *PinnedError naming it; nothing changes then.
 //     See /work/briefs/swap-findings.md and the package doc.
@@ -44,14 +44,19 @@ type SwapRequest struct {
 	// makes inside Config.Work: overlayfs wants upper and work on one
 	// mount, and only the holder's own descriptors of the two are.)
 	Lowers []string
+	// FreezeBudget bounds how long the kernel driver waits for the
+	// session's processes to stop (runtime.layerstack.freeze_budget_s);
+	// 0 means 0.5 s.
+	FreezeBudget time.Duration
 }
 
 // swapHeader is the wire form: the frame's descriptors are the Lowers
 // layer directories; Paths are their host paths (the kernel driver opens
 // them again through its own clone of their directory, see kernelSwap).
 type swapHeader struct {
-	Lowers int      `json:"lowers"`
-	Paths  []string `json:"paths,omitempty"`
+	Lowers   int      `json:"lowers"`
+	Paths    []string `json:"paths,omitempty"`
+	FreezeMS int64    `json:"freeze_ms,omitempty"`
 }
 
 // Lower swap failures, matched with errors.Is.
@@ -100,8 +105,7 @@ func (e *PinnedError) Error() string {
 
 func (e *PinnedError) Is(target error) bool { return target == ErrSwapPinned }
 
-// swapFreezeBudget bounds how long the kernel swap waits for the session's
-// processes to stop (runtime.layerstack.freeze_budget_s).
+// swapFreezeBudget is the default of SwapRequest.FreezeBudget.
 const swapFreezeBudget = 500 * time.Millisecond
 
 // moveMountBeneath is MOVE_MOUNT_BENEATH (Linux 6.5), not in x/sys yet.
@@ -126,7 +130,7 @@ func (c *client) SwapLower(ctx context.Context, req SwapRequest) error {
 		files = append(files, f)
 		fds = append(fds, int(f.Fd()))
 	}
-	hdr := &ctlHeader{Op: opSwap, Swap: &swapHeader{Lowers: len(req.Lowers), Paths: req.Lowers}}
+	hdr := &ctlHeader{Op: opSwap, Swap: &swapHeader{Lowers: len(req.Lowers), Paths: req.Lowers, FreezeMS: req.FreezeBudget.Milliseconds()}}
 	_, err := c.doFDs(ctx, hdr, nil, fds)
 	return err
 }
@@ -162,13 +166,17 @@ func (s *server) swapLower(req *swapHeader, fds []int) error {
 		keep = req.Lowers
 		return nil
 	}
-	return s.swapKernel(lowers, req.Paths)
+	budget := time.Duration(req.FreezeMS) * time.Millisecond
+	if budget <= 0 {
+		budget = swapFreezeBudget
+	}
+	return s.swapKernel(lowers, req.Paths, budget)
 }
 
 // swapKernel mounts the new overlay beneath /workspace and detaches the
 // old one, with every session process stopped and none of them in the old
 // overlay.
-func (s *server) swapKernel(lowers []*os.File, paths []string) error {
+func (s *server) swapKernel(lowers []*os.File, paths []string, budget time.Duration) error {
 	ks := s.root.kswap
 	if ks == nil || ks.why != "" {
 		why := "no kernel overlay"
@@ -192,7 +200,7 @@ func (s *server) swapKernel(lowers []*os.File, paths []string) error {
 	if err != nil {
 		return fmt.Errorf("swaplower: %w", err)
 	}
-	stopped, err := freezeSession(swapFreezeBudget)
+	stopped, err := freezeSession(budget)
 	defer thaw(stopped)
 	if err != nil {
 		return fmt.Errorf("swaplower: %w", err)
