@@ -110,7 +110,7 @@ func (o *ofs) stagingAcquire() (int, syscall.Errno) {
 	o.stageMu.Lock()
 	defer o.stageMu.Unlock()
 	if o.stageRefs == 0 {
-		up := o.fds[0]
+		up := o.upper
 		if err := mkdirat(up, stagingName, 0o700); err != nil && err != unix.EEXIST {
 			return -1, errnoOf(err)
 		}
@@ -134,15 +134,14 @@ func (o *ofs) stagingRelease() {
 	if o.stageRefs == 0 {
 		unix.Close(o.stageFd)
 		o.stageFd = -1
-		_ = unlinkat(o.fds[0], stagingName, unix.AT_REMOVEDIR)
+		_ = unlinkat(o.upper, stagingName, unix.AT_REMOVEDIR)
 	}
 }
 
-// stageEntry copies the non-directory at p in layer into a new entry of
-// the staging directory wd and returns its name. It reads only the lower,
-// which never changes, so it needs no lock.
-func (o *ofs) stageEntry(wd, layer int, p string) (string, syscall.Errno) {
-	src := o.fds[layer]
+// stageEntry copies the non-directory at p in the layer directory src into
+// a new entry of the staging directory wd and returns its name. It reads
+// only the lower, which never changes, so it needs no lock.
+func (o *ofs) stageEntry(wd, src int, p string) (string, syscall.Errno) {
 	var st unix.Stat_t
 	if err := fstatat(src, p, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return "", errnoOf(err)
@@ -222,7 +221,7 @@ func (o *ofs) copyUpEntry(layer int, p string) (uint64, syscall.Errno) {
 		return 0, errno
 	}
 	defer o.stagingRelease()
-	tmp, errno := o.stageEntry(wd, layer, p)
+	tmp, errno := o.stageEntry(wd, o.fds[layer], p)
 	if errno != 0 {
 		return 0, errno
 	}
@@ -241,6 +240,13 @@ func (n *node) copyUpOpen() syscall.Errno {
 	o.mu.RLock()
 	layer := n.layer
 	p, ok := n.path()
+	// A duplicate of the layer's descriptor: SwapLower may replace the
+	// chain (and its caller close the old descriptors) while this copies.
+	src := -1
+	var derr error
+	if layer != 0 && ok {
+		src, derr = unix.FcntlInt(uintptr(o.fds[layer]), unix.F_DUPFD_CLOEXEC, 0)
+	}
 	o.mu.RUnlock()
 	if layer == 0 {
 		return 0
@@ -248,12 +254,16 @@ func (n *node) copyUpOpen() syscall.Errno {
 	if !ok {
 		return syscall.ESTALE
 	}
+	if derr != nil {
+		return errnoOf(derr)
+	}
+	defer unix.Close(src)
 	wd, errno := o.stagingAcquire()
 	if errno != 0 {
 		return errno
 	}
 	defer o.stagingRelease()
-	tmp, errno := o.stageEntry(wd, layer, p)
+	tmp, errno := o.stageEntry(wd, src, p)
 	if errno != 0 {
 		return errno
 	}

@@ -164,6 +164,13 @@ func (h *dirHandle) load() syscall.Errno {
 	if pn := n.parentNode(); pn != nil {
 		parentIno = pn.StableAttr().Ino
 	}
+	// A known node shows its own number: a directory kept across a lower
+	// swap keeps the one it had (see swap.go), and stat and readdir agree.
+	for i := range ents {
+		if ch := n.GetChild(ents[i].Name); ch != nil && ch.StableAttr().Mode == ents[i].Mode {
+			ents[i].Ino = ch.StableAttr().Ino
+		}
+	}
 	h.entries = append([]fuse.DirEntry{
 		{Name: ".", Mode: unix.S_IFDIR, Ino: n.StableAttr().Ino},
 		{Name: "..", Mode: unix.S_IFDIR, Ino: parentIno},

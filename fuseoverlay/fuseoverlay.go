@@ -49,6 +49,12 @@
 //     kept across opens and directory listings are cached by the kernel:
 //     lowers never change and the upper changes only through this mount.
 //     There is no passthrough and no writeback cache (design rule 5).
+//   - lower swap: Server.SwapLower moves the live mount onto another lower
+//     chain under the same upper (a squash, or a newer head) in one
+//     critical section, then invalidates exactly the kernel's entries,
+//     listings and attributes whose lookup result changed; directories
+//     keep their node, files backed by another file get a new one, open
+//     handles keep reading what they opened (swap.go).
 //
 // Locking: one RWMutex orders namespace changes and copy-up (exclusive)
 // against lookup, readdir and opens (shared); reads and writes on open
@@ -65,8 +71,10 @@ import (
 
 // Options configure one mount.
 type Options struct {
-	// Lowers are the read-only layer directories, newest first. They never
-	// change while mounted, so their content may be cached aggressively.
+	// Lowers are the read-only layer directories, newest first. Their
+	// content never changes, so it may be cached aggressively; the chain
+	// itself may be replaced with Server.SwapLower. The caller keeps them
+	// open while they are in use and closes them.
 	Lowers []*os.File
 	// Upper is the private, writable upper directory (kernel overlay format).
 	Upper *os.File
@@ -120,6 +128,7 @@ type serverImpl interface {
 	flush()
 	unmount() error
 	wait()
+	swapLower(ctx context.Context, lowers []*os.File) error
 }
 
 // Mount mounts the overlay at mountpoint and serves it until Unmount or until

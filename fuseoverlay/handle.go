@@ -57,7 +57,7 @@ func (h *handle) upperFile() (*fs.LoopbackFile, syscall.Errno) {
 	if !ok {
 		return h.LoopbackFile, 0 // unlinked since: the lower copy is all there is
 	}
-	fd, err := openat(n.o.fds[0], p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := openat(n.o.upper, p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, errnoOf(err)
 	}

@@ -49,7 +49,7 @@ func mount(ctx context.Context, mountpoint string, opts Options) (*Server, error
 		o.devs = append(o.devs, st.Dev)
 		o.files = append(o.files, f)
 	}
-	o.upperDev = o.devs[0]
+	o.upper, o.upperDev = o.fds[0], o.devs[0]
 	if opts.Work != nil {
 		o.work = int(opts.Work.Fd())
 	} else {
@@ -57,15 +57,8 @@ func mount(ctx context.Context, mountpoint string, opts Options) (*Server, error
 		// A crash during copy-up may have left the staging directory behind.
 		_ = os.RemoveAll(fmt.Sprintf("/proc/self/fd/%d/%s", o.fds[0], stagingName))
 	}
-	root := &node{o: o, layer: 0, dirLayers: []int{0}}
-	if !isOpaque(o.fds[0], ".") {
-		for l := 1; l < len(o.fds); l++ {
-			root.dirLayers = append(root.dirLayers, l)
-			if isOpaque(o.fds[l], ".") {
-				break
-			}
-		}
-	}
+	root := &node{o: o, layer: 0, dirLayers: o.rootLayers()}
+	o.root = root
 	to := cacheTimeout
 	name := opts.Name
 	if name == "" {
@@ -131,3 +124,18 @@ func (s *server) unmount() error {
 }
 
 func (s *server) wait() { <-s.done }
+
+// rootLayers lists the layers whose root directories merge into the
+// mount's root under the current chain (caller holds o.mu, or owns o).
+func (o *ofs) rootLayers() []int {
+	layers := []int{0}
+	if !isOpaque(o.fds[0], ".") {
+		for l := 1; l < len(o.fds); l++ {
+			layers = append(layers, l)
+			if isOpaque(o.fds[l], ".") {
+				break
+			}
+		}
+	}
+	return layers
+}

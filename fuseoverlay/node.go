@@ -21,9 +21,13 @@ type ofs struct {
 	// shared. Data reads and writes on open handles do not take it.
 	mu sync.RWMutex
 
-	fds      []int // [0] upper, [1:] lowers newest first
+	// fds, files and devs describe the chain: [0] upper, [1:] lowers
+	// newest first. SwapLower replaces them (under mu, exclusively), so
+	// code that runs without mu uses upper, which never changes.
+	fds      []int
 	files    []*os.File
 	devs     []uint64
+	upper    int
 	upperDev uint64
 	work     int // staging dir fd, or -1: stage in upper/.esbx-tmp
 	// stageMu guards the hidden staging dir's reference count.
@@ -43,6 +47,9 @@ type ofs struct {
 	rec      *recorder
 	owner    func(pid uint32) string
 	released func(path, command string)
+
+	// root is the mount's root node, where SwapLower starts its walk.
+	root *node
 }
 
 // node is one merged entry. Its layer state is guarded by ofs.mu.
@@ -313,6 +320,17 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	if !pr.found {
 		return nil, syscall.ENOENT
 	}
+	// A directory the kernel already knows stays the same node even when
+	// the directories merged into it changed (a lower swap): a new node
+	// (by the new number) would replace it, and with it every cwd inside.
+	if ch := n.GetChild(name); ch != nil && pr.st.Mode&unix.S_IFMT == unix.S_IFDIR && ch.StableAttr().Mode == unix.S_IFDIR {
+		fillAttr(&pr.st, &out.Attr)
+		out.Attr.Ino = ch.StableAttr().Ino
+		if len(pr.dirLayers) > 1 {
+			out.Attr.Nlink = 1
+		}
+		return ch, 0
+	}
 	return n.newChild(ctx, join(dp, name), pr, out), 0
 }
 
@@ -355,7 +373,7 @@ func (n *node) mergedDir() bool {
 
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	var s unix.Statfs_t
-	if err := unix.Fstatfs(n.o.fds[0], &s); err != nil {
+	if err := unix.Fstatfs(n.o.upper, &s); err != nil {
 		return errnoOf(err)
 	}
 	out.Blocks, out.Bfree, out.Bavail = s.Blocks, s.Bfree, s.Bavail

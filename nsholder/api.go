@@ -216,6 +216,16 @@ type Holder interface {
 	// namespace (the holder connects and hands over the socket); timeout
 	// bounds the connect.
 	DialLoopback(ctx context.Context, port int, timeout time.Duration) (net.Conn, error)
+	// SwapLower moves the session's /workspace onto another lower chain
+	// under the same upper while the session lives (swap.go): in place for
+	// the fuse driver; for the kernel driver a new overlay replaces the old
+	// one, refused with a *PinnedError (ErrSwapPinned) while a session
+	// process has its cwd, root, a descriptor or a mapping in /workspace,
+	// ErrFreezeTimeout when the session does not stop in time, and
+	// ErrSwapUnsupported where the kernel lacks MOVE_MOUNT_BENEATH. On
+	// error nothing changed, except a fuse swap whose cache invalidation
+	// failed (fuseoverlay.ErrSwapInvalidate in the message).
+	SwapLower(ctx context.Context, req SwapRequest) error
 	// Close stops the holder: SIGTERM, wait grace, SIGKILL; the whole PID
 	// namespace dies with it. It returns once the process has exited.
 	Close(grace time.Duration) error

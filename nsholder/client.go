@@ -263,6 +263,12 @@ func (c *client) readLoop() {
 
 // call sends a request and waits for its reply, the holder's exit or ctx.
 func (c *client) call(ctx context.Context, hdr *ctlHeader, payload []byte) (ctlReply, error) {
+	return c.callFDs(ctx, hdr, payload, nil)
+}
+
+// callFDs is call for a request that carries descriptors (fds ≠ nil: a
+// multi-descriptor frame, see proto.go); they are sent, not closed.
+func (c *client) callFDs(ctx context.Context, hdr *ctlHeader, payload []byte, fds []int) (ctlReply, error) {
 	if err := ctx.Err(); err != nil {
 		return ctlReply{}, err
 	}
@@ -289,7 +295,7 @@ func (c *client) call(ctx context.Context, hdr *ctlHeader, payload []byte) (ctlR
 		default:
 		}
 	}
-	if err := c.conn.writeFrame(ctx, hdr, payload, -1); err != nil {
+	if err := c.conn.writeFrameFDs(ctx, hdr, payload, fds, fds != nil); err != nil {
 		abandon()
 		if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, net.ErrClosed) {
 			return ctlReply{}, ErrExited
@@ -319,8 +325,13 @@ func (c *client) discard(r ctlReply) {
 
 // do is call plus the holder's error.
 func (c *client) do(ctx context.Context, hdr *ctlHeader, payload []byte) (ctlReply, error) {
+	return c.doFDs(ctx, hdr, payload, nil)
+}
+
+// doFDs is do for a request that carries descriptors (see callFDs).
+func (c *client) doFDs(ctx context.Context, hdr *ctlHeader, payload []byte, fds []int) (ctlReply, error) {
 	op := hdr.Op
-	r, err := c.call(ctx, hdr, payload)
+	r, err := c.callFDs(ctx, hdr, payload, fds)
 	if err != nil {
 		if errors.Is(err, ErrExited) {
 			return r, err

@@ -40,7 +40,8 @@
 //     master goes to the supervisor with SCM_RIGHTS. Events: Exited when the root is reaped (wait status),
 //     then Done once kill(-pgid, 0) says the process group is empty.
 //   - File operations on an fd of /workspace (files.go).
-//   - The control protocol (proto.go).
+//   - The control protocol (proto.go); a lower swap's layers travel as
+//     descriptors in a multi-descriptor frame.
 //
 // Decisions the contract leaves open:
 //
@@ -74,6 +75,36 @@
 //   - Quiesce is kill(-1, SIGKILL) from PID 1 (every process of the
 //     namespace but the holder) repeated until /proc lists only the holder;
 //     the resulting Exited/Done events are sent before its reply.
+//
+// Lower-chain swap (swap.go, Holder.SwapLower; measured on Linux 6.18.44,
+// rootless, in the holder's user and mount namespaces):
+//
+//   - fuse: the holder's fuseoverlay swaps in place; commands keep running
+//     with their cwd and open files in /workspace, open files read what
+//     they opened, and everything looked up after sees the new chain.
+//   - kernel: proven workable. Two overlays over one upper may be mounted
+//     at once (index=off, the default: the kernel only warns, "accessing
+//     files from both mounts will result in undefined behavior"), even with
+//     a work directory below the old one's; the new overlay is mounted
+//     beneath /workspace with move_mount(MOVE_MOUNT_BENEATH) (6.5+) and the
+//     old one detached from above it, so path lookups never see a gap.
+//     OverlayFS clones each layer's mount, which works only for mounts of
+//     the caller's namespace or detached trees the caller made (6.15+): the
+//     holder's host mounts are gone after pivot_root and the supervisor's
+//     are another namespace's, so before the pivot the holder keeps
+//     open_tree(OPEN_TREE_CLONE) clones of the directory holding upper and
+//     work and, read-only, of the layers' directory, and resolves the new
+//     chain (sent as descriptors, checked by inode) through them.
+//     What a process left in the old overlay sees (TestSwapKernelOldView):
+//     its cwd resolves names in the old chain, it does not see files the
+//     new view creates, and its writes to files the new view copied up
+//     fail (EEXIST); a file opened before keeps its content. Since that is
+//     the "undefined behaviour", the swap freezes the session (SIGSTOP of
+//     every process, 0.5 s budget, ErrFreezeTimeout) and is refused with a
+//     *PinnedError naming pid, command, and cwd/root/fd/mapping while any
+//     process uses the old overlay; then nothing changes. A kernel without
+//     MOVE_MOUNT_BENEATH or without detached-tree layers gets
+//     ErrSwapUnsupported with the reason.
 //
 // The start-up probe (probe.go) is a short-lived child in a fresh user and
 // mount namespace that proves (or disproves, with the kernel's reason) that

@@ -10,6 +10,7 @@ package nsholder
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -147,8 +148,26 @@ func (o *owners) owner(pid uint32) string {
 
 // fuseMount is the mounted FUSE overlay of a holder.
 type fuseMount struct {
-	srv   *fuseoverlay.Server
-	files []*os.File // layer, upper and work descriptors, kept open while serving
+	srv    *fuseoverlay.Server
+	files  []*os.File // upper and work descriptors, kept open while serving
+	lowers []*os.File // the current lower chain's descriptors
+}
+
+// swapLower moves the overlay onto lowers, which it owns from then on, and
+// closes the previous chain's descriptors (open handles hold their own).
+func (fm *fuseMount) swapLower(lowers []*os.File) error {
+	err := fm.srv.SwapLower(context.Background(), lowers)
+	if err != nil && !errors.Is(err, fuseoverlay.ErrSwapInvalidate) {
+		return fmt.Errorf("swaplower: %w", err)
+	}
+	for _, f := range fm.lowers {
+		f.Close()
+	}
+	fm.lowers = lowers
+	if err != nil {
+		return fmt.Errorf("swaplower: %w", err)
+	}
+	return nil
 }
 
 // mountFuse opens the layers, upper and work directory and mounts the FUSE
@@ -173,10 +192,11 @@ func mountFuse(ws string, cfg *Config, own *owners, notify func(*FSNotice)) (*fu
 		CoalesceInterval: time.Duration(cfg.CoalesceMs) * time.Millisecond,
 	}
 	for _, l := range cfg.Lowers {
-		f, err := open(l)
+		f, err := os.OpenFile(l, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return fail(fmt.Errorf("open lower layer: %w", err))
 		}
+		fm.lowers = append(fm.lowers, f)
 		opts.Lowers = append(opts.Lowers, f)
 	}
 	var err error
@@ -244,8 +264,8 @@ func (fm *fuseMount) stop() {
 }
 
 func (fm *fuseMount) close() {
-	for _, f := range fm.files {
+	for _, f := range append(fm.files, fm.lowers...) {
 		f.Close()
 	}
-	fm.files = nil
+	fm.files, fm.lowers = nil, nil
 }

@@ -60,6 +60,10 @@ type server struct {
 	byPid   map[int]*command    // root not yet reaped
 
 	owners *owners // command of a FUSE request's pid (fuse driver)
+
+	// wsMu: file operations hold it shared while they use root.workspace;
+	// a lower swap holds it exclusively (the kernel swap replaces it).
+	wsMu sync.RWMutex
 }
 
 // runServe is the holder's main.
@@ -202,14 +206,18 @@ func (s *server) replyErr(id uint64, err error) {
 
 func (s *server) handle(hdr *ctlHeader, payload []byte, fd int) {
 	if fd >= 0 {
-		unix.Close(fd) // no request carries one yet
+		unix.Close(fd) // no request carries a single one
+	}
+	if hdr.Op != opSwap {
+		for _, fd := range hdr.fds {
+			unix.Close(fd)
+		}
 	}
 	defer func() {
 		if r := recover(); r != nil {
 			s.replyErr(hdr.ID, fmt.Errorf("holder: internal error in %s: %v", hdr.Op, r))
 		}
 	}()
-	ws := s.root.workspace
 	switch hdr.Op {
 	case opSpawn:
 		if hdr.Spawn == nil {
@@ -230,11 +238,16 @@ func (s *server) handle(hdr *ctlHeader, payload []byte, fd int) {
 			return
 		}
 		s.reply(&ctlHeader{ID: hdr.ID}, nil, f)
+	case opSwap:
+		s.replyErr(hdr.ID, s.swapLower(hdr.Swap, hdr.fds))
 	case opLstat, opReadFile, opReadDir, opWrite:
 		if err := checkPath(hdr.Op, hdr.Path); err != nil {
 			s.replyErr(hdr.ID, err)
 			return
 		}
+		s.wsMu.RLock()
+		defer s.wsMu.RUnlock()
+		ws := s.root.workspace
 		switch hdr.Op {
 		case opLstat:
 			info, err := lstatAt(ws, hdr.Path)

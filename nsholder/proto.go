@@ -11,7 +11,11 @@ package nsholder
 // header.FD set, and the descriptor travels as SCM_RIGHTS with the sendmsg
 // that writes the frame's first bytes; the kernel delivers it with the
 // recvmsg that returns those bytes, so the reader has it once it has parsed
-// the prefix. Requests carry an ID chosen by the supervisor and are served
+// the prefix. A frame that carries several (the layers of a lower swap, up
+// to the chain depth limit, more than one SCM_RIGHTS message may hold)
+// sets header.FDs to their number instead: they travel in batches of at
+// most maxFDsPerMsg, each batch with the next bytes of the frame's prefix
+// and header, so all have arrived once the reader has the header. Requests carry an ID chosen by the supervisor and are served
 // concurrently; the reply carries the same ID and Op "reply". Events (ID 0,
 // Op "event") are pushed by the holder at any time. Payloads are file
 // contents (ReadFile reply, WriteFile request), so a 256 MiB file is one
@@ -30,10 +34,13 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ephemeral-ai-lab/sandbox/fuseoverlay"
 )
 
 const (
 	prefixLen     = 12
+	maxFDsPerMsg  = 250     // below the kernel's SCM_MAX_FD (253)
 	maxHeaderLen  = 1 << 30 // sanity bounds only: a ReadDir reply of a huge directory is large
 	maxPayloadLen = 1 << 40
 )
@@ -48,17 +55,22 @@ const (
 	opReadFile = "readfile" // Path, Max; reply Info + payload
 	opReadDir  = "readdir"  // Path; reply Infos
 	opWrite    = "writefile"
-	opShutdown = "shutdown" // GraceMS; no reply: SIGTERM the session, wait, exit
-	opDial     = "dial"     // Port, GraceMS (connect timeout); reply FD (a connected TCP socket)
+	opShutdown = "shutdown"  // GraceMS; no reply: SIGTERM the session, wait, exit
+	opDial     = "dial"      // Port, GraceMS (connect timeout); reply FD (a connected TCP socket)
+	opSwap     = "swaplower" // Swap + FDs (the new lowers, then the kernel driver's work dir); reply Err
 	opReply    = "reply"
 	opEvent    = "event"
 )
 
 // ctlHeader is the JSON header of every frame; each op uses a few fields.
 type ctlHeader struct {
-	ID uint64 `json:"id,omitempty"`
-	Op string `json:"op"`
-	FD bool   `json:"fd,omitempty"`
+	ID  uint64 `json:"id,omitempty"`
+	Op  string `json:"op"`
+	FD  bool   `json:"fd,omitempty"`
+	FDs int    `json:"fds,omitempty"` // number of descriptors of a multi-descriptor frame
+	// fds are the received descriptors of a multi-descriptor frame; the
+	// handler owns them.
+	fds []int
 
 	Config  *Config       `json:"config,omitempty"`
 	Spawn   *SpawnRequest `json:"spawn,omitempty"`
@@ -69,6 +81,7 @@ type ctlHeader struct {
 	Mode    *fs.FileMode  `json:"mode,omitempty"`
 	GraceMS int64         `json:"grace_ms,omitempty"`
 	Port    int           `json:"port,omitempty"`
+	Swap    *swapHeader   `json:"swap,omitempty"`
 
 	Err     *wireError  `json:"err,omitempty"`
 	Info    *FileInfo   `json:"info,omitempty"`
@@ -110,6 +123,7 @@ type wireError struct {
 	// Component is set for a *SymlinkError (Path is its Path).
 	Component string `json:"component,omitempty"`
 	Stage     string `json:"stage,omitempty"`
+	Pins      []Pin  `json:"pins,omitempty"` // *PinnedError
 }
 
 var errCodes = []struct {
@@ -126,6 +140,10 @@ var errCodes = []struct {
 	{"invalid", fs.ErrInvalid},
 	{"permission", fs.ErrPermission},
 	{"exist", fs.ErrExist},
+	{"unsupported", ErrSwapUnsupported},
+	{"pinned", ErrSwapPinned},
+	{"freeze_timeout", ErrFreezeTimeout},
+	{"swap_invalidate", fuseoverlay.ErrSwapInvalidate},
 }
 
 func encodeError(err error) *wireError {
@@ -141,6 +159,11 @@ func encodeError(err error) *wireError {
 	var sl *SymlinkError
 	if errors.As(err, &sl) {
 		w.Code, w.Path, w.Component = "symlink", sl.Path, sl.Component
+		return w
+	}
+	var pinned *PinnedError
+	if errors.As(err, &pinned) {
+		w.Code, w.Pins = "pinned", pinned.Pins
 		return w
 	}
 	var ke *KindError
@@ -185,6 +208,9 @@ func (w *wireError) decode() error {
 	}
 	if w.Component != "" {
 		return &SymlinkError{Path: w.Path, Component: w.Component}
+	}
+	if w.Code == "pinned" && len(w.Pins) > 0 {
+		return &PinnedError{Pins: w.Pins}
 	}
 	var inner error
 	re := &remoteError{msg: w.Msg, stage: w.Stage}
@@ -245,7 +271,7 @@ func newCtlConn(f *os.File) (*ctlConn, error) {
 		nc.Close()
 		return nil, fmt.Errorf("control channel is a %T, not a unix socket", nc)
 	}
-	return &ctlConn{uc: uc, rbuf: make([]byte, 64<<10), oob: make([]byte, unix.CmsgSpace(16*4)), wsem: make(chan struct{}, 1)}, nil
+	return &ctlConn{uc: uc, rbuf: make([]byte, 64<<10), oob: make([]byte, unix.CmsgSpace(maxFDsPerMsg*4)), wsem: make(chan struct{}, 1)}, nil
 }
 
 // Close closes the socket; a blocked readFrame returns an error.
@@ -344,6 +370,13 @@ func (c *ctlConn) readFrame() (hdr *ctlHeader, payload []byte, fd int, err error
 		}
 		fd, c.fds = c.fds[0], c.fds[1:]
 	}
+	if hdr.FDs > 0 {
+		if len(c.fds) < hdr.FDs {
+			return nil, nil, -1, fmt.Errorf("control channel: frame announces %d descriptors, %d arrived", hdr.FDs, len(c.fds))
+		}
+		hdr.fds = append([]int(nil), c.fds[:hdr.FDs]...)
+		c.fds = c.fds[hdr.FDs:]
+	}
 	return hdr, payload, fd, nil
 }
 
@@ -358,7 +391,22 @@ func unexpected(err error) error {
 // ctx bounds only the wait for the channel: a frame once started is
 // finished, or the channel would be corrupt.
 func (c *ctlConn) writeFrame(ctx context.Context, hdr *ctlHeader, payload []byte, fd int) error {
-	hdr.FD = fd >= 0
+	var fds []int
+	if fd >= 0 {
+		fds = []int{fd}
+	}
+	return c.writeFrameFDs(ctx, hdr, payload, fds, false)
+}
+
+// writeFrameFDs writes one frame with any number of descriptors: one as
+// header.FD, several (multi set) as header.FDs, in batches that ride on
+// the frame's first bytes, one byte per batch but the last.
+func (c *ctlConn) writeFrameFDs(ctx context.Context, hdr *ctlHeader, payload []byte, fds []int, multi bool) error {
+	hdr.FD = len(fds) == 1 && !multi
+	hdr.FDs = 0
+	if multi {
+		hdr.FDs = len(fds)
+	}
 	hb, err := json.Marshal(hdr)
 	if err != nil {
 		return fmt.Errorf("control channel: encode %s: %w", hdr.Op, err)
@@ -373,12 +421,21 @@ func (c *ctlConn) writeFrame(ctx context.Context, hdr *ctlHeader, payload []byte
 		return ctx.Err()
 	}
 	defer func() { <-c.wsem }()
-	if fd >= 0 {
-		n, _, err := c.uc.WriteMsgUnix(buf, unix.UnixRights(fd), nil)
+	for len(fds) > 0 {
+		batch := fds[:min(len(fds), maxFDsPerMsg)]
+		fds = fds[len(batch):]
+		chunk := buf
+		if len(fds) > 0 {
+			chunk = buf[:1] // more batches follow, each needs bytes of its own
+		}
+		n, _, err := c.uc.WriteMsgUnix(chunk, unix.UnixRights(batch...), nil)
 		if err != nil {
 			return fmt.Errorf("control channel: send %s: %w", hdr.Op, err)
 		}
 		buf = buf[n:]
+		if len(buf) == 0 && len(fds) > 0 {
+			return fmt.Errorf("control channel: send %s: frame too short for its descriptors", hdr.Op)
+		}
 	}
 	if len(buf) > 0 {
 		if _, err := c.uc.Write(buf); err != nil {

@@ -75,6 +75,9 @@ type sessionRoot struct {
 	lowerdirPlus bool
 	overlayDur   time.Duration // how long mounting /workspace took (reported for the holder.mount_overlay span)
 	fuse         *fuseMount    // the FUSE overlay when Config.Overlay is "fuse"
+	// kswap is what a lower swap of the kernel driver needs, taken before
+	// pivot_root (swap.go).
+	kswap *kernelSwap
 }
 
 // bindTarget maps a session path to the host directory it shows.
@@ -130,6 +133,7 @@ func setupRoot(cfg *Config, own *owners, notify func(*FSNotice)) (*sessionRoot, 
 	res := &sessionRoot{exe: exe, shimArgv: shimArgv}
 	fail := func(err error) (*sessionRoot, error) {
 		exe.Close()
+		res.kswap.close()
 		if res.fuse != nil {
 			_ = res.fuse.srv.Unmount() // best effort: the namespace dies with us anyway
 			res.fuse.close()
@@ -192,6 +196,7 @@ func setupRoot(cfg *Config, own *owners, notify func(*FSNotice)) (*sessionRoot, 
 		if res.lowerdirPlus, err = MountOverlay(ws, cfg.Lowers, cfg.Upper, cfg.Work); err != nil {
 			return fail(atStage(stageMountOverlay, "kernel overlay: %w", err))
 		}
+		res.kswap = openKernelSwap(cfg)
 	case OverlayFuse:
 		if res.fuse, err = mountFuse(ws, cfg, own, notify); err != nil {
 			return fail(atStage(stageMountOverlay, "fuse overlay: %w", err))
