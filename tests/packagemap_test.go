@@ -38,24 +38,25 @@ func matchPattern(pattern, pkg string) bool {
 	return pattern == pkg
 }
 
-// ruleFor is the row naming pkg exactly, else the row whose pattern covers
-// it (an exact row wins, so `cmd/sandbox-supervisor` can widen `cmd/*`).
+// ruleFor is the row naming pkg exactly, else the row with the longest
+// pattern covering it (so `cmd/sandbox-supervisor` widens `cmd/*`, and
+// `cmd/internal/*` narrows it).
 func ruleFor(rules []pkgRule, pkg string) (pkgRule, bool) {
-	var found *pkgRule
+	best, bestLen := -1, -1
 	for i := range rules {
 		for _, p := range rules[i].packages {
 			if p == pkg {
 				return rules[i], true
 			}
-			if found == nil && matchPattern(p, pkg) {
-				found = &rules[i]
+			if matchPattern(p, pkg) && len(p) > bestLen {
+				best, bestLen = i, len(p)
 			}
 		}
 	}
-	if found == nil {
+	if best < 0 {
 		return pkgRule{}, false
 	}
-	return *found, true
+	return rules[best], true
 }
 
 // checkImports returns one line per violation: a package without a row, an
@@ -241,6 +242,12 @@ func TestPackageMapChecker(t *testing.T) {
 				t.Errorf("got %q, want %q", got, tc.want)
 			}
 		})
+	}
+	// supervisor/rpc/* allows what supervisor/* does not: the longer pattern decides.
+	nested := append(slices.Clip(rules), pkgRule{packages: []string{"supervisor/rpc/*"}, mayUse: []string{"supervisor/rpc"}})
+	if got := checkImports(nested, map[string][]string{"layers": nil, "supervisor": nil, "supervisor/web": nil,
+		"supervisor/rpc/x": {"supervisor/rpc"}}); len(got) != 0 {
+		t.Errorf("the longest pattern did not win: %q", got)
 	}
 	if _, err := parsePackageMap(strings.NewReader("## Package map\n| `a` | b | c |\n")); err == nil {
 		t.Error("a row with 3 cells was accepted")
