@@ -179,7 +179,7 @@ while [ ! -s "$1/dns.pid" ]; do
   i=$((i+1)); [ $i -lt 200 ] || { echo "dns server did not start" >&2; exit 1; }
   sleep 0.05
 done
-shift 3
+shift 2
 exec "$@"`
 	e.supPrefix = []string{"unshare", "-Urnm", "sh", "-c", script, outsideDNS, dir, self}
 	e.start()
