@@ -22,15 +22,15 @@ import (
 // test cannot bind port 53 in the host's namespace. So the supervisor (and
 // with it the helper) runs in a user+net+mount namespace the test makes to
 // stand in for "the outside" (startOutside): an interface of its own with
-// outsideDNS, a resolv.conf naming outsideDNS bind-mounted over
-// /etc/resolv.conf, and a DNS server of the test's on outsideDNS:53. Both
+// outsideAddr, a resolv.conf naming the resolver bind-mounted over
+// /etc/resolv.conf, and a DNS server of the test's on <resolver>:53. Both
 // helpers forward the session's queries to 198.18.0.3 to the first
 // nameserver of their own /etc/resolv.conf (pasta --dns-forward; libslirp's
 // virtual nameserver), which is the test's server.
 
-// outsideDNS is the resolver address inside the test's namespace
+// outsideAddr is the address of the test namespace's interface
 // (TEST-NET-1: no real network uses it).
-const outsideDNS = "192.0.2.53"
+const outsideAddr = "192.0.2.53"
 
 // dnsAnswer is what the test's server answers for every A query under
 // dnsZone (TEST-NET-3).
@@ -40,14 +40,17 @@ const (
 )
 
 // The test binary doubles as the DNS server: run with dnsServerEnv set to
-// a directory it serves outsideDNS:53 (it must already be in the test's
-// namespace), logs each question to <dir>/queries, and writes its PID to
-// <dir>/dns.pid once it listens.
-const dnsServerEnv = "ESBX_TEST_DNS_SERVER_DIR"
+// a directory and dnsAddrEnv to an address, it serves <address>:53 (it
+// must already be in the test's namespace), logs each question to
+// <dir>/queries, and writes its PID to <dir>/dns.pid once it listens.
+const (
+	dnsServerEnv = "ESBX_TEST_DNS_SERVER_DIR"
+	dnsAddrEnv   = "ESBX_TEST_DNS_SERVER_ADDR"
+)
 
 func init() {
 	if dir := os.Getenv(dnsServerEnv); dir != "" {
-		if err := serveDNS(dir); err != nil {
+		if err := serveDNS(dir, os.Getenv(dnsAddrEnv)); err != nil {
 			fmt.Fprintln(os.Stderr, "dns server:", err)
 			os.Exit(1)
 		}
@@ -57,13 +60,13 @@ func init() {
 
 // serveDNS answers A queries under dnsZone with dnsAnswer, AAAA queries
 // there with no data, and everything else with NXDOMAIN, until killed.
-func serveDNS(dir string) error {
+func serveDNS(dir, addr string) error {
 	// It lives as long as the supervisor it was started beside (the shell
 	// that started it execs into the supervisor).
 	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(syscall.SIGKILL), 0, 0, 0); err != nil {
 		return fmt.Errorf("pdeathsig: %w", err)
 	}
-	pc, err := net.ListenPacket("udp4", net.JoinHostPort(outsideDNS, "53"))
+	pc, err := net.ListenPacket("udp4", net.JoinHostPort(addr, "53"))
 	if err != nil {
 		return err
 	}
@@ -143,8 +146,8 @@ func dnsReply(q []byte) (reply []byte, name string, qtype uint16, err error) {
 
 // startOutside starts the supervisor in a new user+net+mount namespace that
 // stands in for the outside (see the top of this file), with the test's DNS
-// server running there, and returns the server's directory.
-func (e *env) startOutside() string {
+// server running there on resolver, and returns the server's directory.
+func (e *env) startOutside(resolver string) string {
 	e.t.Helper()
 	if out, err := exec.Command("unshare", "-Urnm", "sh", "-c",
 		"ip link add esbx0 type veth peer name esbx1").CombinedOutput(); err != nil {
@@ -159,7 +162,7 @@ func (e *env) startOutside() string {
 		e.t.Fatal(err)
 	}
 	resolv := filepath.Join(dir, "resolv.conf")
-	if err := os.WriteFile(resolv, []byte("nameserver "+outsideDNS+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(resolv, []byte("nameserver "+resolver+"\n"), 0o644); err != nil {
 		e.t.Fatal(err)
 	}
 	// The helpers want an interface with a default route to take their
@@ -173,15 +176,15 @@ ip link set esbx0 up
 ip link set esbx1 up
 ip route add default via 192.0.2.1 dev esbx0 onlink
 mount --bind "$1/resolv.conf" /etc/resolv.conf
-` + dnsServerEnv + `="$1" "$2" &
+` + dnsServerEnv + `="$1" ` + dnsAddrEnv + `="$3" "$2" &
 i=0
 while [ ! -s "$1/dns.pid" ]; do
   i=$((i+1)); [ $i -lt 200 ] || { echo "dns server did not start" >&2; exit 1; }
   sleep 0.05
 done
-shift 2
+shift 3
 exec "$@"`
-	e.supPrefix = []string{"unshare", "-Urnm", "sh", "-c", script, outsideDNS, dir, self}
+	e.supPrefix = []string{"unshare", "-Urnm", "sh", "-c", script, outsideAddr, dir, self, resolver}
 	e.start()
 	return dir
 }
@@ -223,10 +226,17 @@ func (e *env) resolve(id, ws, envPrefix string, names ...string) map[string]stri
 // supervisor's side uses, which is the test's own server: it gets that
 // server's address, the server saw the question, and its NXDOMAIN comes
 // back as such. With the server gone, resolution fails with EAI_AGAIN
-// within the resolver's timeout instead of hanging. Run for both helpers.
+// within the resolver's timeout instead of hanging. Run for both helpers,
+// with the supervisor's resolver on an interface address and on loopback
+// (a host with systemd-resolved lists 127.0.0.53; pasta treats loopback
+// resolvers specially with --no-map-gw).
 func TestDNSIsolated(t *testing.T) {
-	for _, helper := range []string{"pasta", "slirp4netns"} {
-		t.Run(helper, func(t *testing.T) {
+	for _, tc := range []struct{ helper, name, resolver string }{
+		{"pasta", "interface", outsideAddr}, {"pasta", "loopback", "127.0.0.53"},
+		{"slirp4netns", "interface", outsideAddr}, {"slirp4netns", "loopback", "127.0.0.53"},
+	} {
+		helper := tc.helper
+		t.Run(helper+"/"+tc.name, func(t *testing.T) {
 			needHelper(t, helper)
 			e := newEnv(t)
 			if err := os.MkdirAll(filepath.Join(e.home, "config"), 0o700); err != nil {
@@ -236,7 +246,7 @@ func TestDNSIsolated(t *testing.T) {
 				[]byte("network:\n  isolated:\n    helper: "+helper+"\n"), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			dir := e.startOutside()
+			dir := e.startOutside(tc.resolver)
 			id := e.createSandbox(e.project(map[string]string{"a.txt": "a\n"}))
 			ws := e.session(id, "--network-profile", "isolated")
 
