@@ -191,10 +191,10 @@ func helperPids(t *testing.T, supervisor int) []int {
 
 // TestIsolatedNetwork: an isolated session reaches TCP and UDP services
 // outside (the host's non-loopback address) through its helper, gets the
-// helper's DNS forwarder as resolver, and reaches neither the host's
-// loopback (a test server, the supervisor's TCP listener), nor another
-// isolated session, nor (by default) private ranges; its helper ends
-// with it. Run for both helpers.
+// helper's DNS forwarder as resolver (TestDNSIsolated resolves a name
+// through it), and reaches neither the host's loopback (a test server, the
+// supervisor's TCP listener), nor another isolated session, nor (by
+// default) private ranges; its helper ends with it. Run for both helpers.
 func TestIsolatedNetwork(t *testing.T) {
 	for _, helper := range []string{"pasta", "slirp4netns"} {
 		t.Run(helper, func(t *testing.T) {
