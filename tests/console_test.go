@@ -1,0 +1,327 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+)
+
+// browser is one headless Chromium on a fresh profile, driven over the
+// DevTools protocol. Every exception thrown by a page and every console
+// error (CSP violations included) is collected: the console tests fail on
+// any of them.
+type browser struct {
+	t    *testing.T
+	ctx  context.Context
+	mu   sync.Mutex
+	errs []string
+}
+
+// chromiumFlags work on a machine without internet (see README): no
+// background requests, no first-run UI, no sandbox (tests may run in
+// containers without user namespaces for Chromium's own sandbox).
+func chromiumFlags(profile string) []chromedp.ExecAllocatorOption {
+	return []chromedp.ExecAllocatorOption{
+		chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck, chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(profile), chromedp.WindowSize(1280, 800),
+	}
+}
+
+func chromiumPath() string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+func newBrowser(t *testing.T) *browser {
+	t.Helper()
+	path := chromiumPath()
+	if path == "" {
+		skipOrFail(t, "no chromium on PATH (Debian package chromium)")
+	}
+	profile := t.TempDir()
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), append(chromiumFlags(profile), chromedp.ExecPath(path))...)
+	ctx, cancelC := chromedp.NewContext(actx)
+	b := &browser{t: t, ctx: ctx}
+	t.Cleanup(func() {
+		cancelC()
+		cancelA()
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for _, e := range b.errs {
+			t.Errorf("browser: %s", e)
+		}
+	})
+	// The first call starts the browser and must not carry a timeout.
+	err := chromedp.Listen(ctx, func(ev any) {
+		var msg string
+		switch ev := ev.(type) {
+		case *runtime.EventExceptionThrown:
+			msg = "exception: " + ev.ExceptionDetails.Text
+			if ev.ExceptionDetails.Exception != nil {
+				msg += " " + ev.ExceptionDetails.Exception.Description
+			}
+		case *log.EventEntryAdded:
+			msg = "log " + string(ev.Entry.Level) + ": " + ev.Entry.Text + " " + ev.Entry.URL
+			if ev.Entry.Level != log.EntryLevelError {
+				msg = ""
+			}
+		case *runtime.EventConsoleAPICalled:
+			if ev.Type == runtime.ConsoleAPICalledTypeError {
+				msg = "console.error"
+				for _, a := range ev.Args {
+					msg += " " + string(a.Value) + a.Description
+				}
+			}
+		}
+		if msg != "" {
+			b.mu.Lock()
+			b.errs = append(b.errs, msg)
+			b.mu.Unlock()
+		}
+	})
+	if err == nil {
+		_, err = chromedp.Call(ctx, log.Enable, cdp.Empty{})
+	}
+	if err == nil {
+		_, err = chromedp.Call(ctx, runtime.Enable, cdp.Empty{})
+	}
+	if err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	return b
+}
+
+// run performs actions with a bound; on failure it shows what the page
+// showed.
+func (b *browser) run(what string, actions ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 60*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		b.fail(what, err)
+	}
+}
+
+func (b *browser) fail(what string, err error) {
+	b.t.Helper()
+	tctx, tcancel := context.WithTimeout(b.ctx, 5*time.Second)
+	text, _ := chromedp.Run(tctx, chromedp.Evaluate[string](`document.body.innerText`))
+	tcancel()
+	b.t.Fatalf("%s: %v\npage:\n%s", what, err, text)
+}
+
+// eval runs JS and returns its value.
+func eval[T any](b *browser, js string) T {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](js))
+	if err != nil {
+		b.fail("eval "+js, err)
+	}
+	return v
+}
+
+// waitJS polls until the expression is true.
+func (b *browser) waitJS(what, js string) {
+	b.t.Helper()
+	b.run(what, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(45*time.Second)))
+}
+
+// choose sets a <select> and fires its change event, as a person picking
+// an option does.
+func (b *browser) choose(sel, value string) {
+	b.t.Helper()
+	if !eval[bool](b, fmt.Sprintf(`(() => { const s = document.querySelector(%q); if (!s) return false; s.value = %q; s.dispatchEvent(new Event('change')); return true; })()`, sel, value)) {
+		b.t.Fatalf("no %s", sel)
+	}
+}
+
+// gutter reads the blame gutter of the file view in scope: per line, the
+// owner and agent.
+func (b *browser) gutter(scope string) [][2]string {
+	b.t.Helper()
+	return eval[[][2]string](b, fmt.Sprintf(`[...document.querySelectorAll(%q)].map((td) => [td.dataset.owner || '', td.dataset.agent || ''])`, scope+" td.gutter"))
+}
+
+// TestConsole drives the console in a real Chromium against a real
+// supervisor (issue 15's Done-when): log in through /auth, watch a sandbox
+// created by the CLI appear live, run a command in a session's terminal and
+// see its output stream in, read a file's blame gutter, review a publish
+// with one conflict, pick "ours", publish, see the new layer and head's
+// blame; then a second session's publish is rejected with every conflicting
+// path listed, and it is discarded.
+func TestConsole(t *testing.T) {
+	forDrivers(t, func(t *testing.T) {
+		e := newEnv(t)
+		e.start("--http", "tcp://127.0.0.1:0")
+		w := e.web()
+		b := newBrowser(t)
+
+		// Login: /auth sets the cookie and redirects to the console; the
+		// page cannot read the cookie and the token left the address bar.
+		b.run("login", chromedp.Navigate(w.url("/auth?token="+w.token)), chromedp.WaitVisible(chromedp.CSS(`#fleet`)))
+		loc := eval[string](b, `location.href`)
+		cookies := eval[string](b, `document.cookie`)
+		if strings.Contains(loc, w.token) || loc != w.url("/")+"#/fleet" {
+			t.Fatalf("after login the address is %q", loc)
+		}
+		if strings.Contains(cookies, "es_ui") {
+			t.Fatalf("the page can read the login cookie: %q", cookies)
+		}
+		b.waitJS("live stream", `document.querySelector('#live').textContent.includes('live')`)
+
+		// A sandbox created by the CLI appears without a reload.
+		root := e.project(map[string]string{
+			"f.txt":  "one\ntwo\nthree\n",
+			"h1.txt": "h1 base\n",
+			"h2.txt": "h2 base\n",
+		})
+		id := e.createSandbox(root)
+		b.waitJS("sandbox row appears live", fmt.Sprintf(`!!document.querySelector('tr.sandbox[data-sandbox-id=%q]')`, id))
+		alice := e.rt(id, "create_workspace_session", "--agent", "alice")["workspace_session_id"].(string)
+		bob := e.rt(id, "create_workspace_session", "--agent", "bob")["workspace_session_id"].(string)
+		b.waitJS("sessions appear live", fmt.Sprintf(`!!document.querySelector('tr.session[data-session-id=%q]') && !!document.querySelector('tr.session[data-session-id=%q]')`, alice, bob))
+
+		// The terminal: a command's output streams in, line by line.
+		b.run("open the session", chromedp.Click(chromedp.CSS(fmt.Sprintf(`a[href="#/session/%s/%s"]`, id, alice))),
+			chromedp.WaitVisible(chromedp.CSS(`#terminal .xterm-rows`)))
+		cmd := `for i in 1 2 3; do echo stream-$i; sleep 0.2; done; sed -i s/two/two-alice/ f.txt; echo new > new.txt`
+		b.run("run a command", chromedp.SendKeys(chromedp.CSS(`#cmd`), cmd), chromedp.Click(chromedp.CSS(`#run`)))
+		b.waitJS("output streams in", `document.querySelector('#terminal .xterm-rows').textContent.includes('stream-3')`)
+		b.waitJS("exit status", `document.querySelector('#cmd-status').dataset.state === 'ok'`)
+		b.waitJS("history lists it", `[...document.querySelectorAll('#history tr.cmd')].some((tr) => tr.textContent.includes('stream-') && tr.textContent.includes('ok'))`)
+
+		// The blame gutter of the session's view: line 2 is alice's.
+		b.run("open f.txt", chromedp.Click(chromedp.CSS(`#tree a[data-path="f.txt"]`)),
+			chromedp.WaitVisible(chromedp.CSS(`#file-view td.gutter`)))
+		g := b.gutter("#file-view")
+		want := [][2]string{{"original", ""}, {"workspace_session:" + alice, "alice"}, {"original", ""}}
+		if fmt.Sprint(g) != fmt.Sprint(want) {
+			t.Fatalf("session blame gutter: %v, want %v", g, want)
+		}
+
+		// The head changes the same line: the review shows one conflict
+		// with its hunk; "ours" for it, then Publish.
+		e.rt(id, "file_write", "--path", "f.txt", "--content", "one\ntwo-head\nthree\n")
+		b.run("open the review", chromedp.Click(chromedp.CSS(`#review`)), chromedp.WaitVisible(chromedp.CSS(`#review-paths section.path`)))
+		b.waitJS("one conflict planned", `document.querySelector('section.path[data-path="f.txt"]')?.dataset.outcome === 'conflict'`)
+		planned := eval[map[string]string](b, `Object.fromEntries([...document.querySelectorAll('section.path')].map((s) => [s.dataset.path, s.dataset.outcome]))`)
+		if fmt.Sprint(planned) != "map[f.txt:conflict new.txt:applied]" {
+			t.Fatalf("planned outcomes: %v", planned)
+		}
+		hunk := eval[string](b, `document.querySelector('section.path[data-path="f.txt"] tr.hunk')?.innerText || ''`)
+		if !strings.Contains(hunk, "two-head") || !strings.Contains(hunk, "two-alice") {
+			t.Fatalf("conflict hunk shows %q", hunk)
+		}
+		b.choose(`select.strategy[data-path="f.txt"]`, "ours")
+		b.waitJS("ours planned", `document.querySelector('section.path[data-path="f.txt"]')?.dataset.outcome === 'ours'`)
+		b.run("publish", chromedp.Click(chromedp.CSS(`#publish`)))
+		b.waitJS("new layer shown", `(document.querySelector('#layer-id')?.textContent || '').length > 0 && !!document.querySelector('#new-layer li')`)
+		b.waitJS("head blame shown", `!!document.querySelector('.head-file[data-path="f.txt"] td.gutter')`)
+		layer := eval[string](b, `document.querySelector('#layer-id').textContent`)
+		resolved := eval[string](b, `document.querySelector('#resolved').innerText`)
+		if !strings.Contains(resolved, "f.txt") || !strings.Contains(resolved, "ours") {
+			t.Fatalf("resolved paths shown: %q", resolved)
+		}
+		ls := e.ok("sandbox-observability-cli", "layerstack", "--sandbox-id", id)
+		if top := ls["layers"].([]any)[0].(map[string]any)["layer_id"]; top != layer {
+			t.Fatalf("page shows layer %q, head's newest is %v", layer, top)
+		}
+		if c := e.rt(id, "file_read", "--path", "f.txt")["content"]; c != "one\ntwo-alice\nthree\n" {
+			t.Fatalf("head f.txt after publishing ours: %q", c)
+		}
+		g = b.gutter(`.head-file[data-path="f.txt"]`)
+		if len(g) != 3 || g[1] != [2]string{"workspace_session:" + alice, "alice"} || g[0][0] == g[1][0] {
+			t.Fatalf("head blame gutter: %v", g)
+		}
+
+		// Bob's publish conflicts on two paths: the rejection lists both;
+		// then Discard, confirmed, destroys the session.
+		e.rt(id, "exec_command", "--workspace-session-id", bob, "echo h1 bob > h1.txt; echo h2 bob > h2.txt")
+		e.rt(id, "file_write", "--path", "h1.txt", "--content", "h1 head\n")
+		e.rt(id, "file_write", "--path", "h2.txt", "--content", "h2 head\n")
+		b.run("review bob", chromedp.Navigate(w.url("/#/review/"+id+"/"+bob)), chromedp.WaitVisible(chromedp.CSS(`#review-paths section.path`)))
+		b.waitJS("two conflicts planned", `document.querySelectorAll('section.path[data-outcome="conflict"]').length === 2`)
+		b.run("publish bob", chromedp.Click(chromedp.CSS(`#publish`)), chromedp.WaitVisible(chromedp.CSS(`#rejected-paths`)))
+		rejected := eval[[]string](b, `[...document.querySelectorAll('#rejected-paths li')].map((li) => li.dataset.path)`)
+		if fmt.Sprint(rejected) != "[h1.txt h2.txt]" {
+			t.Fatalf("rejected paths shown: %v", rejected)
+		}
+		b.run("discard", chromedp.Click(chromedp.CSS(`#discard`)), chromedp.WaitVisible(chromedp.CSS(`#confirm-ok`)),
+			chromedp.Click(chromedp.CSS(`#confirm-ok`)), chromedp.WaitVisible(chromedp.CSS(`#fleet`)))
+		for _, s := range e.rt(id, "list_workspace_sessions")["workspace_sessions"].([]any) {
+			if s.(map[string]any)["workspace_session_id"] == bob {
+				t.Fatalf("bob's session survived Discard: %v", s)
+			}
+		}
+		if c := e.rt(id, "file_read", "--path", "h1.txt")["content"]; c != "h1 head\n" {
+			t.Fatalf("discarded work reached head: %q", c)
+		}
+		b.waitJS("bob's row leaves the fleet", fmt.Sprintf(`!document.querySelector('tr.session[data-session-id=%q]')`, bob))
+	})
+}
+
+// TestConsolePages checks what the pages are served with: the console's
+// CSP (scripts only from the listener itself), no caching, module scripts
+// with a JavaScript type, and nothing without the token.
+func TestConsolePages(t *testing.T) {
+	e := newEnv(t)
+	e.start("--http", "tcp://127.0.0.1:0")
+	w := e.web()
+	auth := map[string]string{"Authorization": "Bearer " + w.token}
+	for _, tc := range []struct{ path, ctype string }{
+		{"/", "text/html; charset=utf-8"},
+		{"/app/main.js", "text/javascript; charset=utf-8"},
+		{"/vendor/xterm-xterm/xterm.mjs", "text/javascript; charset=utf-8"},
+		{"/app/style.css", "text/css; charset=utf-8"},
+	} {
+		resp, body := w.do("GET", tc.path, "", auth)
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != tc.ctype || len(body) == 0 {
+			t.Errorf("%s: %d %q (%d bytes)", tc.path, resp.StatusCode, resp.Header.Get("Content-Type"), len(body))
+		}
+		csp := resp.Header.Get("Content-Security-Policy")
+		if !strings.Contains(csp, "script-src 'self';") || strings.Contains(csp, "unsafe-eval") || !strings.Contains(csp, "default-src 'none'") ||
+			strings.Contains(strings.SplitN(strings.SplitN(csp, "script-src", 2)[1], ";", 2)[0], "unsafe-inline") {
+			t.Errorf("%s: CSP %q", tc.path, csp)
+		}
+		if resp.Header.Get("Cache-Control") != "no-store" {
+			t.Errorf("%s: Cache-Control %q", tc.path, resp.Header.Get("Cache-Control"))
+		}
+		if resp, _ := w.do("GET", tc.path, "", nil); resp.StatusCode != 401 {
+			t.Errorf("%s without the token: %d", tc.path, resp.StatusCode)
+		}
+	}
+	// No inline script in the page: every <script> has a src.
+	_, page := w.do("GET", "/", "", auth)
+	for _, tag := range strings.Split(string(page), "<script")[1:] {
+		if !strings.Contains(strings.SplitN(tag, ">", 2)[0], "src=") {
+			t.Errorf("inline <script%s", strings.SplitN(tag, "\n", 2)[0])
+		}
+	}
+	for _, p := range []string{"/app/nope.js", "/vendor/", "/vendor/MANIFEST/x"} {
+		if resp, body := w.do("GET", p, "", auth); resp.StatusCode != 404 {
+			t.Errorf("%s: %d %s", p, resp.StatusCode, body)
+		}
+	}
+	// The API keeps its stricter policy (no inline style either).
+	resp, _ := w.do("POST", "/api/rpc", `{"op":"health","scope":{"kind":"system"}}`, w.bearer())
+	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "style-src 'self';") || resp.Header.Get("Cache-Control") != "no-store" {
+		t.Errorf("/api/rpc: CSP %q Cache-Control %q", csp, resp.Header.Get("Cache-Control"))
+	}
+}
