@@ -89,7 +89,7 @@ export function fleetPage(view) {
           h('td', {}, `${(s.active_command_session_ids || []).length} running`),
           h('td', { title: 'upper dir size: what the session changed' }, bytes(s.upper_bytes)),
           h('td', {}, s.network_profile),
-          h('td', {}, h('a', { href: `#/review/${id}/${s.workspace_session_id}`, class: 'review-link' }, 'Review'))))),
+          h('td', {}, h('a', { href: `#/review/${id}/${s.workspace_session_id}`, class: 'review-link' }, 'Review')))))),
       h('div', { class: 'row small' }, agent,
         h('button', {
           onclick: async () => {
