@@ -3,7 +3,9 @@ package tests
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -143,6 +145,25 @@ func (b *browser) waitJS(what, js string) {
 	b.run(what, chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(45*time.Second)))
 }
 
+// shot saves a screenshot to $ESBX_CONSOLE_SHOTS/<name>.png when that is
+// set (for looking at the pages; the tests assert nothing about pixels).
+func (b *browser) shot(name string) {
+	b.t.Helper()
+	dir := os.Getenv("ESBX_CONSOLE_SHOTS")
+	if dir == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, strings.ReplaceAll(b.t.Name(), "/", "_")+"-"+name+".png"), png, 0o644)
+	}
+	if err != nil {
+		b.t.Logf("screenshot %s: %v", name, err)
+	}
+}
+
 // choose sets a <select> and fires its change event, as a person picking
 // an option does.
 func (b *browser) choose(sel, value string) {
@@ -205,6 +226,7 @@ func TestConsole(t *testing.T) {
 		b.run("run a command", chromedp.SendKeys(chromedp.CSS(`#cmd`), cmd), chromedp.Click(chromedp.CSS(`#run`)))
 		b.waitJS("output streams in", `document.querySelector('#terminal .xterm-rows').textContent.includes('stream-3')`)
 		b.waitJS("exit status", `document.querySelector('#cmd-status').dataset.state === 'ok'`)
+		b.shot("session")
 		b.waitJS("history lists it", `[...document.querySelectorAll('#history tr.cmd')].some((tr) => tr.textContent.includes('stream-') && tr.textContent.includes('ok'))`)
 
 		// The blame gutter of the session's view: line 2 is alice's.
@@ -229,6 +251,7 @@ func TestConsole(t *testing.T) {
 		if !strings.Contains(hunk, "two-head") || !strings.Contains(hunk, "two-alice") {
 			t.Fatalf("conflict hunk shows %q", hunk)
 		}
+		b.shot("review")
 		b.choose(`select.strategy[data-path="f.txt"]`, "ours")
 		b.waitJS("ours planned", `document.querySelector('section.path[data-path="f.txt"]')?.dataset.outcome === 'ours'`)
 		b.run("publish", chromedp.Click(chromedp.CSS(`#publish`)))
@@ -246,6 +269,7 @@ func TestConsole(t *testing.T) {
 		if c := e.rt(id, "file_read", "--path", "f.txt")["content"]; c != "one\ntwo-alice\nthree" {
 			t.Fatalf("head f.txt after publishing ours: %q", c)
 		}
+		b.shot("published")
 		g = b.gutter(`.head-file[data-path="f.txt"]`)
 		if len(g) != 3 || g[1] != [2]string{"workspace_session:" + alice, "alice"} || g[0][0] == g[1][0] {
 			t.Fatalf("head blame gutter: %v", g)
@@ -259,6 +283,7 @@ func TestConsole(t *testing.T) {
 		b.run("review bob", chromedp.Navigate(w.url("/#/review/"+id+"/"+bob)), chromedp.WaitVisible(chromedp.CSS(`#review-paths section.path`)))
 		b.waitJS("two conflicts planned", `document.querySelectorAll('section.path[data-outcome="conflict"]').length === 2`)
 		b.run("publish bob", chromedp.Click(chromedp.CSS(`#publish`)), chromedp.WaitVisible(chromedp.CSS(`#rejected-paths`)))
+		b.shot("rejected")
 		rejected := eval[[]string](b, `[...document.querySelectorAll('#rejected-paths li')].map((li) => li.dataset.path)`)
 		if fmt.Sprint(rejected) != "[h1.txt h2.txt]" {
 			t.Fatalf("rejected paths shown: %v", rejected)
@@ -274,6 +299,28 @@ func TestConsole(t *testing.T) {
 			t.Fatalf("discarded work reached head: %q", c)
 		}
 		b.waitJS("bob's row leaves the fleet", fmt.Sprintf(`!document.querySelector('tr.session[data-session-id=%q]')`, bob))
+		b.shot("fleet")
+
+		// Observability: every tab renders from its operation, and Squash
+		// (confirmed) squashes the stack.
+		b.run("observability", chromedp.Navigate(w.url("/#/obs/"+id)), chromedp.WaitVisible(chromedp.CSS(`#obs-tabs`)))
+		b.waitJS("events listed", `document.querySelectorAll('#event-rows tr').length > 0`)
+		b.shot("events")
+		for _, tc := range []struct{ tab, ready string }{
+			{"trace", `document.querySelectorAll('.waterfall .span-row').length > 0`},
+			{"resources", `!!document.querySelector('.charts .chart, .charts p')`},
+			{"topology", `document.querySelector('#obs-pane').textContent.length > 0`},
+			{"doctor", `!!document.querySelector('#doctor tr')`},
+			{"layers", `document.querySelectorAll('#layers tbody tr').length > 0`},
+		} {
+			b.run(tc.tab, chromedp.Click(chromedp.CSS(`#tab-`+tc.tab)))
+			b.waitJS(tc.tab+" renders", tc.ready)
+			b.shot(tc.tab)
+		}
+		b.run("squash", chromedp.Click(chromedp.CSS(`#squash`)), chromedp.WaitVisible(chromedp.CSS(`#confirm-ok`)), chromedp.Click(chromedp.CSS(`#confirm-ok`)))
+		b.waitJS("squash reported", `document.querySelector('#toasts').textContent.includes('squashed')`)
+		n := len(e.ok("sandbox-observability-cli", "layerstack", "--sandbox-id", id)["layers"].([]any))
+		b.waitJS("the stack after squash", fmt.Sprintf(`document.querySelectorAll('#layers tbody tr').length === %d`, n))
 	})
 }
 

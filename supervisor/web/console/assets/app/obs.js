@@ -131,6 +131,8 @@ function topologyTab(pane, sandboxId) {
   rpc('topology', { sandbox_id: sandboxId }, sandboxId).then((r) => {
     const t = r.topology;
     clear(pane, !t.available ? h('p', { class: 'muted' }, t.error || 'unavailable') : null,
+      t.workspaces.length ? null : h('p', { class: 'muted', id: 'topology-empty' }, 'No session holds processes now.'),
+      (t.warnings || []).map((w) => h('p', { class: 'warn small' }, w)),
       t.workspaces.map((w) => h('div', {}, h('h4', { class: 'mono' }, w.workspace_id, ' ', badge(w.state), ` holder ${w.holder_pid ?? '–'}`),
         h('table', { class: 'grid small' }, h('thead', {}, h('tr', {}, ['PID', 'ns PID', 'Parent', 'Name', 'State', 'RSS', 'CPU'].map((c) => h('th', {}, c)))),
           h('tbody', {}, w.processes.map((p) => h('tr', { class: p.kind }, h('td', {}, p.pid), h('td', {}, p.namespace_pid), h('td', {}, p.parent_pid),

@@ -116,12 +116,15 @@ export function reviewPage(view, [sandboxId, wsId]) {
   async function publish() {
     const res = resolutions();
     publishBtn.disabled = true;
+    let r;
     try {
-      const r = await rpc('publish_workspace_session', { workspace_session_id: wsId, default_strategy: defaultStrategy, resolutions: res }, sandboxId);
-      await showPublished(r);
+      r = await rpc('publish_workspace_session', { workspace_session_id: wsId, default_strategy: defaultStrategy, resolutions: res }, sandboxId);
     } catch (e) {
+      publishBtn.disabled = false;
       showRejected(e);
-    } finally { publishBtn.disabled = false; }
+      return;
+    }
+    await showPublished(r);
   }
 
   function showRejected(e) {
