@@ -112,7 +112,7 @@ function resourcesTab(pane, sandboxId) {
     const ts = r.series.map((s) => s.ts / 1000);
     const keys = new Set();
     for (const s of r.series) for (const [k, v] of Object.entries({ ...s.metrics, ...s.deltas })) if (typeof v === 'number') keys.add(k);
-    const pick = [...keys].filter((k) => /cpu|memory|io|pids|bytes/.test(k)).slice(0, 8);
+    const pick = [...keys].filter((k) => /cpu|mem|io|pids|bytes/.test(k)).slice(0, 8);
     for (const k of pick) {
       const ys = r.series.map((s) => (s.deltas?.[k] ?? s.metrics?.[k] ?? null));
       const el = h('div', { class: 'chart' });
