@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
@@ -228,6 +229,26 @@ func TestConsole(t *testing.T) {
 		b.waitJS("exit status", `document.querySelector('#cmd-status').dataset.state === 'ok'`)
 		b.shot("session")
 		b.waitJS("history lists it", `[...document.querySelectorAll('#history tr.cmd')].some((tr) => tr.textContent.includes('stream-') && tr.textContent.includes('ok'))`)
+
+		// Typing in the terminal goes to the running command's stdin; ^C
+		// cancels a command.
+		b.run("run a reader", chromedp.SendKeys(chromedp.CSS(`#cmd`), `read x; echo got-$x`), chromedp.Click(chromedp.CSS(`#run`)))
+		b.waitJS("reader running", `document.querySelector('#cmd-status').dataset.state === 'running'`)
+		// Text arrives as a keyboard's text input does (Input.insertText);
+		// chromedp's key events deliver each printable key twice to
+		// xterm.js (keyDown with text plus char), so they are used for
+		// Enter only.
+		b.run("type a line", chromedp.Focus(chromedp.CSS(`#terminal .xterm-helper-textarea`)),
+			chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+				_, err := cdp.Call(ctx, t, input.InsertText, input.InsertTextParams{Text: "hello"})
+				return err
+			}), chromedp.KeyEvent("\r"))
+		b.waitJS("stdin reached it", `document.querySelector('#terminal .xterm-rows').textContent.includes('got-hello')`)
+		b.waitJS("reader done", `document.querySelector('#cmd-status').dataset.state === 'ok'`)
+		b.run("run a sleeper", chromedp.SendKeys(chromedp.CSS(`#cmd`), `sleep 600`), chromedp.Click(chromedp.CSS(`#run`)))
+		b.waitJS("sleeper running", `document.querySelector('#cmd-status').dataset.state === 'running'`)
+		b.run("^C", chromedp.Click(chromedp.CSS(`#ctrl-c`)))
+		b.waitJS("cancelled", `document.querySelector('#cmd-status').dataset.state === 'cancelled'`)
 
 		// The blame gutter of the session's view: line 2 is alice's.
 		b.run("open f.txt", chromedp.Click(chromedp.CSS(`#tree a[data-path="f.txt"]`)),

@@ -106,25 +106,37 @@ function traceTab(pane, sandboxId, traceId = 'last') {
 function resourcesTab(pane, sandboxId) {
   const box = h('div', { class: 'charts' });
   clear(pane, box);
-  const plots = [];
-  rpc('resources', { sandbox_id: sandboxId, window_ms: 600000 }, sandboxId).then((r) => {
-    if (!r.series.length) { clear(box, h('p', { class: 'muted' }, `no samples yet (${r.availability}) ${(r.errors || []).join('; ')}`)); return; }
-    const ts = r.series.map((s) => s.ts / 1000);
-    const keys = new Set();
-    for (const s of r.series) for (const [k, v] of Object.entries({ ...s.metrics, ...s.deltas })) if (typeof v === 'number') keys.add(k);
-    const pick = [...keys].filter((k) => /cpu|mem|io|pids|bytes/.test(k)).slice(0, 8);
-    for (const k of pick) {
-      const ys = r.series.map((s) => (s.deltas?.[k] ?? s.metrics?.[k] ?? null));
-      const el = h('div', { class: 'chart' });
-      box.append(el);
-      if (window.uPlot) {
-        plots.push(new window.uPlot({ title: k, width: 380, height: 160, series: [{}, { label: k, stroke: '#2a6fdb' }] }, [ts, ys], el));
-      } else {
-        el.textContent = `${k}: ${ys[ys.length - 1]}`;
-      }
-    }
-  }).catch((e) => clear(box, h('p', { class: 'bad' }, errText(e))));
+  let plots = [];
+  rpc('resources', { sandbox_id: sandboxId, window_ms: 600000 }, sandboxId)
+    .then((r) => { plots = charts(box, r); })
+    .catch((e) => clear(box, h('p', { class: 'bad' }, errText(e))));
   return () => plots.forEach((p) => p.destroy());
+}
+
+// charts draws one small uPlot chart per numeric CPU, memory, I/O and pids
+// metric of a resources/cgroup series; it returns the plots to destroy.
+export function charts(box, r) {
+  if (!r.series?.length) {
+    clear(box, h('p', { class: 'muted' }, `no samples yet (${r.availability}) ${(r.errors || []).join('; ')}`));
+    return [];
+  }
+  const ts = r.series.map((s) => s.ts / 1000);
+  const keys = new Set();
+  for (const s of r.series) for (const [k, v] of Object.entries({ ...s.metrics, ...s.deltas })) if (typeof v === 'number') keys.add(k);
+  const pick = [...keys].filter((k) => /cpu|mem|io|pids|bytes/.test(k)).slice(0, 8);
+  const plots = [];
+  clear(box);
+  for (const k of pick) {
+    const ys = r.series.map((s) => (s.deltas?.[k] ?? s.metrics?.[k] ?? null));
+    const el = h('div', { class: 'chart', dataset: { metric: k } });
+    box.append(el);
+    if (window.uPlot) {
+      plots.push(new window.uPlot({ title: k, width: 380, height: 160, series: [{}, { label: k, stroke: '#2a6fdb' }] }, [ts, ys], el));
+    } else {
+      el.textContent = `${k}: ${ys[ys.length - 1]}`;
+    }
+  }
+  return plots;
 }
 
 function topologyTab(pane, sandboxId) {

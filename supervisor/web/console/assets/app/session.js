@@ -5,6 +5,7 @@ import { Terminal } from '/vendor/xterm-xterm/xterm.mjs';
 import { FitAddon } from '/vendor/xterm-addon-fit/addon-fit.mjs';
 import { rpc, events, debounce, followCommand } from './api.js';
 import { h, clear, toast, age, time, badge, agentColour, errText, confirmDialog } from './ui.js';
+import { charts } from './obs.js';
 
 export function sessionPage(view, [sandboxId, wsId]) {
   const cleanups = [];
@@ -17,6 +18,7 @@ export function sessionPage(view, [sandboxId, wsId]) {
   const tree = h('ul', { id: 'tree', class: 'tree' });
   const fileView = h('div', { id: 'file-view', class: 'file' }, h('p', { class: 'muted' }, 'Pick a file.'));
   const activity = h('tbody', { id: 'activity' });
+  const resources = h('div', { class: 'charts', id: 'session-resources' });
 
   clear(view,
     h('section', { class: 'card' }, info),
@@ -35,7 +37,9 @@ export function sessionPage(view, [sandboxId, wsId]) {
       h('section', { class: 'card narrow' }, h('h3', {}, 'Files'), tree),
       h('section', { class: 'card wide' }, fileView)),
     h('section', { class: 'card' }, h('h3', {}, 'File activity'),
-      h('table', { class: 'grid small' }, h('thead', {}, h('tr', {}, ['Time', 'Op', 'Path', 'Command', 'Source'].map((c) => h('th', {}, c)))), activity)));
+      h('table', { class: 'grid small' }, h('thead', {}, h('tr', {}, ['Time', 'Op', 'Path', 'Command', 'Source'].map((c) => h('th', {}, c)))), activity)),
+    h('section', { class: 'card' }, h('div', { class: 'row' }, h('h3', {}, 'Resources (last 10 minutes)'),
+      h('button', { class: 'link small', onclick: () => refreshResources() }, 'refresh')), resources));
 
   // The terminal shows the streamed PTY rows; keys go to the running
   // command's stdin.
@@ -185,9 +189,21 @@ export function sessionPage(view, [sandboxId, wsId]) {
     } catch (e) { clear(activity, h('tr', {}, h('td', { colspan: 5, class: 'bad' }, errText(e)))); }
   }
 
+  // The session's own cgroup samples; fetched on open and on request (the
+  // samples come on the sampler's schedule, not with events).
+  let plots = [];
+  async function refreshResources() {
+    try {
+      const r = await rpc('cgroup', { sandbox_id: sandboxId, scope: wsId, window_ms: 600000 }, sandboxId);
+      plots.forEach((p) => p.destroy());
+      plots = charts(resources, r);
+    } catch (e) { clear(resources, h('p', { class: 'muted' }, errText(e))); }
+  }
+  cleanups.push(() => plots.forEach((p) => p.destroy()));
+
   const refresh = debounce(() => { refreshInfo(); refreshHistory(); refreshActivity(); }, 300);
   cleanups.push(events.on(({ sandboxId: sb }) => { if (sb === sandboxId) refresh(); }));
-  refreshInfo(); refreshHistory(); refreshActivity(); listDir('.', tree);
+  refreshInfo(); refreshHistory(); refreshActivity(); listDir('.', tree); refreshResources();
   return () => cleanups.forEach((f) => f());
 }
 
