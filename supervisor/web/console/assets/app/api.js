@@ -71,12 +71,16 @@ class Events {
   }
   start() {
     if (this.es) return;
-    const es = new EventSource('/api/events');
+    // After a drop the new stream resumes after the last record seen.
+    const es = new EventSource('/api/events' + (this.lastSeq ? `?last_event_id=${this.lastSeq}` : ''));
     this.es = es;
     const live = document.getElementById('live');
     es.addEventListener('ready', () => { live.textContent = '● live'; live.className = 'live on'; });
     es.onerror = () => { live.textContent = '○ reconnecting'; live.className = 'live off'; };
     es.addEventListener('dropped', () => { es.close(); this.es = null; setTimeout(() => this.start(), 500); });
+    // Records were lost to the replay cap: what is shown may be stale, so
+    // every page re-fetches everything (a record without a sandbox does).
+    es.addEventListener('truncated', () => { for (const f of this.listeners) f({ seq: this.lastSeq, sandboxId: null, kind: 'truncated', record: {} }); });
     const handle = (ev) => {
       this.lastSeq = Number(ev.lastEventId) || this.lastSeq;
       let m;

@@ -39,7 +39,7 @@ export function obsPage(view, [sandboxId]) {
   clear(tabsBar, Object.keys(tabs).map((n) => h('button', { class: 'link', id: 'tab-' + n.toLowerCase(), onclick: () => show(n) }, n)));
   show('Events');
   const refresh = debounce(refreshHead, 300);
-  cleanups.push(events.on(({ sandboxId: sb }) => { if (sb === sandboxId) refresh(); }));
+  cleanups.push(events.on(({ sandboxId: sb, kind }) => { if (sb === sandboxId || kind === 'truncated') refresh(); }));
   refreshHead();
   return () => { cleanups.forEach((f) => f()); if (tabCleanup) tabCleanup(); };
 }

@@ -202,7 +202,7 @@ export function sessionPage(view, [sandboxId, wsId]) {
   cleanups.push(() => plots.forEach((p) => p.destroy()));
 
   const refresh = debounce(() => { refreshInfo(); refreshHistory(); refreshActivity(); }, 300);
-  cleanups.push(events.on(({ sandboxId: sb }) => { if (sb === sandboxId) refresh(); }));
+  cleanups.push(events.on(({ sandboxId: sb, kind }) => { if (sb === sandboxId || kind === 'truncated') refresh(); }));
   refreshInfo(); refreshHistory(); refreshActivity(); listDir('.', tree); refreshResources();
   return () => cleanups.forEach((f) => f());
 }
