@@ -301,6 +301,8 @@ func TestConsole(t *testing.T) {
 		e.rt(id, "exec_command", "--workspace-session-id", bob, "echo h1 bob > h1.txt; echo h2 bob > h2.txt")
 		e.rt(id, "file_write", "--path", "h1.txt", "--content", "h1 head\n")
 		e.rt(id, "file_write", "--path", "h2.txt", "--content", "h2 head\n")
+		b.run("fleet", chromedp.Navigate(w.url("/#/fleet")))
+		b.waitJS("bob's changed-path count", fmt.Sprintf(`document.querySelector('tr.session[data-session-id=%q] td.changed')?.textContent === '2 changed'`, bob))
 		b.run("review bob", chromedp.Navigate(w.url("/#/review/"+id+"/"+bob)), chromedp.WaitVisible(chromedp.CSS(`#review-paths section.path`)))
 		b.waitJS("two conflicts planned", `document.querySelectorAll('section.path[data-outcome="conflict"]').length === 2`)
 		b.run("publish bob", chromedp.Click(chromedp.CSS(`#publish`)), chromedp.WaitVisible(chromedp.CSS(`#rejected-paths`)))

@@ -87,6 +87,7 @@ export function fleetPage(view) {
           h('td', {}, badge(s.state)),
           h('td', { title: s.created_at }, age(s.created_at)),
           h('td', {}, `${(s.active_command_session_ids || []).length} running`),
+          h('td', { class: 'changed', title: 'paths the session changed (diff against its base)' }, changedCount(id, s)),
           h('td', { title: 'upper dir size: what the session changed' }, bytes(s.upper_bytes)),
           h('td', {}, s.network_profile),
           h('td', {}, h('a', { href: `#/review/${id}/${s.workspace_session_id}`, class: 'review-link' }, 'Review')))))),
@@ -132,6 +133,33 @@ export function fleetPage(view) {
   });
   refreshAll();
   return () => { off(); gen++; };
+}
+
+// changedCount fills in a session's changed-path count after the row is
+// drawn: one diff_workspace_session each (max_bytes 1: only the list is
+// wanted), at most four at a time so a large fleet does not queue up the
+// supervisor behind the page.
+const diffQueue = [];
+let diffRunning = 0;
+function changedCount(sandboxId, s) {
+  const cell = h('span', { class: 'muted' }, '…');
+  diffQueue.push(async () => {
+    if (!cell.isConnected) return;
+    try {
+      const r = await rpc('diff_workspace_session', { workspace_session_id: s.workspace_session_id, max_bytes: 1 }, sandboxId);
+      cell.textContent = `${r.files.length}${r.truncated && r.files.length >= 10000 ? '+' : ''} changed`;
+      cell.className = '';
+    } catch { cell.textContent = '–'; }
+  });
+  setTimeout(pump, 0); // after the row is in the page
+  return cell;
+}
+function pump() {
+  while (diffRunning < 4 && diffQueue.length) {
+    const job = diffQueue.shift();
+    diffRunning++;
+    job().finally(() => { diffRunning--; pump(); });
+  }
 }
 
 // createForm: workspace picker (list_workspace_directories), image
