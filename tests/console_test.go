@@ -165,6 +165,15 @@ func (b *browser) shot(name string) {
 	}
 }
 
+// eval0 runs JS for its effect.
+func (b *browser) eval0(js string) {
+	b.t.Helper()
+	b.run("eval "+js, chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		_, err := chromedp.Evaluate[chromedp.Void](js)(ctx, t)
+		return err
+	}))
+}
+
 // choose sets a <select> and fires its change event, as a person picking
 // an option does.
 func (b *browser) choose(sel, value string) {
@@ -323,6 +332,36 @@ func TestConsole(t *testing.T) {
 		}
 		b.waitJS("bob's row leaves the fleet", fmt.Sprintf(`!document.querySelector('tr.session[data-session-id=%q]')`, bob))
 		b.shot("fleet")
+
+		// Create a sandbox from the page (the workspace picker browses to
+		// it) and destroy it after the confirmation.
+		proj2 := filepath.Join(e.root, "proj2")
+		if err := os.MkdirAll(proj2, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(proj2, "a.txt"), []byte("a\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		b.run("open the create form", chromedp.Click(chromedp.CSS(`#new-sandbox`)), chromedp.WaitVisible(chromedp.CSS(`#ws-path`)),
+			chromedp.SendKeys(chromedp.CSS(`#ws-path`), e.root), chromedp.Click(chromedp.CSS(`#create-form button[type=button]`)))
+		b.waitJS("the picker lists proj2", `[...document.querySelectorAll('ul.dirs a')].some((a) => a.textContent === 'proj2/')`)
+		b.eval0(`[...document.querySelectorAll('ul.dirs a')].find((a) => a.textContent === 'proj2/').click()`)
+		b.waitJS("the picker chose proj2", fmt.Sprintf(`document.querySelector('#ws-path').value === %q`, proj2))
+		if e.overlay != "" {
+			b.choose(`#ws-overlay`, e.overlay)
+		}
+		b.run("create", chromedp.SendKeys(chromedp.CSS(`#ws-name`), "from-the-page"), chromedp.Click(chromedp.CSS(`#create-form button[type=submit]`)))
+		b.waitJS("the new sandbox is listed", `[...document.querySelectorAll('tr.sandbox')].some((tr) => tr.textContent.includes('from-the-page'))`)
+		id2 := eval[string](b, `[...document.querySelectorAll('tr.sandbox')].find((tr) => tr.textContent.includes('from-the-page')).dataset.sandboxId`)
+		if rec := e.mgr("inspect_sandbox", "--sandbox-id", id2); rec["workspace_root"] != proj2 || rec["name"] != "from-the-page" || (e.overlay != "" && rec["overlay_driver"] != e.overlay) {
+			t.Fatalf("sandbox created by the page: %v", rec)
+		}
+		b.run("destroy", chromedp.Click(chromedp.CSS(fmt.Sprintf(`tr.sandbox[data-sandbox-id=%q] button.destroy`, id2))),
+			chromedp.WaitVisible(chromedp.CSS(`#confirm-ok`)), chromedp.Click(chromedp.CSS(`#confirm-ok`)))
+		b.waitJS("the destroyed sandbox leaves", fmt.Sprintf(`!document.querySelector('tr.sandbox[data-sandbox-id=%q]')`, id2))
+		if r := e.run("sandbox-manager-cli", "inspect_sandbox", "--sandbox-id", id2); r.code == 0 && !strings.Contains(r.stdout, `"stopped"`) {
+			t.Fatalf("sandbox %s after Destroy: %s", id2, r.stdout)
+		}
 
 		// Observability: every tab renders from its operation, and Squash
 		// (confirmed) squashes the stack.
