@@ -165,6 +165,19 @@ func (b *browser) shot(name string) {
 	}
 }
 
+// typeInTerminal types a line into the terminal. Text arrives as a
+// keyboard's text input does (Input.insertText): chromedp's key events
+// deliver each printable key twice to xterm.js (a keyDown with text and a
+// char event), so they are used for Enter only.
+func (b *browser) typeInTerminal(line string) {
+	b.t.Helper()
+	b.run("type "+line, chromedp.Focus(chromedp.CSS(`#terminal .xterm-helper-textarea`)),
+		chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+			_, err := cdp.Call(ctx, t, input.InsertText, input.InsertTextParams{Text: line})
+			return err
+		}), chromedp.KeyEvent("\r"))
+}
+
 // eval0 runs JS for its effect.
 func (b *browser) eval0(js string) {
 	b.t.Helper()
@@ -243,21 +256,26 @@ func TestConsole(t *testing.T) {
 		// cancels a command.
 		b.run("run a reader", chromedp.SendKeys(chromedp.CSS(`#cmd`), `read x; echo got-$x`), chromedp.Click(chromedp.CSS(`#run`)))
 		b.waitJS("reader running", `document.querySelector('#cmd-status').dataset.state === 'running'`)
-		// Text arrives as a keyboard's text input does (Input.insertText);
-		// chromedp's key events deliver each printable key twice to
-		// xterm.js (keyDown with text plus char), so they are used for
-		// Enter only.
-		b.run("type a line", chromedp.Focus(chromedp.CSS(`#terminal .xterm-helper-textarea`)),
-			chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
-				_, err := cdp.Call(ctx, t, input.InsertText, input.InsertTextParams{Text: "hello"})
-				return err
-			}), chromedp.KeyEvent("\r"))
+		b.typeInTerminal("hello")
 		b.waitJS("stdin reached it", `document.querySelector('#terminal .xterm-rows').textContent.includes('got-hello')`)
 		b.waitJS("reader done", `document.querySelector('#cmd-status').dataset.state === 'ok'`)
 		b.run("run a sleeper", chromedp.SendKeys(chromedp.CSS(`#cmd`), `sleep 600`), chromedp.Click(chromedp.CSS(`#run`)))
 		b.waitJS("sleeper running", `document.querySelector('#cmd-status').dataset.state === 'running'`)
 		b.run("^C", chromedp.Click(chromedp.CSS(`#ctrl-c`)))
 		b.waitJS("cancelled", `document.querySelector('#cmd-status').dataset.state === 'cancelled'`)
+
+		// A command an agent started elsewhere: the history shows it
+		// running; attaching streams it and takes the terminal's input.
+		agentCmd := e.rt(id, "exec_command", "--workspace-session-id", alice, "--yield-time-ms", "100", "read y; echo agent-$y")
+		if agentCmd["status"] != "running" {
+			t.Fatalf("agent command: %v", agentCmd)
+		}
+		attach := fmt.Sprintf(`#history tr.cmd[data-command-id=%q] button.attach`, agentCmd["command_session_id"])
+		b.run("attach", chromedp.WaitVisible(chromedp.CSS(attach)), chromedp.Click(chromedp.CSS(attach)))
+		b.waitJS("attached", `document.querySelector('#cmd-status').dataset.state === 'running'`)
+		b.typeInTerminal("from-the-page")
+		b.waitJS("the agent's command read it", `document.querySelector('#terminal .xterm-rows').textContent.includes('agent-from-the-page')`)
+		b.waitJS("agent command done", `document.querySelector('#cmd-status').dataset.state === 'ok'`)
 
 		// The blame gutter of the session's view: line 2 is alice's.
 		b.run("open f.txt", chromedp.Click(chromedp.CSS(`#tree a[data-path="f.txt"]`)),

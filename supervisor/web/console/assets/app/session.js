@@ -71,7 +71,13 @@ export function sessionPage(view, [sandboxId, wsId]) {
       term.write(`\x1b[31m${errText(e)}\x1b[0m\r\n`);
       return;
     }
-    const id = out.command_session_id;
+    attach(out.command_session_id);
+  }
+
+  // attach streams a command's transcript into the terminal from its first
+  // row and sends what is typed to its stdin until it ends: for a command
+  // run here, or one an agent started (from the history).
+  function attach(id) {
     status.textContent = `${id} running`;
     status.dataset.state = 'running';
     const stop = followCommand(sandboxId, id, (row) => term.write(row + '\r\n'), (res) => {
@@ -136,7 +142,7 @@ export function sessionPage(view, [sandboxId, wsId]) {
       const r = await rpc('list_commands', { workspace_session_id: wsId, limit: 50 }, sandboxId);
       clear(history, r.commands.map((c) => {
         const tr = h('tr', { class: 'cmd', dataset: { commandId: c.command_session_id } },
-          h('td', {}, h('button', { class: 'link small', title: 'show its transcript', onclick: () => transcript(c) }, '▸')),
+          h('td', {}, h('button', { class: 'link small attach', title: c.status === 'running' ? 'attach the terminal to it' : 'show its transcript', onclick: () => transcript(c) }, '▸')),
           h('td', { class: 'mono', title: c.cmd }, c.cmd.length > 60 ? c.cmd.slice(0, 60) + '…' : c.cmd),
           h('td', {}, badge(c.status)), h('td', {}, c.exit_code ?? ''), h('td', { title: c.started_at }, age(c.started_at)));
         return tr;
@@ -145,6 +151,11 @@ export function sessionPage(view, [sandboxId, wsId]) {
   }
 
   async function transcript(c) {
+    if (c.status === 'running' && !running) {
+      term.write(`\x1b[2m--- attached to ${c.command_session_id}: ${c.cmd.replace(/\n/g, ' ')} ---\x1b[0m\r\n`);
+      attach(c.command_session_id);
+      return;
+    }
     try {
       const r = await rpc('read_command_lines', { command_session_id: c.command_session_id, limit: 1000 }, sandboxId);
       term.write(`\x1b[2m--- transcript of ${c.command_session_id} (${r.status}, exit ${r.exit_code}) ---\x1b[0m\r\n`);
