@@ -121,3 +121,13 @@ export function followCommand(sandboxId, commandId, onRow, onExit) {
   es.onerror = () => { if (es.readyState === EventSource.CLOSED) onExit(null); };
   return () => es.close();
 }
+
+// newest makes turns for one kind of refresh: take() before a request,
+// then isNewest() after its answer says whether a later refresh started
+// meanwhile. Answers can arrive out of order; drawing only the newest keeps
+// a slow, older answer from overwriting a newer one (and staying, since no
+// further event may come).
+export function newest() {
+  let n = 0;
+  return () => { const my = ++n; return () => my === n; };
+}

@@ -1,6 +1,6 @@
 // Fleet: every sandbox with its state, image, overlay driver, layer count
 // and live sessions, updated from the event stream; create and destroy.
-import { rpc, events, debounce } from './api.js';
+import { rpc, events, debounce, newest } from './api.js';
 import { h, clear, toast, confirmDialog, age, bytes, badge, errText } from './ui.js';
 
 export function fleetPage(view) {
@@ -40,7 +40,7 @@ export function fleetPage(view) {
   function renderSandbox(sb) {
     let r = rows.get(sb.id);
     if (!r) {
-      r = { tr: h('tr', { class: 'sandbox', dataset: { sandboxId: sb.id } }), sess: h('tr', { class: 'sessions' }), count: 0, sb };
+      r = { tr: h('tr', { class: 'sandbox', dataset: { sandboxId: sb.id } }), sess: h('tr', { class: 'sessions' }), count: 0, sb, sessTurn: newest(), oneTurn: newest() };
       rows.set(sb.id, r);
       table.append(r.tr, r.sess);
       refreshSessions(sb.id);
@@ -69,13 +69,15 @@ export function fleetPage(view) {
   async function refreshSessions(id) {
     const r = rows.get(id);
     if (!r) return;
+    const isNewest = r.sessTurn();
     let list;
     try {
       list = (await rpc('list_workspace_sessions', {}, id)).workspace_sessions;
     } catch (e) {
-      clear(r.sess, h('td', { colspan: 8, class: 'muted' }, errText(e)));
+      if (isNewest()) clear(r.sess, h('td', { colspan: 8, class: 'muted' }, errText(e)));
       return;
     }
+    if (!isNewest() || rows.get(id) !== r) return;
     const live = list.filter((s) => s.state !== 'destroyed' && s.state !== 'published');
     r.count = live.length;
     const agent = h('input', { placeholder: 'agent label', class: 'agent-input', size: 12 });
@@ -123,7 +125,11 @@ export function fleetPage(view) {
     pending.clear();
   }, 150);
   async function refreshOne(id) {
-    try { renderSandbox(await rpc('inspect_sandbox', { sandbox_id: id })); } catch { all = true; flush(); }
+    const isNewest = rows.get(id).oneTurn();
+    try {
+      const sb = await rpc('inspect_sandbox', { sandbox_id: id });
+      if (isNewest() && rows.has(id)) renderSandbox(sb);
+    } catch { all = true; flush(); }
   }
   const off = events.on(({ sandboxId, record }) => {
     const op = record?.attrs?.op;

@@ -1,7 +1,7 @@
 // Observability of one sandbox: its sessions, live events with filters, the
 // trace waterfall of a request, resource charts, process topology, the
 // layer stack with Squash, and the supervisor's health probes.
-import { rpc, events, debounce } from './api.js';
+import { rpc, events, debounce, newest } from './api.js';
 import { h, clear, toast, badge, bytes, time, age, errText, confirmDialog, short } from './ui.js';
 
 export function obsPage(view, [sandboxId]) {
@@ -14,12 +14,14 @@ export function obsPage(view, [sandboxId]) {
     h('table', { class: 'grid small' }, h('thead', {}, h('tr', {}, ['Session', 'Agent', 'State', 'Age', 'Running', ''].map((c) => h('th', {}, c)))), sessions)),
   h('section', { class: 'card' }, tabsBar, pane));
 
+  const headTurn = newest();
   async function refreshHead() {
+    const isNewest = headTurn();
     try {
-      const sb = await rpc('inspect_sandbox', { sandbox_id: sandboxId });
+      const [sb, r] = await Promise.all([rpc('inspect_sandbox', { sandbox_id: sandboxId }), rpc('list_workspace_sessions', {}, sandboxId)]);
+      if (!isNewest()) return;
       clear(head, h('h2', { class: 'mono' }, sb.id), sb.name ? h('span', {}, sb.name) : null, badge(sb.state),
         h('span', { class: 'muted' }, `${sb.image} · ${sb.overlay_driver} · ${sb.layer_count} layers · ${sb.workspace_root}`));
-      const r = await rpc('list_workspace_sessions', {}, sandboxId);
       clear(sessions, r.workspace_sessions.filter((s) => s.state !== 'destroyed').map((s) => h('tr', {},
         h('td', {}, h('a', { class: 'mono', href: `#/session/${sandboxId}/${s.workspace_session_id}` }, s.workspace_session_id)),
         h('td', {}, s.agent || ''), h('td', {}, badge(s.state)), h('td', {}, age(s.created_at)),

@@ -3,7 +3,7 @@
 // and the session's file activity.
 import { Terminal } from '/vendor/xterm-xterm/xterm.mjs';
 import { FitAddon } from '/vendor/xterm-addon-fit/addon-fit.mjs';
-import { rpc, events, debounce, followCommand } from './api.js';
+import { rpc, events, debounce, followCommand, newest } from './api.js';
 import { h, clear, toast, age, time, badge, agentColour, errText, confirmDialog } from './ui.js';
 import { charts } from './obs.js';
 
@@ -113,9 +113,12 @@ export function sessionPage(view, [sandboxId, wsId]) {
     if (e.key === 'ArrowDown') { recentAt = Math.max(recentAt - 1, -1); cmdInput.value = recentAt < 0 ? '' : recent[recentAt]; e.preventDefault(); }
   });
 
+  const infoTurn = newest();
   async function refreshInfo() {
+    const isNewest = infoTurn();
     try {
       const r = await rpc('list_workspace_sessions', {}, sandboxId);
+      if (!isNewest()) return;
       const s = r.workspace_sessions.find((x) => x.workspace_session_id === wsId);
       if (!s) { clear(info, h('h2', {}, 'Session ' + wsId), badge('gone')); return; }
       clear(info,
@@ -137,9 +140,12 @@ export function sessionPage(view, [sandboxId, wsId]) {
     } catch (e) { toast(errText(e), 'error'); }
   }
 
+  const historyTurn = newest();
   async function refreshHistory() {
+    const isNewest = historyTurn();
     try {
       const r = await rpc('list_commands', { workspace_session_id: wsId, limit: 50 }, sandboxId);
+      if (!isNewest()) return;
       clear(history, r.commands.map((c) => {
         const tr = h('tr', { class: 'cmd', dataset: { commandId: c.command_session_id } },
           h('td', {}, h('button', { class: 'link small attach', title: c.status === 'running' ? 'attach the terminal to it' : 'show its transcript', onclick: () => transcript(c) }, '▸')),
@@ -179,21 +185,27 @@ export function sessionPage(view, [sandboxId, wsId]) {
     } catch (e) { clear(ul, h('li', { class: 'bad' }, errText(e))); }
   }
 
+  const fileTurn = newest();
   async function openFile(path) {
+    const isNewest = fileTurn();
     clear(fileView, h('p', { class: 'muted' }, 'Loading ' + path + '…'));
     try {
       const [f, b] = await Promise.all([
         rpc('file_read', { path, workspace_session_id: wsId }, sandboxId),
         rpc('file_blame', { path, workspace_session_id: wsId }, sandboxId).catch((e) => ({ error: e })),
       ]);
+      if (!isNewest()) return;
       clear(fileView, h('h3', { class: 'mono' }, path, f.truncated ? h('span', { class: 'muted small' }, ` (first ${f.num_lines} of ${f.total_lines} lines)`) : null),
         blameView(f.content, b.error ? null : b, b.error));
     } catch (e) { clear(fileView, h('p', { class: 'bad' }, errText(e))); }
   }
 
+  const activityTurn = newest();
   async function refreshActivity() {
+    const isNewest = activityTurn();
     try {
       const r = await rpc('file_activity', { sandbox_id: sandboxId, workspace_session_id: wsId, limit: 200 }, sandboxId);
+      if (!isNewest()) return;
       clear(activity, r.records.slice().reverse().map((a) => h('tr', {},
         h('td', {}, time(a.ts)), h('td', {}, badge(a.op)), h('td', { class: 'mono' }, a.path, a.new_path ? ' → ' + a.new_path : ''),
         h('td', { class: 'mono small' }, a.command_session_id || ''), h('td', { class: 'muted' }, a.source))));
