@@ -7,7 +7,7 @@ LDFLAGS  := -X main.version=$(VERSION)
 PREFIX   ?= $(HOME)/.local
 export GOFLAGS ?= -buildvcs=false
 
-.PHONY: all build test unit e2e demo lint generate install bench clean
+.PHONY: all build test unit e2e demo lint generate install bench clean ui
 
 all: build
 
@@ -21,8 +21,19 @@ test: build
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 25m ./...
 
+# `make demo HTTP=tcp://127.0.0.1:8765` also serves the browser console and
+# prints its login URL (port 0 picks one).
+HTTP ?=
 demo: build
-	./scripts/demo.sh
+	DEMO_HTTP='$(HTTP)' ./scripts/demo.sh
+
+# The console's vendored libraries (supervisor/web/console/assets/vendor):
+# re-fetched from package-lock.json with npm ci, then copied with their
+# licenses and a checksum MANIFEST that `go test ./supervisor/web/console`
+# checks against the lockfile. Only this target needs Node; build and demo
+# use the committed files.
+ui:
+	cd supervisor/web/console && npm ci --no-audit --no-fund && ./vendor.sh
 
 lint:
 	$(GO) vet ./...

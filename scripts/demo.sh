@@ -11,6 +11,12 @@ trap 'kill $(cat "$EPHEMERAL_SANDBOX_HOME/run/supervisor.pid" 2>/dev/null) 2>/de
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 show() { printf '$ %s\n' "$*" >&2; "$@"; }
 
+if [ -n "${DEMO_HTTP:-}" ]; then
+  # The browser console: the autostarted supervisor reads http.listen.
+  mkdir -p "$EPHEMERAL_SANDBOX_HOME/config" && chmod 700 "$EPHEMERAL_SANDBOX_HOME" "$EPHEMERAL_SANDBOX_HOME/config"
+  printf 'http:\n  listen: %s\n' "$DEMO_HTTP" > "$EPHEMERAL_SANDBOX_HOME/config/config.yml"
+fi
+
 step "a sample project"
 mkdir -p "$demo/project/src"
 printf 'package main\n\nfunc main() {\n\tprintln("hello")\n}\n' > "$demo/project/src/main.go"
@@ -22,6 +28,10 @@ step "create a sandbox (the CLI starts the supervisor on first use)"
 rec=$(show "$BIN/sandbox-manager-cli" --progress create_sandbox --workspace-bind-root "$demo/project" --name demo)
 echo "$rec"
 id=$(printf '%s' "$rec" | sed -n 's/.*"id":"\([^"]*\)".*/\1/p')
+if [ -n "${DEMO_HTTP:-}" ]; then
+  step "the browser console (open this URL while the demo runs)"
+  "$BIN/sandbox-supervisor" ui --no-browser
+fi
 rt() { show "$BIN/sandbox-runtime-cli" --sandbox-id "$id" "$@"; }
 
 step "write, edit and read files on the published head"
@@ -85,6 +95,12 @@ cat "$demo/project/src/main.go"
 
 step "health"
 show "$BIN/sandbox-observability-cli" health
+
+if [ -n "${DEMO_HTTP:-}" ] && [ -t 0 ]; then
+  step "the console is still up: press Enter to destroy the sandbox and end the demo"
+  "$BIN/sandbox-supervisor" ui --no-browser
+  read -r _
+fi
 
 step "destroy and clean up"
 show "$BIN/sandbox-manager-cli" destroy_sandbox --sandbox-id "$id" >/dev/null && echo destroyed

@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -70,6 +71,9 @@ func serveDNS(dir, addr string) error {
 	if err != nil {
 		return err
 	}
+	if err := serveEcho(addr); err != nil {
+		return err
+	}
 	log, err := os.OpenFile(filepath.Join(dir, "queries"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
@@ -91,6 +95,47 @@ func serveDNS(dir, addr string) error {
 		fmt.Fprintf(log, "%d %s\n", qtype, name)
 		_, _ = pc.WriteTo(reply, from)
 	}
+}
+
+// outsideEchoPort is where the test's namespace also runs a TCP and a UDP
+// echo service: the "outside" services an isolated session must reach.
+const outsideEchoPort = "7007"
+
+// serveEcho answers one line per TCP connection with "tcp-echo:<line>" and
+// each UDP datagram with "udp-echo:<datagram>" on addr:outsideEchoPort.
+func serveEcho(addr string) error {
+	ln, err := net.Listen("tcp4", net.JoinHostPort(addr, outsideEchoPort))
+	if err != nil {
+		return err
+	}
+	pc, err := net.ListenPacket("udp4", net.JoinHostPort(addr, outsideEchoPort))
+	if err != nil {
+		return err
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				l, _ := bufio.NewReader(c).ReadString('\n')
+				fmt.Fprintf(c, "tcp-echo:%s", l)
+			}()
+		}
+	}()
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(append([]byte("udp-echo:"), buf[:n]...), from)
+		}
+	}()
+	return nil
 }
 
 // dnsReply builds the answer to a one-question query (RFC 1035 §4.1).
@@ -221,7 +266,9 @@ func (e *env) resolve(id, ws, envPrefix string, names ...string) map[string]stri
 	return got
 }
 
-// TestDNSIsolated: a process in an isolated session resolves a name
+// TestDNSIsolated: a process in an isolated session reaches a TCP and a UDP
+// service in the namespace the test made to stand in for the outside, and
+// resolves a name
 // through the helper's DNS forwarder (198.18.0.3) to the resolver the
 // supervisor's side uses, which is the test's own server: it gets that
 // server's address, the server saw the question, and its NXDOMAIN comes
@@ -262,6 +309,11 @@ func TestDNSIsolated(t *testing.T) {
 			}
 			if log := readFile(t, filepath.Join(dir, "queries")); !strings.Contains(log, "1 "+probe+".\n") {
 				t.Errorf("the test's server did not see the A query for %s:\n%s", probe, log)
+			}
+			// The TCP and UDP services of the test's "outside" namespace.
+			p := e.probe(id, ws, "tcp", "out_tcp", outsideAddr, outsideEchoPort, "udp", "out_udp", outsideAddr, outsideEchoPort)
+			if p["out_tcp"] != "ok tcp-echo:hello" || p["out_udp"] != "ok udp-echo:hello" {
+				t.Errorf("the outside namespace's services not reached: %v", p)
 			}
 
 			// Upstream down: the forwarder's resolver no longer answers.

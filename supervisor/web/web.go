@@ -8,8 +8,8 @@
 //
 // It never listens on anything but the loopback listener it is given, never
 // logs, echoes or traces the UI token, and never imports the supervisor: the
-// supervisor implements Dispatcher and Events. The console pages are not
-// built yet; GET / says so.
+// supervisor implements Dispatcher and Events. GET / and /app/, /vendor/
+// serve the console's pages (package console), embedded in the binary.
 //
 // Security model: every route but /health and /auth needs the UI token,
 // presented as `Authorization: Bearer <token>` or the es_ui cookie that
@@ -29,7 +29,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -39,6 +38,7 @@ import (
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/web/console"
 )
 
 // Dispatcher runs one request object exactly as the Unix socket would
@@ -112,11 +112,19 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("POST /api/rpc", s.authed(s.rpc))
 	mux.HandleFunc("GET /api/events", s.authed(s.events))
 	mux.HandleFunc("GET /api/commands/{id}/stream", s.authed(s.commandStream))
-	mux.HandleFunc("GET /{$}", s.authed(s.index))
-	mux.HandleFunc("/forward/", s.authed(newForwarder(cfg.Forward, tcp.Port, cfg.Logger).serve))
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+	notFound := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, catalog.Errorf(catalog.NotFound, "no such route: %s %s", r.Method, r.URL.Path))
 	})
+	assets := console.Handler(notFound)
+	pages := s.authed(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Security-Policy", pageCSP)
+		assets.ServeHTTP(w, r)
+	})
+	for _, p := range []string{"GET /{$}", "GET /app/", "GET /vendor/"} {
+		mux.HandleFunc(p, pages)
+	}
+	mux.HandleFunc("/forward/", s.authed(newForwarder(cfg.Forward, tcp.Port, cfg.Logger).serve))
+	mux.Handle("/", notFound)
 	s.srv = &http.Server{
 		Handler:           s.guard(mux),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -158,6 +166,13 @@ func cookieValue(token []byte) string {
 // csp allows only same-origin resources and no inline script or style: the
 // console (when it exists) ships its scripts as files.
 const csp = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; " +
+	"connect-src 'self'; manifest-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+
+// pageCSP is the console pages' policy: csp, except that styles may be
+// inline. The terminal (xterm.js) injects <style> elements and per-cell
+// style attributes at run time; scripts stay 'self'-only, and the pages put
+// supervisor data into the DOM as text, never as markup.
+const pageCSP = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; font-src 'self'; " +
 	"connect-src 'self'; manifest-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 
 // guard applies what holds for every route: security headers, the Host
@@ -263,13 +278,6 @@ func (s *Server) auth(w http.ResponseWriter, r *http.Request) {
 		SameSite: http.SameSiteStrictMode})
 	w.Header().Set("Location", "/")
 	w.WriteHeader(http.StatusSeeOther)
-}
-
-// index stands where the console will be: the pages are not built yet.
-func (s *Server) index(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	_, _ = io.WriteString(w, "Ephemeral Sandbox supervisor: the browser console is not built yet.\n"+
-		"Available now: POST /api/rpc (one request object, as on the socket) and GET /api/events (live event stream, SSE).\n")
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
