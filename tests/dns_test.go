@@ -71,7 +71,7 @@ func serveDNS(dir, addr string) error {
 	if err != nil {
 		return err
 	}
-	if err := serveEcho(addr); err != nil {
+	if err := serveEcho(outsideAddr); err != nil {
 		return err
 	}
 	log, err := os.OpenFile(filepath.Join(dir, "queries"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
