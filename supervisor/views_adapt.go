@@ -128,7 +128,7 @@ type (
 func readProc(dir string) (procStat, error)           { return resources.ReadProc(dir) }
 func readSmall(name string, max int) ([]byte, error)  { return resources.ReadSmall(name, max) }
 func statNS(pidDir, kind string) (nsID, error)        { return resources.StatNS(pidDir, kind) }
-func readNames(dir string, max int) ([]string, error) { return views.ReadNames(dir, max) }
+func readNames(dir string, max int) ([]string, error) { return resources.ReadNames(dir, max) }
 func boundedError(msg string) string                  { return obs.BoundedError(msg) }
 func nonNil(s []string) []string                      { return views.NonNil(s) }
 func summarizeStack(st *layers.Stack, maxNodes, maxDepth int) (views.StackSummary, error) {

@@ -185,7 +185,7 @@ func (cg *Cgroups) RemoveSandbox(sandboxID string) {
 	if dir == "" {
 		return
 	}
-	if names, err := readNames(dir, 4096); err == nil {
+	if names, err := ReadNames(dir, 4096); err == nil {
 		for _, n := range names {
 			p := filepath.Join(dir, n)
 			if fi, err := os.Lstat(p); err == nil && fi.IsDir() {

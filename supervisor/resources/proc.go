@@ -165,8 +165,8 @@ func CgroupLines(pidDir string) []string {
 	return out
 }
 
-// readNames lists at most max names of dir, sorted.
-func readNames(dir string, max int) ([]string, error) {
+// ReadNames lists at most max names of dir, sorted.
+func ReadNames(dir string, max int) ([]string, error) {
 	d, err := os.Open(dir)
 	if err != nil {
 		return nil, err

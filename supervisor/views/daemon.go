@@ -1,13 +1,14 @@
 package views
 
 import (
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/resources"
 	"os"
 	"runtime"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/resources"
 )
 
 // Holder is one live session holder the daemon view lists.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/resources"
 )
 
 const wsOwnerPrefix = "workspace-session:"
@@ -157,7 +158,7 @@ func SummarizeStack(st *layers.Stack, maxNodes, maxDepth int) (StackSummary, err
 	}
 	// Layer directories held by nothing (garbage the next sweep removes) and
 	// staging entries count toward storage too.
-	if names, err := ReadNames(filepath.Join(st.Dir(), "layers"), 4096); err == nil {
+	if names, err := resources.ReadNames(filepath.Join(st.Dir(), "layers"), 4096); err == nil {
 		for _, id := range names {
 			if sized[id] {
 				continue
@@ -168,7 +169,7 @@ func SummarizeStack(st *layers.Stack, maxNodes, maxDepth int) (StackSummary, err
 			sum.Estimated = sum.Estimated || w.Truncated || err != nil
 		}
 	}
-	if names, err := ReadNames(filepath.Join(st.Dir(), "staging"), 4096); err == nil {
+	if names, err := resources.ReadNames(filepath.Join(st.Dir(), "staging"), 4096); err == nil {
 		sum.StagingEntries = len(names)
 		for _, n := range names {
 			w, err := boundedWalk(filepath.Join(st.Dir(), "staging", n), maxNodes, maxDepth)

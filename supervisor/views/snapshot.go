@@ -5,10 +5,11 @@ package views
 
 import (
 	"fmt"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 	"os"
 	"sort"
 	"time"
+
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 )

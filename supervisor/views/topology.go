@@ -3,11 +3,12 @@ package views
 import (
 	"errors"
 	"fmt"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/resources"
 	"os"
 	"sort"
 	"strconv"
+
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/resources"
 )
 
 const (

@@ -4,8 +4,6 @@ package views
 // and a depth bound and never follows symlinks.
 
 import (
-	"errors"
-	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -183,19 +181,4 @@ func layerEntries(root string, limit, maxDepth int) (entries []layerEntry, trunc
 		entries, truncated = entries[:limit], true
 	}
 	return entries, truncated, nil
-}
-
-// ReadNames lists at most max names of a directory, sorted.
-func ReadNames(dir string, max int) ([]string, error) {
-	d, err := os.Open(dir)
-	if err != nil {
-		return nil, err
-	}
-	defer d.Close()
-	names, err := d.Readdirnames(max)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, err
-	}
-	sort.Strings(names)
-	return names, nil
 }
