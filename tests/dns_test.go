@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -101,8 +100,7 @@ func serveDNS(dir, addr string) error {
 // echo service: the "outside" services an isolated session must reach.
 const outsideEchoPort = "7007"
 
-// serveEcho answers one line per TCP connection with "tcp-echo:<line>" and
-// each UDP datagram with "udp-echo:<datagram>" on addr:outsideEchoPort.
+// serveEcho runs echo on addr:outsideEchoPort.
 func serveEcho(addr string) error {
 	ln, err := net.Listen("tcp4", net.JoinHostPort(addr, outsideEchoPort))
 	if err != nil {
@@ -112,29 +110,7 @@ func serveEcho(addr string) error {
 	if err != nil {
 		return err
 	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				l, _ := bufio.NewReader(c).ReadString('\n')
-				fmt.Fprintf(c, "tcp-echo:%s", l)
-			}()
-		}
-	}()
-	go func() {
-		buf := make([]byte, 512)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo(append([]byte("udp-echo:"), buf[:n]...), from)
-		}
-	}()
+	echo(ln, pc)
 	return nil
 }
 

@@ -77,6 +77,18 @@ func echoServers(t *testing.T, ip net.IP) (tcpPort, udpPort int) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
+	pc, err := net.ListenPacket("udp4", net.JoinHostPort(ip.String(), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	echo(ln, pc)
+	return ln.Addr().(*net.TCPAddr).Port, pc.LocalAddr().(*net.UDPAddr).Port
+}
+
+// echo answers one line per TCP connection with "tcp-echo:<line>" and each
+// UDP datagram with "udp-echo:<datagram>" until the sockets are closed.
+func echo(ln net.Listener, pc net.PacketConn) {
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -90,11 +102,6 @@ func echoServers(t *testing.T, ip net.IP) (tcpPort, udpPort int) {
 			}()
 		}
 	}()
-	pc, err := net.ListenPacket("udp4", net.JoinHostPort(ip.String(), "0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pc.Close() })
 	go func() {
 		buf := make([]byte, 512)
 		for {
@@ -105,7 +112,6 @@ func echoServers(t *testing.T, ip net.IP) (tcpPort, udpPort int) {
 			_, _ = pc.WriteTo(append([]byte("udp-echo:"), buf[:n]...), from)
 		}
 	}()
-	return ln.Addr().(*net.TCPAddr).Port, pc.LocalAddr().(*net.UDPAddr).Port
 }
 
 // probeScript prints one line per target: "<name> ok <reply>" or
