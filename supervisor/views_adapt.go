@@ -5,9 +5,9 @@ package supervisor
 // only this file follows them.
 
 import (
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/resources"
 	"sort"
+
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/views"
@@ -120,17 +120,8 @@ func (src snapshotSource) NoSamples() string { return src.s.noSamples("sandbox",
 
 // What other files of the supervisor still call by their old names; the
 // lead re-points these callers at merge.
-type (
-	procStat = resources.ProcStat
-	nsID     = resources.NSID
-)
-
-func readProc(dir string) (procStat, error)           { return resources.ReadProc(dir) }
-func readSmall(name string, max int) ([]byte, error)  { return resources.ReadSmall(name, max) }
-func statNS(pidDir, kind string) (nsID, error)        { return resources.StatNS(pidDir, kind) }
-func readNames(dir string, max int) ([]string, error) { return resources.ReadNames(dir, max) }
-func boundedError(msg string) string                  { return obs.BoundedError(msg) }
-func nonNil(s []string) []string                      { return views.NonNil(s) }
+func boundedError(msg string) string { return obs.BoundedError(msg) }
+func nonNil(s []string) []string     { return views.NonNil(s) }
 func summarizeStack(st *layers.Stack, maxNodes, maxDepth int) (views.StackSummary, error) {
 	return views.SummarizeStack(st, maxNodes, maxDepth)
 }
