@@ -27,6 +27,13 @@ const (
 	cmdCancelled = "cancelled"
 )
 
+// commandRunner starts and signals a session's commands in its holder.
+type commandRunner interface {
+	Spawn(ctx context.Context, req nsholder.SpawnRequest) (*nsholder.Process, error)
+	// Signal sends sig to every process of command id.
+	Signal(ctx context.Context, id uint64, sig syscall.Signal) error
+}
+
 // commandRecord is the persisted command (§6.7). Extra holds the optional
 // terminal fields (publish, publish_rejected, finalization_failed, …) that
 // are copied into every output object.

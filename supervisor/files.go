@@ -88,7 +88,16 @@ func (h headFiles) readDir(_ context.Context, p string) ([]fileEntry, error) {
 // sessionFiles reads through the holder. A file as a parent component
 // makes the path absent, exactly as in the merged head view; a symlink is
 // reported (symlinkComponentError).
-type sessionFiles struct{ h nsholder.Holder }
+type sessionFiles struct{ h fileHolder }
+
+// fileHolder is the holder's file operations, resolved beneath /workspace
+// without following symlinks.
+type fileHolder interface {
+	Lstat(ctx context.Context, path string) (nsholder.FileInfo, error)
+	ReadFile(ctx context.Context, path string, max int64) ([]byte, nsholder.FileInfo, error)
+	ReadDir(ctx context.Context, path string) ([]nsholder.FileInfo, error)
+	WriteFile(ctx context.Context, path string, data []byte, mode *fs.FileMode) (created bool, err error)
+}
 
 func holderEntry(fi nsholder.FileInfo) fileEntry {
 	return fileEntry{name: fi.Name, kind: layers.EntryKind(fi.Kind), mode: fi.Mode, size: fi.Size}

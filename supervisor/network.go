@@ -154,6 +154,12 @@ func (ss *session) closeForwards() {
 	}
 }
 
+// loopbackDialer reaches 127.0.0.1:port inside a session's own network
+// namespace.
+type loopbackDialer interface {
+	DialLoopback(ctx context.Context, port int, timeout time.Duration) (net.Conn, error)
+}
+
 // dialSession connects to 127.0.0.1:port inside a session with its own
 // network namespace, through its holder. It is the one way into such a
 // session, for forward_port's listeners and the HTTP /forward/isolated=…

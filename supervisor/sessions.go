@@ -50,6 +50,18 @@ type leaseRecord struct {
 	Layers  []layers.LayerRef `json:"layers"`
 }
 
+// holder is what a session uses of its holder process (*nsholder.Client):
+// its life, its command runner, its file operations and its loopback dial.
+type holder interface {
+	Pid() int
+	Done() <-chan struct{}
+	Events() <-chan nsholder.Event
+	Close(grace time.Duration) error
+	commandRunner
+	fileHolder
+	loopbackDialer
+}
+
 // session is a live workspace session. gate is its admission gate (§5.5):
 // starting commands, file operations, publish and destroy are serialized on
 // it, so a file operation never races a finalization. mu guards the rest.
@@ -70,7 +82,7 @@ type session struct {
 	mu     sync.Mutex
 	rec    sessionRecord
 	dir    string
-	holder nsholder.Holder
+	holder holder
 	lease  *layers.Lease
 	ledger map[string]*command // running commands
 	gone   bool                // destroyed: whoever waited at the gate finds it gone
@@ -288,7 +300,7 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 	h, err := nsholder.Start(hctx, s.self, cfg)
 	if err == nil {
 		// Measured by the holder during its setup, which ended just now.
-		sp.measured("holder.mount_overlay", nsholder.OverlayMountTime(h), map[string]any{"workspace_session_id": ss.id(),
+		sp.measured("holder.mount_overlay", h.OverlayMountTime(), map[string]any{"workspace_session_id": ss.id(),
 			"driver": ss.rec.OverlayDriver, "lowers": len(cfg.Lowers)})
 		sp.done(nil, map[string]any{"pid": h.Pid()})
 	} else {
@@ -319,7 +331,7 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 }
 
 // watchHolder routes the holder's command events and notices its death.
-func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h nsholder.Holder) {
+func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h holder) {
 	events := h.Events()
 	for ev := range events {
 		if ev.FS == nil {

@@ -12,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
-	"github.com/ephemeral-ai-lab/sandbox/nsholder"
 )
 
 func TestViewLeaseIndex(t *testing.T) {
@@ -186,7 +185,7 @@ func TestViewParseStat(t *testing.T) {
 
 // fakeHolder is a holder whose PID is given; only Pid is used by the views.
 type fakeHolder struct {
-	nsholder.Holder
+	holder
 	pid int
 }
 
