@@ -179,8 +179,8 @@ func (s *Supervisor) recordActivity(ctx context.Context, sb *sandbox, recs []act
 	// already happened.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := s.store.appendActivity(ctx, sb.rec.ID, recs, s.cfg.Observability.FileActivity.MaxRecords); err != nil {
-		s.log.Warn("file_activity.dropped", "sandbox_id", sb.rec.ID, "records", len(recs), "err", err)
+	if err := s.store.appendActivity(ctx, sb.Rec.ID, recs, s.cfg.Observability.FileActivity.MaxRecords); err != nil {
+		s.log.Warn("file_activity.dropped", "sandbox_id", sb.Rec.ID, "records", len(recs), "err", err)
 	}
 }
 
@@ -199,11 +199,11 @@ func (s *Supervisor) fileActivity(c *call) (any, error) {
 	if v, explicit := c.req.Args["limit"]; explicit && v != nil {
 		q.limit = int(c.args.Uint("limit"))
 	}
-	out := map[string]any{"view": "file_activity", "sandbox_id": c.sb.rec.ID, "records": []json.RawMessage{}, "truncated": false}
+	out := map[string]any{"view": "file_activity", "sandbox_id": c.sb.Rec.ID, "records": []json.RawMessage{}, "truncated": false}
 	if !s.activityEnabled() {
 		return out, nil
 	}
-	recs, truncated, err := s.store.queryActivity(c.ctx, c.sb.rec.ID, q)
+	recs, truncated, err := s.store.queryActivity(c.ctx, c.sb.Rec.ID, q)
 	if err != nil {
 		return nil, err
 	}
@@ -358,7 +358,7 @@ func (s *Supervisor) captureActivity(ctx context.Context, sb *sandbox, ss *sessi
 		}
 	}
 	base, _ := sessionBase(ss)
-	view := sb.stack.View(base)
+	view := sb.Stack.View(base)
 	now := time.Now()
 	var cmdPtr *string
 	if cmd != "" {

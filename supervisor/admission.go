@@ -42,9 +42,9 @@ func (sl *slot) release() {
 	if sl == nil {
 		return
 	}
-	sl.sb.mu.Lock()
+	sl.sb.Mu.Lock()
 	sl.releaseLocked()
-	sl.sb.mu.Unlock()
+	sl.sb.Mu.Unlock()
 }
 
 // releaseLocked is release for a caller holding sb.mu: the caller that puts
@@ -68,8 +68,8 @@ func (s *Supervisor) allSandboxes() []*sandbox {
 
 // admittedCommands is the sandbox's running commands plus reserved slots.
 func (sb *sandbox) admittedCommands() int {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
+	sb.Mu.Lock()
+	defer sb.Mu.Unlock()
 	n := sb.pendingCommands
 	for _, c := range sb.commands {
 		if !c.terminal() {
@@ -81,8 +81,8 @@ func (sb *sandbox) admittedCommands() int {
 
 // admittedSessions is the sandbox's live sessions plus reserved slots.
 func (sb *sandbox) admittedSessions() int {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
+	sb.Mu.Lock()
+	defer sb.Mu.Unlock()
 	return len(sb.sessions) + sb.pendingSessions
 }
 
@@ -118,8 +118,8 @@ func (s *Supervisor) admit(sb *sandbox, k slotKind, count func(*sandbox) int, ms
 }
 
 func (s *Supervisor) reserve(sb *sandbox, k slotKind) *slot {
-	sb.mu.Lock()
+	sb.Mu.Lock()
 	*sb.pending(k)++
-	sb.mu.Unlock()
+	sb.Mu.Unlock()
 	return &slot{sb: sb, kind: k}
 }

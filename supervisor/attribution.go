@@ -318,7 +318,7 @@ func (s *Supervisor) checkpointWith(ctx context.Context, sb *sandbox, ss *sessio
 	}
 	defer root.Close()
 	base, _ := sessionBase(ss)
-	cp := &checkpointer{s: s, idx: ss.cachedIndex(dir), dir: dir, root: root, base: sb.stack.View(base),
+	cp := &checkpointer{s: s, idx: ss.cachedIndex(dir), dir: dir, root: root, base: sb.Stack.View(base),
 		ts: nowRFC3339(), line: line, ranges: ranges}
 	cp.line.TS = cp.ts
 	if len(paths) > 0 {

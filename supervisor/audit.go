@@ -264,19 +264,19 @@ func (s *Supervisor) recordPublishAudit(ctx context.Context, sb *sandbox, prev l
 	if res.NoOp || len(files) == 0 {
 		return nil
 	}
-	before, next, err := committedManifests(sb.stack, prev, res)
+	before, next, err := committedManifests(sb.Stack, prev, res)
 	if err != nil {
-		s.log.Warn("audit.append_failed", "sandbox", sb.rec.ID, "layer_id", res.LayerID, "err", err)
+		s.log.Warn("audit.append_failed", "sandbox", sb.Rec.ID, "layer_id", res.LayerID, "err", err)
 		return err
 	}
-	prevView, nextView := sb.stack.View(before), sb.stack.View(next)
+	prevView, nextView := sb.Stack.View(before), sb.Stack.View(next)
 	ts := nowRFC3339()
 	recs := make([]auditRecord, 0, len(files))
 	var firstErr error
 	for _, f := range files {
 		rec, ok, err := s.auditRecordFor(ctx, sb, prevView, nextView, f, res, ts)
 		if err != nil {
-			s.log.Warn("audit.append_failed", "sandbox", sb.rec.ID, "path", f.Path, "layer_id", res.LayerID, "err", err)
+			s.log.Warn("audit.append_failed", "sandbox", sb.Rec.ID, "path", f.Path, "layer_id", res.LayerID, "err", err)
 			if firstErr == nil {
 				firstErr = err
 			}
@@ -286,8 +286,8 @@ func (s *Supervisor) recordPublishAudit(ctx context.Context, sb *sandbox, prev l
 			recs = append(recs, rec)
 		}
 	}
-	if err := s.store.appendAudit(ctx, sb.rec.ID, recs); err != nil {
-		s.log.Warn("audit.append_failed", "sandbox", sb.rec.ID, "layer_id", res.LayerID, "err", err)
+	if err := s.store.appendAudit(ctx, sb.Rec.ID, recs); err != nil {
+		s.log.Warn("audit.append_failed", "sandbox", sb.Rec.ID, "layer_id", res.LayerID, "err", err)
 		return err
 	}
 	return firstErr
@@ -397,12 +397,12 @@ func (s *Supervisor) awaitAudit(ctx context.Context, sb *sandbox, v *layers.View
 	if err != nil || lv > version {
 		return false
 	}
-	if fi, err := os.Stat(sb.stack.LayerDir(layers.LayerRef{LayerID: e.LayerID, Path: "layers/" + e.LayerID})); err != nil || time.Since(fi.ModTime()) > 5*time.Second {
+	if fi, err := os.Stat(sb.Stack.LayerDir(layers.LayerRef{LayerID: e.LayerID, Path: "layers/" + e.LayerID})); err != nil || time.Since(fi.ModTime()) > 5*time.Second {
 		return false
 	}
 	deadline := time.Now().Add(time.Second)
 	for time.Now().Before(deadline) {
-		rec, err := s.store.latestAudit(ctx, sb.rec.ID, p, version)
+		rec, err := s.store.latestAudit(ctx, sb.Rec.ID, p, version)
 		if err != nil {
 			return false
 		}

@@ -432,10 +432,10 @@ func (s *Supervisor) viewOwners(ctx context.Context, sb *sandbox, v *layers.View
 		return nil, nil, false, false, err
 	}
 	n := blameLineCount(content, text, e.Size)
-	rec, err := s.store.latestAudit(ctx, sb.rec.ID, p, version)
+	rec, err := s.store.latestAudit(ctx, sb.Rec.ID, p, version)
 	switch {
 	case err != nil:
-		s.log.Warn("audit.read_failed", "sandbox", sb.rec.ID, "path", p, "err", err)
+		s.log.Warn("audit.read_failed", "sandbox", sb.Rec.ID, "path", p, "err", err)
 		return repeatOwner(lineOwner{Owner: ownerUnknown}, n), content, text, false, nil
 	case rec == nil:
 		return repeatOwner(lineOwner{Owner: ownerOriginal}, n), content, text, false, nil
@@ -462,7 +462,7 @@ func blameResult(p, view string, ws any, rev layers.Revision, owners []lineOwner
 }
 
 func (s *Supervisor) blameHead(c *call, p string) (any, error) {
-	lease, err := c.sb.stack.Acquire("read") // a squash may collect head's layers meanwhile
+	lease, err := c.sb.Stack.Acquire("read") // a squash may collect head's layers meanwhile
 	if err != nil {
 		return nil, err
 	}
@@ -472,10 +472,10 @@ func (s *Supervisor) blameHead(c *call, p string) (any, error) {
 		}
 	}()
 	head := lease.Manifest()
-	owners, content, text, wholesale, err := s.viewOwners(c.ctx, c.sb, c.sb.stack.View(head), head.Version, p)
+	owners, content, text, wholesale, err := s.viewOwners(c.ctx, c.sb, c.sb.Stack.View(head), head.Version, p)
 	if absent(err) {
 		nf := fileNotFound(p)
-		if rec, rerr := s.store.latestAudit(c.ctx, c.sb.rec.ID, p, head.Version); rerr == nil && rec != nil {
+		if rec, rerr := s.store.latestAudit(c.ctx, c.sb.Rec.ID, p, head.Version); rerr == nil && rec != nil {
 			nf = nf.With("last_record_layer_id", rec.LayerID)
 		}
 		return nil, nf
@@ -548,7 +548,7 @@ func (s *Supervisor) blameSession(c *call, p string) (any, error) {
 // recorded by checkpoints. read returns the session's content (nil when it
 // is too large).
 func (s *Supervisor) sessionBlameOwners(ctx context.Context, sb *sandbox, ss *session, base layers.Manifest, p string, size int64, read func() ([]byte, error)) ([]lineOwner, bool, error) {
-	bv := sb.stack.View(base)
+	bv := sb.Stack.View(base)
 	baseOwners, baseContent, _, baseWholesale, berr := s.viewOwners(ctx, sb, bv, base.Version, p)
 	if berr != nil && !errors.Is(berr, fs.ErrNotExist) && !isInvalidRequest(berr) {
 		return nil, false, berr
@@ -628,7 +628,7 @@ func (s *Supervisor) blameTrace(c *call, p string, ws any, rev layers.Revision, 
 	if ws != nil {
 		view = "session"
 	}
-	rec := newTraceRecord(gitHeadRevision(c.sb), nowRFC3339(), map[string]any{"sandbox_id": c.sb.rec.ID, "view": view,
+	rec := newTraceRecord(gitHeadRevision(c.sb), nowRFC3339(), map[string]any{"sandbox_id": c.sb.Rec.ID, "view": view,
 		"workspace_session_id": ws, "revision": rev})
 	rec.Files = append(rec.Files, traceFile(p, owners, lines, wholesale))
 	return rec

@@ -289,7 +289,7 @@ func testSandbox(t *testing.T, files map[string]string) (*Supervisor, *sandbox) 
 	}
 	s := &Supervisor{store: st, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	sb := newSandbox(sandboxRecord{ID: "sbx-test"}, sbDir)
-	sb.stack = stack
+	sb.Stack = stack
 	return s, sb
 }
 
@@ -297,7 +297,7 @@ func testSandbox(t *testing.T, files map[string]string) (*Supervisor, *sandbox) 
 func write(t *testing.T, s *Supervisor, sb *sandbox, p, content, requestID string) layers.PublishResult {
 	t.Helper()
 	var prev layers.Manifest
-	res, err := sb.stack.Update(context.Background(), func(v *layers.View) ([]layers.Change, error) {
+	res, err := sb.Stack.Update(context.Background(), func(v *layers.View) ([]layers.Change, error) {
 		prev = v.Manifest()
 		return []layers.Change{{Kind: layers.ChangeWrite, Path: p, Mode: 0o644, Data: []byte(content)}}, nil
 	})
@@ -431,7 +431,7 @@ func TestBlameHeadFromAudit(t *testing.T) {
 	}
 	_, err = blame(t, s, sb, "../x")
 	wantErrKind(t, err, catalog.InvalidRequest)
-	if _, err := sb.stack.Publish(context.Background(), []layers.Change{{Kind: layers.ChangeDelete, Path: "base.txt"}}); err != nil {
+	if _, err := sb.Stack.Publish(context.Background(), []layers.Change{{Kind: layers.ChangeDelete, Path: "base.txt"}}); err != nil {
 		t.Fatal(err)
 	}
 	_, err = blame(t, s, sb, "base.txt")
@@ -450,7 +450,7 @@ func TestBlamePublishWithSession(t *testing.T) {
 	var prev layers.Manifest
 	// The committed content merges a head-side change (H) with the session's.
 	committed := "H\na\nS1\nb\nc\nS2\n"
-	res, err := sb.stack.Update(ctx, func(v *layers.View) ([]layers.Change, error) {
+	res, err := sb.Stack.Update(ctx, func(v *layers.View) ([]layers.Change, error) {
 		prev = v.Manifest()
 		return []layers.Change{
 			{Kind: layers.ChangeWrite, Path: "f.txt", Mode: 0o644, Data: []byte(committed)},
@@ -483,17 +483,17 @@ func TestBlamePublishWithSession(t *testing.T) {
 	if got := owners(t, m); got != "workspace_session:ws-1×2(w)" {
 		t.Fatalf("ignored route: %s", got)
 	}
-	rec, err := s.store.latestAudit(ctx, sb.rec.ID, "new.bin", -1)
+	rec, err := s.store.latestAudit(ctx, sb.Rec.ID, "new.bin", -1)
 	if err != nil || rec == nil || !rec.Wholesale || rec.LineCount != 1 || rec.ManifestVersion != 2 || rec.LayerID != res.LayerID {
 		t.Fatalf("binary record: %+v %v", rec, err)
 	}
-	if rec, _ := s.store.latestAudit(ctx, sb.rec.ID, "gone", -1); rec != nil {
+	if rec, _ := s.store.latestAudit(ctx, sb.Rec.ID, "gone", -1); rec != nil {
 		t.Fatalf("record for an unwritten path")
 	}
-	if err := s.store.deleteSandboxAudit(ctx, sb.rec.ID); err != nil {
+	if err := s.store.deleteSandboxAudit(ctx, sb.Rec.ID); err != nil {
 		t.Fatal(err)
 	}
-	if rec, _ := s.store.latestAudit(ctx, sb.rec.ID, "f.txt", -1); rec != nil {
+	if rec, _ := s.store.latestAudit(ctx, sb.Rec.ID, "f.txt", -1); rec != nil {
 		t.Fatalf("audit survives sandbox deletion")
 	}
 }
@@ -502,11 +502,11 @@ func TestBlamePublishWithSession(t *testing.T) {
 // (no holder: checkpoints only read the upper dir).
 func testSession(t *testing.T, sb *sandbox) *session {
 	t.Helper()
-	head, err := sb.stack.Head()
+	head, err := sb.Stack.Head()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ss := &session{dir: filepath.Join(sb.dir, "sessions", "ws-t"), rec: sessionRecord{WorkspaceSessionID: "ws-t", Agent: ptr("bob"),
+	ss := &session{dir: filepath.Join(sb.Dir, "sessions", "ws-t"), rec: sessionRecord{WorkspaceSessionID: "ws-t", Agent: ptr("bob"),
 		BaseRevision: head.Revision(), Lease: leaseRecord{Layers: head.Layers}}}
 	for _, d := range []string{"upper", "attribution"} {
 		if err := os.MkdirAll(filepath.Join(ss.dir, d), 0o700); err != nil {
@@ -622,7 +622,7 @@ func TestBlameCheckpoints(t *testing.T) {
 
 	// Publishing carries the session's writers into the audit record.
 	var prev layers.Manifest
-	res, err := sb.stack.Update(ctx, func(v *layers.View) ([]layers.Change, error) {
+	res, err := sb.Stack.Update(ctx, func(v *layers.View) ([]layers.Change, error) {
 		prev = v.Manifest()
 		return []layers.Change{{Kind: layers.ChangeWrite, Path: "f.txt", Mode: 0o644, Data: content}}, nil
 	})

@@ -83,11 +83,11 @@ func (c *command) terminal() bool {
 // An image sandbox starts from the image's Env (§5.4), whose PATH replaces
 // the supervisor's; every variable set below overrides an image one.
 func (s *Supervisor) commandEnv(sb *sandbox, wsID, cmdID string) []string {
-	sbID := sb.rec.ID
+	sbID := sb.Rec.ID
 	path := os.Getenv("PATH")
-	if sb.rec.Rootfs != "host" {
+	if sb.Rec.Rootfs != "host" {
 		path = ""
-		if v, ok := envLookup(sb.imageEnv, "PATH"); ok {
+		if v, ok := envLookup(sb.ImageEnv, "PATH"); ok {
 			path = v
 		}
 	}
@@ -114,7 +114,7 @@ func (s *Supervisor) commandEnv(sb *sandbox, wsID, cmdID string) []string {
 	for _, k := range keys {
 		env = append(env, k+"="+s.cfg.Runtime.Command.Env[k])
 	}
-	return mergeEnv(sb.imageEnv, env)
+	return mergeEnv(sb.ImageEnv, env)
 }
 
 func (s *Supervisor) runningCommands() (total int) {
@@ -131,8 +131,8 @@ func (s *Supervisor) runningCommands() (total int) {
 }
 
 func (sb *sandbox) runningCount() int {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
+	sb.Mu.Lock()
+	defer sb.Mu.Unlock()
 	n := 0
 	for _, c := range sb.commands {
 		if !c.terminal() {
@@ -213,7 +213,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	now := time.Now()
 	cmd := &command{
 		dir: dir, tr: tr, ss: ss, done: make(chan struct{}), readEOF: make(chan struct{}),
-		rec: commandRecord{CommandSessionID: id, SandboxID: sb.rec.ID, Cmd: cmdline, WorkspaceSessionID: ss.id(),
+		rec: commandRecord{CommandSessionID: id, SandboxID: sb.Rec.ID, Cmd: cmdline, WorkspaceSessionID: ss.id(),
 			Status: cmdRunning, StartedAt: now.UTC().Format("2006-01-02T15:04:05.000Z"), StartedUnixMs: now.UnixMilli()},
 	}
 	// The holder may report a fast command's exit right after Spawn returns;
@@ -241,7 +241,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	// Persist the running record before the holder's exit event can be
 	// handled (it waits for ss.mu): afterwards finishCommand owns the record,
 	// and a later put of "running" would overwrite its terminal state.
-	if err := s.store.put(ctx, kindCommand, id, sb.rec.ID, cmd.rec); err != nil {
+	if err := s.store.put(ctx, kindCommand, id, sb.Rec.ID, cmd.rec); err != nil {
 		s.log.Warn("persist command", "command", id, "err", err)
 	}
 	ss.mu.Unlock()
@@ -258,10 +258,10 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 			}
 		}
 	}()
-	sb.mu.Lock()
+	sb.Mu.Lock()
 	sb.commands[id] = cmd
 	sl.releaseLocked()
-	sb.mu.Unlock()
+	sb.Mu.Unlock()
 	return cmd, nil
 }
 
@@ -342,7 +342,7 @@ func (s *Supervisor) commandDone(sb *sandbox, ss *session, cmd *command) {
 		extra := s.finalizeImplicit(context.Background(), sb, ss, cmd)
 		s.finishCommand(sb, cmd, "", extra)
 	}
-	if !sb.goBackground(finalize) {
+	if !sb.GoBackground(finalize) {
 		// The sandbox is being destroyed: nothing is published (§4.3).
 		s.finishCommand(sb, cmd, "supervisor_restart", nil)
 	}
@@ -399,7 +399,7 @@ func (s *Supervisor) finishCommand(sb *sandbox, cmd *command, interrupt string, 
 	cmd.final = false
 	rec := *r
 	cmd.mu.Unlock()
-	if err := s.store.put(context.Background(), kindCommand, rec.CommandSessionID, sb.rec.ID, rec); err != nil {
+	if err := s.store.put(context.Background(), kindCommand, rec.CommandSessionID, sb.Rec.ID, rec); err != nil {
 		s.log.Warn("persist command", "command", rec.CommandSessionID, "err", err)
 	}
 	close(cmd.done)
@@ -436,7 +436,7 @@ func (s *Supervisor) killCommand(cmd *command, why string, sig syscall.Signal, g
 // retain applies the terminal-record cap (§6.7): FIFO eviction beyond
 // runtime.command.max_terminal_entries, remembering evicted IDs.
 func (s *Supervisor) retain(sb *sandbox, cmd *command) {
-	sb.mu.Lock()
+	sb.Mu.Lock()
 	sb.terminalOrder = append(sb.terminalOrder, cmd.rec.CommandSessionID)
 	var evict []string
 	for len(sb.terminalOrder) > s.cfg.Runtime.Command.MaxTerminalEntries {
@@ -447,20 +447,20 @@ func (s *Supervisor) retain(sb *sandbox, cmd *command) {
 		delete(sb.commands, id)
 		sb.evicted[id] = true
 	}
-	sb.mu.Unlock()
+	sb.Mu.Unlock()
 	for _, id := range evict {
 		os.RemoveAll(filepath.Join(s.dirs.Data, "commands", id))
 		_ = s.store.delete(context.Background(), kindCommand, id)
-		_ = s.store.put(context.Background(), kindEvicted, id, sb.rec.ID, map[string]string{"command_session_id": id})
+		_ = s.store.put(context.Background(), kindEvicted, id, sb.Rec.ID, map[string]string{"command_session_id": id})
 	}
 }
 
 // lookupCommand finds a retained command, or says why not (§3.3).
 func (s *Supervisor) lookupCommand(sb *sandbox, id string) (*command, *catalog.Error) {
-	sb.mu.Lock()
+	sb.Mu.Lock()
 	cmd := sb.commands[id]
 	evicted := sb.evicted[id]
-	sb.mu.Unlock()
+	sb.Mu.Unlock()
 	if cmd != nil {
 		return cmd, nil
 	}
@@ -529,12 +529,12 @@ func (s *Supervisor) readCommandLines(c *call) (any, error) {
 }
 
 func (s *Supervisor) listCommands(c *call) (any, error) {
-	c.sb.mu.Lock()
+	c.sb.Mu.Lock()
 	all := make([]*command, 0, len(c.sb.commands))
 	for _, cmd := range c.sb.commands {
 		all = append(all, cmd)
 	}
-	c.sb.mu.Unlock()
+	c.sb.Mu.Unlock()
 	wantSess, wantStatus := c.args.String("workspace_session_id"), c.args.String("status")
 	var recs []commandRecord
 	for _, cmd := range all {
@@ -629,7 +629,7 @@ func (c *command) output(rows []string, first, end, truncBefore int, start time.
 // were running become terminal with interrupted:true (§4.5).
 func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted int) {
 	var recs []commandRecord
-	_ = s.store.list(ctx, kindCommand, sb.rec.ID, func(b []byte) error {
+	_ = s.store.list(ctx, kindCommand, sb.Rec.ID, func(b []byte) error {
 		var r commandRecord
 		if err := json.Unmarshal(b, &r); err != nil {
 			return err
@@ -651,7 +651,7 @@ func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted
 			ended := now.UTC().Format("2006-01-02T15:04:05.000Z")
 			r.Status, r.ExitCode, r.Interrupted, r.InterruptReason = cmdError, nil, true, "supervisor_restart"
 			r.EndedAt, r.EndedUnixMs = &ended, now.UnixMilli()
-			_ = s.store.put(ctx, kindCommand, r.CommandSessionID, sb.rec.ID, r)
+			_ = s.store.put(ctx, kindCommand, r.CommandSessionID, sb.Rec.ID, r)
 			s.eventCtx(ctx, sb, "command.interrupted", map[string]any{"command_session_id": r.CommandSessionID, "interrupt_reason": "supervisor_restart"})
 			interrupted++
 		}
@@ -661,7 +661,7 @@ func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted
 		sb.commands[r.CommandSessionID] = cmd
 		sb.terminalOrder = append(sb.terminalOrder, r.CommandSessionID)
 	}
-	_ = s.store.list(ctx, kindEvicted, sb.rec.ID, func(b []byte) error {
+	_ = s.store.list(ctx, kindEvicted, sb.Rec.ID, func(b []byte) error {
 		var m map[string]string
 		if err := json.Unmarshal(b, &m); err == nil {
 			sb.evicted[m["command_session_id"]] = true

@@ -17,12 +17,12 @@ func (s *Supervisor) counts() Counts {
 	s.mu.Unlock()
 	c := Counts{Sandboxes: len(sbs), Requests: s.active.Load()}
 	for _, sb := range sbs {
-		sb.mu.Lock()
-		if sb.rec.State == stateReady {
+		sb.Mu.Lock()
+		if sb.Rec.State == stateReady {
 			c.Ready++
 		}
 		c.Sessions += len(sb.sessions)
-		sb.mu.Unlock()
+		sb.Mu.Unlock()
 	}
 	return c
 }

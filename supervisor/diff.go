@@ -126,14 +126,14 @@ func (s *Supervisor) diffWorkspaceSession(c *call) (any, error) {
 	ss.mu.Lock()
 	rec := ss.rec
 	ss.mu.Unlock()
-	baseView := c.sb.stack.View(layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: rec.Lease.Layers})
-	lease, err := c.sb.stack.Acquire("workspace-diff:" + id)
+	baseView := c.sb.Stack.View(layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: rec.Lease.Layers})
+	lease, err := c.sb.Stack.Acquire("workspace-diff:" + id)
 	if err != nil {
 		return nil, fmt.Errorf("read head: %v", err)
 	}
 	defer func() { _, _ = lease.Release() }()
 	head := lease.Manifest()
-	headView := c.sb.stack.View(head)
+	headView := c.sb.Stack.View(head)
 	left := baseView
 	if against == "head" {
 		left = headView

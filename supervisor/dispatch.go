@@ -129,10 +129,10 @@ func (s *Supervisor) handleLine(line []byte, w requester) (out any) {
 		}
 		c.sb = sb
 		// The sandbox's gate keeps destroy from tearing it down under us.
-		if !sb.gate.TryRLock() {
-			return sb.busyError()
+		if !sb.Gate.TryRLock() {
+			return sb.BusyError()
 		}
-		defer sb.gate.RUnlock()
+		defer sb.Gate.RUnlock()
 	}
 	args, verr := op.Validate(req.Args)
 	if verr != nil {

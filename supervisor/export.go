@@ -109,25 +109,25 @@ func (s *Supervisor) readStack(id string) (sb *sandbox, done func(), e *catalog.
 	if e != nil {
 		return nil, nil, e
 	}
-	if !sb.gate.TryRLock() {
-		return nil, nil, sb.busyError()
+	if !sb.Gate.TryRLock() {
+		return nil, nil, sb.BusyError()
 	}
-	sb.mu.Lock()
-	state, failure := sb.rec.State, sb.rec.Error
-	sb.mu.Unlock()
+	sb.Mu.Lock()
+	state, failure := sb.Rec.State, sb.Rec.Error
+	sb.Mu.Unlock()
 	switch {
 	case state == stateFailed:
 		e = catalog.Errorf(catalog.OperationFailed, "sandbox %s failed: %s", id, failure).With("sandbox_id", id)
 	case state != stateReady:
-		e = sb.busyError()
-	case sb.stack == nil:
+		e = sb.BusyError()
+	case sb.Stack == nil:
 		e = catalog.Errorf(catalog.OperationFailed, "sandbox %s has no layer stack", id).With("sandbox_id", id)
 	}
 	if e != nil {
-		sb.gate.RUnlock()
+		sb.Gate.RUnlock()
 		return nil, nil, e
 	}
-	return sb, sb.gate.RUnlock, nil
+	return sb, sb.Gate.RUnlock, nil
 }
 
 func (s *Supervisor) exportChanges(c *call) (any, error) {
@@ -151,9 +151,9 @@ func (s *Supervisor) exportChanges(c *call) (any, error) {
 		return nil, e
 	}
 	defer done()
-	sb.mu.Lock()
-	live := append([]string{}, sb.rec.LiveWorkspaceSessions...)
-	sb.mu.Unlock()
+	sb.Mu.Lock()
+	live := append([]string{}, sb.Rec.LiveWorkspaceSessions...)
+	sb.Mu.Unlock()
 
 	lease, release, err := s.exportLease(c, sb, id)
 	if err != nil {
@@ -162,7 +162,7 @@ func (s *Supervisor) exportChanges(c *call) (any, error) {
 	defer release()
 	m := lease.Manifest()
 	c.progress(fmt.Sprintf("export %s: folding %d layers of manifest version %d", id, max(len(m.Layers)-1, 0), m.Version))
-	fold, err := sb.stack.FoldContext(c.ctx, m)
+	fold, err := sb.Stack.FoldContext(c.ctx, m)
 	if err != nil {
 		return nil, exportError(err)
 	}
@@ -258,7 +258,7 @@ func writeArchive(c *call, fold *layers.Fold, dest string, level int, caps layer
 // the export; release undoes both.
 func (s *Supervisor) exportLease(c *call, sb *sandbox, id string) (*layers.Lease, func(), error) {
 	unlock := s.exports.lock(id)
-	lease, err := sb.stack.Acquire("export:" + c.req.RequestID)
+	lease, err := sb.Stack.Acquire("export:" + c.req.RequestID)
 	if err != nil {
 		unlock()
 		return nil, nil, exportError(err)

@@ -147,12 +147,12 @@ func (s *Supervisor) viewFor(c *call) (fileView, *session, func(), error) {
 	}
 	// A lease, not a bare read of head: a squash may replace head's layers
 	// and collect them while this read still walks them.
-	lease, err := c.sb.stack.Acquire("read")
+	lease, err := c.sb.Stack.Acquire("read")
 	if err != nil {
 		release()
 		return nil, nil, nil, err
 	}
-	return headFiles{c.sb.stack.View(lease.Manifest())}, nil, func() {
+	return headFiles{c.sb.Stack.View(lease.Manifest())}, nil, func() {
 		if _, err := lease.Release(); err != nil {
 			s.log.Warn("release read lease", "err", err)
 		}
@@ -430,7 +430,7 @@ func (s *Supervisor) fileWrite(c *call) (any, error) {
 	}
 	created := false
 	var prev layers.Manifest // the head this write is based on, for line attribution
-	res, err := c.sb.stack.Update(c.ctx, func(v *layers.View) ([]layers.Change, error) {
+	res, err := c.sb.Stack.Update(c.ctx, func(v *layers.View) ([]layers.Change, error) {
 		prev = v.Manifest()
 		old, err := writeTarget(v, p)
 		if err != nil {
@@ -638,7 +638,7 @@ func (s *Supervisor) fileEdit(c *call) (any, error) {
 	}
 	var written, replacements int
 	var prev layers.Manifest
-	res, err := c.sb.stack.Update(c.ctx, func(head *layers.View) ([]layers.Change, error) {
+	res, err := c.sb.Stack.Update(c.ctx, func(head *layers.View) ([]layers.Change, error) {
 		prev = head.Manifest()
 		raw, e, err := readText(c.ctx, headFiles{head}, p, s.cfg.Runtime.File.MaxEditBytes)
 		if err != nil {

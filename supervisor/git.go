@@ -435,8 +435,8 @@ func (s *Supervisor) recordLayerOrigin(ctx context.Context, sb *sandbox, res lay
 	}
 	rec := layerOriginRecord{LayerID: res.LayerID, Owner: owner.Owner, Agent: nullable(owner.Agent),
 		CommandSessionID: nullable(owner.CommandSessionID), TS: nowRFC3339()}
-	if err := s.store.put(ctx, kindLayerOrigin, sb.rec.ID+"/"+res.LayerID, sb.rec.ID, rec); err != nil {
-		s.log.Warn("layer origin not recorded", "sandbox", sb.rec.ID, "layer_id", res.LayerID, "err", err)
+	if err := s.store.put(ctx, kindLayerOrigin, sb.Rec.ID+"/"+res.LayerID, sb.Rec.ID, rec); err != nil {
+		s.log.Warn("layer origin not recorded", "sandbox", sb.Rec.ID, "layer_id", res.LayerID, "err", err)
 	}
 }
 
@@ -509,9 +509,9 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		return nil, e
 	}
 	defer done()
-	sb.mu.Lock()
-	origin, live := sb.rec.Git, append([]string{}, sb.rec.LiveWorkspaceSessions...)
-	sb.mu.Unlock()
+	sb.Mu.Lock()
+	origin, live := sb.Rec.Git, append([]string{}, sb.Rec.LiveWorkspaceSessions...)
+	sb.Mu.Unlock()
 	if len(live) == 0 {
 		live = nil
 	}
@@ -566,7 +566,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		}
 	}
 
-	tmp, err := os.MkdirTemp(sb.dir, ".git-export-")
+	tmp, err := os.MkdirTemp(sb.Dir, ".git-export-")
 	if err != nil {
 		return nil, exportError(err)
 	}
@@ -635,7 +635,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	ts := nowRFC3339()
 
 	if !dirtyIn {
-		bt, err := s.baseGitTree(r, sb.stack.LayerDir(base), head, prefix, tree)
+		bt, err := s.baseGitTree(r, sb.Stack.LayerDir(base), head, prefix, tree)
 		if err != nil {
 			return nil, exportError(err)
 		}
@@ -647,9 +647,9 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 				return nil, exportError(err)
 			}
 			msg := fmt.Sprintf("Snapshot of the working tree of %s\n\nThe uncommitted state sandbox %s was created from.\n\nSandbox-Id: %s\nLayer: %s\n",
-				sb.rec.WorkspaceRoot, id, id, layers.BaseLayerID)
+				sb.Rec.WorkspaceRoot, id, id, layers.BaseLayerID)
 			au := committer
-			au.date = sb.rec.CreatedAt
+			au.date = sb.Rec.CreatedAt
 			commit, err := r.commitTree(oid, parent, msg, au, committer)
 			if err != nil {
 				return nil, exportError(err)
@@ -673,11 +673,11 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 				break
 			}
 		}
-		fold, err = sb.stack.FoldContext(ctx, layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: lm.Version, Layers: []layers.LayerRef{l, base}})
+		fold, err = sb.Stack.FoldContext(ctx, layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: lm.Version, Layers: []layers.LayerRef{l, base}})
 		if err != nil {
 			return nil, nil, nil, lm, err
 		}
-		next, written, err = s.applyLayer(r, sb.stack.View(lm), fold, tree, prefix)
+		next, written, err = s.applyLayer(r, sb.Stack.View(lm), fold, tree, prefix)
 		return next, written, fold, lm, err
 	}
 	for i := applied + 1; i < start; i++ { // skipped by since: carried by the first commit
@@ -703,7 +703,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 			lo = layerOrigin{owner: lineOwner{Owner: "sandbox:" + id}}
 		}
 		if lo.ts == "" {
-			if fi, err := os.Stat(sb.stack.LayerDir(l)); err == nil {
+			if fi, err := os.Stat(sb.Stack.LayerDir(l)); err == nil {
 				lo.ts = rfc3339ms(fi.ModTime())
 			} else {
 				lo.ts = ts
@@ -943,7 +943,7 @@ func authorOf(o lineOwner) (ident, string) {
 func (s *Supervisor) layerMessage(ctx context.Context, sb *sandbox, layerID string, lo layerOrigin, sessID, since string, fold *layers.Fold) string {
 	var cmds []commandRecord
 	if sessID != "" {
-		_ = s.store.list(ctx, kindCommand, sb.rec.ID, func(b []byte) error {
+		_ = s.store.list(ctx, kindCommand, sb.Rec.ID, func(b []byte) error {
 			var rec commandRecord
 			if json.Unmarshal(b, &rec) == nil && rec.WorkspaceSessionID == sessID &&
 				(lo.ts == "" || rec.StartedAt <= lo.ts) && (since == "" || rec.StartedAt > since) {
@@ -977,7 +977,7 @@ func (s *Supervisor) layerMessage(ctx context.Context, sb *sandbox, layerID stri
 			fmt.Fprintf(&b, "- %s (%s, %s)\n", firstLine(c.Cmd, 200), c.CommandSessionID, exit)
 		}
 	}
-	fmt.Fprintf(&b, "\nSandbox-Id: %s\n", sb.rec.ID)
+	fmt.Fprintf(&b, "\nSandbox-Id: %s\n", sb.Rec.ID)
 	if sessID != "" {
 		fmt.Fprintf(&b, "Workspace-Session: %s\n", sessID)
 	}
@@ -1082,7 +1082,7 @@ func newTraceRecord(revision, ts string, meta map[string]any) atRecord {
 // owners of each given regular file in the view of m.
 func (s *Supervisor) traceRecord(ctx context.Context, sb *sandbox, commit, ts string, meta map[string]any, paths []string, m layers.Manifest) []byte {
 	rec := newTraceRecord(commit, ts, meta)
-	v := sb.stack.View(m)
+	v := sb.Stack.View(m)
 	for _, p := range paths {
 		owners, content, text, wholesale, err := s.viewOwners(ctx, sb, v, m.Version, p)
 		if err != nil {
@@ -1101,10 +1101,10 @@ func (s *Supervisor) traceRecord(ctx context.Context, sb *sandbox, commit, ts st
 // gitHeadRevision is the revision file_blame's Agent Trace record names:
 // the sandbox's recorded HEAD ("" when none).
 func gitHeadRevision(sb *sandbox) string {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	if sb.rec.Git != nil && sb.rec.Git.Head != nil {
-		return *sb.rec.Git.Head
+	sb.Mu.Lock()
+	defer sb.Mu.Unlock()
+	if sb.Rec.Git != nil && sb.Rec.Git.Head != nil {
+		return *sb.Rec.Git.Head
 	}
 	return ""
 }

@@ -128,9 +128,9 @@ func (s *Supervisor) health(c *call) (any, error) {
 	s.mu.Lock()
 	nSandboxes, failed := len(s.sandboxes), false
 	for _, sb := range s.sandboxes {
-		sb.mu.Lock()
-		failed = failed || sb.rec.State == stateFailed
-		sb.mu.Unlock()
+		sb.Mu.Lock()
+		failed = failed || sb.Rec.State == stateFailed
+		sb.Mu.Unlock()
 	}
 	s.mu.Unlock()
 	status := "ok"

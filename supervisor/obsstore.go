@@ -382,11 +382,11 @@ func (r *obsRegistry) resources(sb *sandbox) *obsStore {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	st := r.resStores[sb.dir]
+	st := r.resStores[sb.Dir]
 	if st == nil {
-		st = &obsStore{dir: filepath.Join(sb.dir, obsDirName), name: resLogName, maxDisk: r.resMaxDisk,
+		st = &obsStore{dir: filepath.Join(sb.Dir, obsDirName), name: resLogName, maxDisk: r.resMaxDisk,
 			maxLine: r.maxLine, total: &r.resTotal}
-		r.resStores[sb.dir] = st
+		r.resStores[sb.Dir] = st
 	}
 	return st
 }
@@ -425,10 +425,10 @@ func (r *obsRegistry) store(sb *sandbox) *obsStore {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	st := r.stores[sb.dir]
+	st := r.stores[sb.Dir]
 	if st == nil {
-		st = r.newStore(filepath.Join(sb.dir, obsDirName), false, sb.rec.ID)
-		r.stores[sb.dir] = st
+		st = r.newStore(filepath.Join(sb.Dir, obsDirName), false, sb.Rec.ID)
+		r.stores[sb.Dir] = st
 	}
 	return st
 }

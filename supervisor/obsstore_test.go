@@ -105,7 +105,7 @@ func segSizes(t *testing.T, dir string) (cur, rot int64) {
 func TestObsCapsHoldUnder10000Events(t *testing.T) {
 	s := obsSupervisor(t, nil)
 	sb := obsSandbox(t, s, "sbx-caps")
-	dir := filepath.Join(sb.dir, obsDirName)
+	dir := filepath.Join(sb.Dir, obsDirName)
 	pad := strings.Repeat("x", 900)
 	limit := int64(s.cfg.Observability.MaxDiskBytes)
 	for i := 0; i < 10000; i++ {
@@ -179,7 +179,7 @@ func TestObsTruncationAndDrops(t *testing.T) {
 	if st := s.obsStats(sb); st.DroppedStorage != 2 {
 		t.Fatalf("sandbox stats: %+v", st)
 	}
-	if _, err := os.Stat(sb.dir); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(sb.Dir); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("sandbox dir recreated: %v", err)
 	}
 	if st := s.obsStats(nil); st != (SinkStats{DroppedStorage: 2, DroppedOversized: 1, TruncatedRecords: 1}) {
@@ -190,7 +190,7 @@ func TestObsTruncationAndDrops(t *testing.T) {
 func TestObsRotationKeepsOrder(t *testing.T) {
 	s := obsSupervisor(t, func(c *Config) { c.Observability.MaxDiskBytes = 8192 })
 	sb := obsSandbox(t, s, "sbx-rot")
-	dir := filepath.Join(sb.dir, obsDirName)
+	dir := filepath.Join(sb.Dir, obsDirName)
 	for i := 0; i < 200; i++ {
 		s.event(sb, "", "tick", map[string]any{"seq": i})
 		cur, rot := segSizes(t, dir)
@@ -293,7 +293,7 @@ func TestObsReadsDoNotWrite(t *testing.T) {
 	mustQuery(t, s, sb, "events", nil)
 	mustQuery(t, s, sb, "trace", nil)
 	mustQuery(t, s, nil, "events", nil)
-	if _, err := os.Stat(filepath.Join(sb.dir, obsDirName)); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(sb.Dir, obsDirName)); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("read created the store: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(s.dirs.Data, "supervisor")); !errors.Is(err, fs.ErrNotExist) {
@@ -475,7 +475,7 @@ func TestObsDisabled(t *testing.T) {
 	sp.child("x", nil).end(spanCompleted, nil)
 	sp.event("y", nil)
 	sp.finish(nil)
-	if _, err := os.Stat(filepath.Join(sb.dir, obsDirName)); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(sb.Dir, obsDirName)); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("store created: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(s.dirs.Data, "supervisor")); !errors.Is(err, fs.ErrNotExist) {
@@ -505,20 +505,20 @@ func TestSealStopsSandboxWrites(t *testing.T) {
 	sb := obsSandbox(t, s, "sbx-sealed")
 	s.event(sb, "", "before.seal", nil)
 	sp := s.startSpan(sb, "", "", "late.span", nil)
-	if err := os.RemoveAll(filepath.Join(sb.dir, obsDirName)); err != nil {
+	if err := os.RemoveAll(filepath.Join(sb.Dir, obsDirName)); err != nil {
 		t.Fatal(err)
 	}
-	s.obs.seal(sb.dir)
+	s.obs.seal(sb.Dir)
 	sp.done(nil, nil)
 	s.event(sb, "", "after.seal", nil)
 	s.obs.resources(sb).appendRecord(map[string]any{"kind": "sample"}, nil)
-	if _, err := os.Lstat(filepath.Join(sb.dir, obsDirName)); !os.IsNotExist(err) {
+	if _, err := os.Lstat(filepath.Join(sb.Dir, obsDirName)); !os.IsNotExist(err) {
 		t.Fatalf("observability/ after the seal: %v", err)
 	}
 	// Another sandbox is unaffected.
 	other := obsSandbox(t, s, "sbx-other")
 	s.event(other, "", "still.recorded", nil)
-	if _, err := os.Stat(filepath.Join(other.dir, obsDirName, obsLogName)); err != nil {
+	if _, err := os.Stat(filepath.Join(other.Dir, obsDirName, obsLogName)); err != nil {
 		t.Fatalf("other sandbox's store: %v", err)
 	}
 }

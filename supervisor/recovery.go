@@ -87,7 +87,7 @@ func (s *Supervisor) attachOutcome(ctx context.Context, sb *sandbox, wsID string
 		rec := cmd.rec
 		cmd.mu.Unlock()
 		if hit {
-			if err := s.store.put(ctx, kindCommand, rec.CommandSessionID, sb.rec.ID, rec); err != nil {
+			if err := s.store.put(ctx, kindCommand, rec.CommandSessionID, sb.Rec.ID, rec); err != nil {
 				s.log.Warn("persist command", "command", rec.CommandSessionID, "err", err)
 			}
 		}
@@ -109,7 +109,7 @@ func (s *Supervisor) persistOutcome(ctx context.Context, sb *sandbox, drain *com
 	for k, v := range extra {
 		rec.Extra[k] = v
 	}
-	if err := s.store.put(ctx, kindCommand, rec.CommandSessionID, sb.rec.ID, rec); err != nil {
+	if err := s.store.put(ctx, kindCommand, rec.CommandSessionID, sb.Rec.ID, rec); err != nil {
 		s.log.Warn("persist finalization outcome", "command", rec.CommandSessionID, "err", err)
 	}
 }

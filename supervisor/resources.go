@@ -126,13 +126,13 @@ func (s *Supervisor) sampleOnce(withStack bool) {
 		// Hold the sandbox's gate like a request does, so destroy never
 		// removes the directory while a sample is being written into it;
 		// a sandbox being destroyed is skipped.
-		if !sb.gate.TryRLock() {
+		if !sb.Gate.TryRLock() {
 			continue
 		}
-		defer sb.gate.RUnlock()
-		sb.mu.Lock()
-		state := sb.rec.State
-		sb.mu.Unlock()
+		defer sb.Gate.RUnlock()
+		sb.Mu.Lock()
+		state := sb.Rec.State
+		sb.Mu.Unlock()
 		if state != stateReady {
 			continue
 		}
@@ -154,7 +154,7 @@ func (s *Supervisor) sampleOnce(withStack bool) {
 	for _, g := range groups {
 		st := s.obs.resources(g.sb)
 		total := resMetrics{MetricsSource: "proc", CgroupError: s.cgroups.reasonOr("")}
-		if dir := s.cgroups.sandboxPath(g.sb.rec.ID); dir != "" {
+		if dir := s.cgroups.sandboxPath(g.sb.Rec.ID); dir != "" {
 			if m, err := readCgroupMetrics(dir); err == nil {
 				total = m
 			} else {
@@ -171,9 +171,9 @@ func (s *Supervisor) sampleOnce(withStack bool) {
 		for _, ls := range g.sess {
 			appendSample(st, ts, ls.id, &ls.m, nil)
 		}
-		if withStack && g.sb.stack != nil {
+		if withStack && g.sb.Stack != nil {
 			nodes, depth := s.walkBounds()
-			if sum, err := summarizeStack(g.sb.stack, nodes, depth); err == nil {
+			if sum, err := summarizeStack(g.sb.Stack, nodes, depth); err == nil {
 				appendSample(st, ts, scopeStack, nil, &stackMetrics{LayerCount: len(sum.Layers), LayersBytes: sum.TotalBytes,
 					LayersAllocatedBytes: sum.TotalAllocated, StorageAllocatedBytes: sum.StorageAllocated,
 					StagingEntryCount: sum.StagingEntries, ActiveLeases: len(sum.Leases)})
@@ -500,7 +500,7 @@ func (s *Supervisor) resources(c *call) (any, error) {
 		if len(series) == 0 {
 			availability, errs = "partial", []string{s.noSamples("sandbox", window)}
 		}
-		return map[string]any{"view": "resources", "scope": "sandbox", "sandbox_id": c.sb.rec.ID, "source": "supervisor_disk",
+		return map[string]any{"view": "resources", "scope": "sandbox", "sandbox_id": c.sb.Rec.ID, "source": "supervisor_disk",
 			"availability": availability, "errors": errs, "series": series}, nil
 	}
 	fleet := map[string]any{}
@@ -518,9 +518,9 @@ func (s *Supervisor) resources(c *call) (any, error) {
 		}
 		if node["availability"] != "available" {
 			availability = "partial"
-			errs = append(errs, sb.rec.ID+": "+node["errors"].([]string)[0])
+			errs = append(errs, sb.Rec.ID+": "+node["errors"].([]string)[0])
 		}
-		fleet[sb.rec.ID] = node
+		fleet[sb.Rec.ID] = node
 	}
 	if len(errs) > 16 {
 		errs = append(errs[:16], fmt.Sprintf("… and %d more", len(errs)-16))
@@ -537,7 +537,7 @@ func (s *Supervisor) cgroupView(c *call) (any, error) {
 	}
 	scope := c.args.String("scope")
 	sessions := c.sb.sessionsSorted()
-	cgPath := s.cgroups.sandboxPath(c.sb.rec.ID)
+	cgPath := s.cgroups.sandboxPath(c.sb.Rec.ID)
 	if scope != scopeSandbox {
 		ss, e := c.sb.lookupSession(scope)
 		if e != nil {

@@ -27,7 +27,7 @@ func resSegSizes(t *testing.T, dir string) (cur, rot int64) {
 func TestResourceStoreCapsUnder10000Samples(t *testing.T) {
 	s := obsSupervisor(t, func(c *Config) { c.Observability.ResourceStats.MaxDiskBytes = 128 << 10 })
 	sb := obsSandbox(t, s, "sbx-res")
-	dir := filepath.Join(sb.dir, obsDirName)
+	dir := filepath.Join(sb.Dir, obsDirName)
 	limit := int64(128 << 10)
 	st := s.obs.resources(sb)
 	now := time.Now().UnixMilli() - 10000
@@ -107,12 +107,12 @@ func TestResourceDeltasClampAndWindow(t *testing.T) {
 		t.Fatalf("deltas %v (series %v)", deltas, series)
 	}
 	// A window with no samples: partial with an error, never a new sample.
-	before, _ := resSegSizes(t, filepath.Join(sb.dir, obsDirName))
+	before, _ := resSegSizes(t, filepath.Join(sb.Dir, obsDirName))
 	m = mustQuery(t, s, sb, "resources", map[string]any{"window_ms": 1})
 	if m["availability"] != "partial" || len(m["series"].([]any)) != 0 || len(m["errors"].([]any)) != 1 {
 		t.Fatalf("empty window: %v", m)
 	}
-	if after, _ := resSegSizes(t, filepath.Join(sb.dir, obsDirName)); after != before {
+	if after, _ := resSegSizes(t, filepath.Join(sb.Dir, obsDirName)); after != before {
 		t.Fatalf("a read wrote %d bytes", after-before)
 	}
 	// window_ms above observability.views.resource_window_ms.
@@ -132,7 +132,7 @@ func TestResourcesObservabilityDisabled(t *testing.T) {
 			t.Fatalf("%s: %v", op, m)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(sb.dir, obsDirName)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(sb.Dir, obsDirName)); !os.IsNotExist(err) {
 		t.Fatalf("store directory with observability disabled: %v", err)
 	}
 }
@@ -212,7 +212,7 @@ func TestSetupCgroupsWithoutV2(t *testing.T) {
 func BenchmarkSpan(b *testing.B) {
 	s := obsSupervisorB(b)
 	sb := newSandbox(sandboxRecord{ID: "sbx-bench"}, filepath.Join(s.dirs.Data, "sbx-bench"))
-	if err := os.MkdirAll(sb.dir, 0o700); err != nil {
+	if err := os.MkdirAll(sb.Dir, 0o700); err != nil {
 		b.Fatal(err)
 	}
 	root := s.startSpan(sb, "req-bench", "", "supervisor.dispatch", map[string]any{"op": "exec_command"})
@@ -226,7 +226,7 @@ func BenchmarkSpan(b *testing.B) {
 func BenchmarkResourcesQuery(b *testing.B) {
 	s := obsSupervisorB(b)
 	sb := newSandbox(sandboxRecord{ID: "sbx-bench"}, filepath.Join(s.dirs.Data, "sbx-bench"))
-	if err := os.MkdirAll(sb.dir, 0o700); err != nil {
+	if err := os.MkdirAll(sb.Dir, 0o700); err != nil {
 		b.Fatal(err)
 	}
 	st := s.obs.resources(sb)

@@ -64,14 +64,14 @@ type resourceProfileRec struct {
 // works on the sandbox and write-held by destroy, so teardown never races a
 // write; mu guards rec.
 type sandbox struct {
-	gate  sync.RWMutex
-	mu    sync.Mutex
-	rec   sandboxRecord
-	dir   string
-	stack *layers.Stack
+	Gate  sync.RWMutex
+	Mu    sync.Mutex
+	Rec   sandboxRecord
+	Dir   string
+	Stack *layers.Stack
 	// imageEnv is the image config's Env (nil for "host"), loaded at
 	// creation and recovery.
-	imageEnv []string
+	ImageEnv []string
 
 	sessions      map[string]*session // live sessions
 	commands      map[string]*command // running and retained terminal commands
@@ -92,12 +92,12 @@ type sandbox struct {
 }
 
 func newSandbox(rec sandboxRecord, dir string) *sandbox {
-	return &sandbox{rec: rec, dir: dir, sessions: map[string]*session{}, commands: map[string]*command{}, evicted: map[string]bool{}}
+	return &sandbox{Rec: rec, Dir: dir, sessions: map[string]*session{}, commands: map[string]*command{}, evicted: map[string]bool{}}
 }
 
 // goBackground runs f on its own goroutine unless the sandbox is being
 // removed; stopBackground waits for every f started.
-func (sb *sandbox) goBackground(f func()) bool {
+func (sb *sandbox) GoBackground(f func()) bool {
 	sb.bgMu.Lock()
 	defer sb.bgMu.Unlock()
 	if sb.bgClosed {
@@ -111,28 +111,28 @@ func (sb *sandbox) goBackground(f func()) bool {
 // work to end, so nothing writes below the sandbox's directory while it is
 // removed. The callers have stopped the sessions first (their holders
 // closed, which ends the holder event loops).
-func (sb *sandbox) stopBackground() {
+func (sb *sandbox) StopBackground() {
 	sb.bgMu.Lock()
 	sb.bgClosed = true
 	sb.bgMu.Unlock()
 	sb.bg.Wait()
 }
 
-func (sb *sandbox) busyError() *catalog.Error {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	return catalog.Errorf(catalog.OperationConflict, "sandbox %s is %s", sb.rec.ID, sb.rec.State).
-		With("sandbox_id", sb.rec.ID).With("state", sb.rec.State)
+func (sb *sandbox) BusyError() *catalog.Error {
+	sb.Mu.Lock()
+	defer sb.Mu.Unlock()
+	return catalog.Errorf(catalog.OperationConflict, "sandbox %s is %s", sb.Rec.ID, sb.Rec.State).
+		With("sandbox_id", sb.Rec.ID).With("state", sb.Rec.State)
 }
 
 // view returns a copy of the record with layer_count read from the head.
-func (sb *sandbox) view() sandboxRecord {
-	sb.mu.Lock()
-	rec := sb.rec
-	sb.mu.Unlock()
+func (sb *sandbox) View() sandboxRecord {
+	sb.Mu.Lock()
+	rec := sb.Rec
+	sb.Mu.Unlock()
 	rec.LiveWorkspaceSessions = append([]string{}, rec.LiveWorkspaceSessions...)
-	if sb.stack != nil {
-		if m, err := sb.stack.Head(); err == nil {
+	if sb.Stack != nil {
+		if m, err := sb.Stack.Head(); err == nil {
 			rec.LayerCount = len(m.Layers)
 		}
 	}
@@ -158,15 +158,15 @@ func (s *Supervisor) resolveSandbox(id string, readOnly bool) (*sandbox, *catalo
 	if sb == nil {
 		return nil, notFoundSandbox(id)
 	}
-	sb.mu.Lock()
-	state := sb.rec.State
-	sb.mu.Unlock()
+	sb.Mu.Lock()
+	state := sb.Rec.State
+	sb.Mu.Unlock()
 	switch state {
 	case stateCreating, stateStopping:
-		return nil, sb.busyError()
+		return nil, sb.BusyError()
 	case stateFailed:
 		if !readOnly {
-			return nil, catalog.Errorf(catalog.OperationFailed, "sandbox %s failed: %s", id, sb.rec.Error).With("sandbox_id", id)
+			return nil, catalog.Errorf(catalog.OperationFailed, "sandbox %s failed: %s", id, sb.Rec.Error).With("sandbox_id", id)
 		}
 	}
 	return sb, nil
@@ -174,10 +174,10 @@ func (s *Supervisor) resolveSandbox(id string, readOnly bool) (*sandbox, *catalo
 
 // bump records a client-visible change (§4.4).
 func (s *Supervisor) bump(ctx context.Context, sb *sandbox) {
-	sb.mu.Lock()
-	sb.rec.ActivityRevision++
-	rec := sb.rec
-	sb.mu.Unlock()
+	sb.Mu.Lock()
+	sb.Rec.ActivityRevision++
+	rec := sb.Rec
+	sb.Mu.Unlock()
 	if err := s.store.putSandbox(ctx, &rec); err != nil {
 		s.log.Warn("persist activity revision", "sandbox", rec.ID, "err", err)
 	}
@@ -250,9 +250,9 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 			ResourceProfile: resourceProfileRec{Name: s.cfg.Sandbox.ResourceProfile, ResourceProfile: s.cfg.ResourceProfiles[s.cfg.Sandbox.ResourceProfile]},
 			Git:             origin,
 		}, s.sandboxDir(id))
-		sb.imageEnv = imageEnv
+		sb.ImageEnv = imageEnv
 		// The record is persisted as creating first so a crash mid-snapshot is rolled back at start.
-		if err := s.store.putSandbox(c.ctx, &sb.rec); err != nil {
+		if err := s.store.putSandbox(c.ctx, &sb.Rec); err != nil {
 			rollback()
 			return nil, err
 		}
@@ -260,7 +260,7 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 		s.sandboxes[id] = sb
 		s.mu.Unlock()
 		created = append(created, sb)
-		stackDir := filepath.Join(sb.dir, "layerstack")
+		stackDir := filepath.Join(sb.Dir, "layerstack")
 		var st *layers.Stack
 		var serr error
 		if first == nil {
@@ -284,7 +284,7 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 			rollback()
 			return nil, fmt.Errorf("snapshot workspace %s: %w", root, serr)
 		}
-		sb.stack = st
+		sb.Stack = st
 		m, err := st.Head()
 		if err != nil {
 			rollback()
@@ -295,23 +295,23 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 			rollback()
 			return nil, fmt.Errorf("read base root hash: %w", err)
 		}
-		sb.mu.Lock()
-		sb.rec.SharedBase = sharedBase{Source: sb.rec.WorkspaceRoot, Target: "/workspace", RootHash: strings.TrimSpace(string(base)), Readonly: true}
-		sb.rec.LayerCount = len(m.Layers)
-		sb.rec.State = stateReady
-		rec := sb.rec
-		sb.mu.Unlock()
+		sb.Mu.Lock()
+		sb.Rec.SharedBase = sharedBase{Source: sb.Rec.WorkspaceRoot, Target: "/workspace", RootHash: strings.TrimSpace(string(base)), Readonly: true}
+		sb.Rec.LayerCount = len(m.Layers)
+		sb.Rec.State = stateReady
+		rec := sb.Rec
+		sb.Mu.Unlock()
 		if err := s.store.putSandbox(c.ctx, &rec); err != nil {
 			rollback()
 			return nil, err
 		}
 	}
 	if count == 1 {
-		return created[0].view(), nil
+		return created[0].View(), nil
 	}
 	out := make([]sandboxRecord, len(created))
 	for i, sb := range created {
-		out[i] = sb.view()
+		out[i] = sb.View()
 	}
 	return map[string]any{"sandboxes": out}, nil
 }
@@ -384,27 +384,27 @@ func underAny(p string, roots []string) bool {
 // removeSandbox deletes everything a sandbox owns: directory, command
 // transcripts, records, registry entry.
 func (s *Supervisor) removeSandbox(ctx context.Context, sb *sandbox) error {
-	s.cgroups.removeSandbox(sb.rec.ID)
-	sb.stopBackground()
-	s.obs.seal(sb.dir)
-	removeTree(sb.dir)
-	if _, err := os.Stat(sb.dir); err == nil {
-		return fmt.Errorf("remove %s: still present", sb.dir)
+	s.cgroups.removeSandbox(sb.Rec.ID)
+	sb.StopBackground()
+	s.obs.seal(sb.Dir)
+	removeTree(sb.Dir)
+	if _, err := os.Stat(sb.Dir); err == nil {
+		return fmt.Errorf("remove %s: still present", sb.Dir)
 	}
-	sb.mu.Lock()
+	sb.Mu.Lock()
 	ids := make([]string, 0, len(sb.commands))
 	for id := range sb.commands {
 		ids = append(ids, id)
 	}
-	sb.mu.Unlock()
+	sb.Mu.Unlock()
 	for _, id := range ids {
 		os.RemoveAll(filepath.Join(s.dirs.Data, "commands", id))
 	}
-	if err := s.store.deleteSandboxRows(ctx, sb.rec.ID); err != nil {
+	if err := s.store.deleteSandboxRows(ctx, sb.Rec.ID); err != nil {
 		return err
 	}
 	s.mu.Lock()
-	delete(s.sandboxes, sb.rec.ID)
+	delete(s.sandboxes, sb.Rec.ID)
 	s.mu.Unlock()
 	return nil
 }
@@ -424,29 +424,29 @@ func (s *Supervisor) destroySandbox(c *call) (any, error) {
 	if e != nil {
 		return nil, e
 	}
-	sb.mu.Lock()
-	state := sb.rec.State
+	sb.Mu.Lock()
+	state := sb.Rec.State
 	if state == stateCreating || state == stateStopping {
-		sb.mu.Unlock()
-		return nil, sb.busyError()
+		sb.Mu.Unlock()
+		return nil, sb.BusyError()
 	}
-	sb.rec.State = stateStopping
-	rec := sb.rec
-	sb.mu.Unlock()
+	sb.Rec.State = stateStopping
+	rec := sb.Rec
+	sb.Mu.Unlock()
 	if err := s.store.putSandbox(c.ctx, &rec); err != nil {
 		return nil, err
 	}
 	c.progress("waiting for in-flight operations of " + rec.ID)
-	sb.gate.Lock() // new requests already see stopping; wait for the running ones
-	defer sb.gate.Unlock()
+	sb.Gate.Lock() // new requests already see stopping; wait for the running ones
+	defer sb.Gate.Unlock()
 	s.stopSessions(c.ctx, sb, true, c.progress)
-	final := sb.view()
-	c.progress("removing " + sb.dir)
+	final := sb.View()
+	c.progress("removing " + sb.Dir)
 	if err := s.removeSandbox(c.ctx, sb); err != nil {
-		sb.mu.Lock()
-		sb.rec.State, sb.rec.Error = stateFailed, err.Error()
-		rec := sb.rec
-		sb.mu.Unlock()
+		sb.Mu.Lock()
+		sb.Rec.State, sb.Rec.Error = stateFailed, err.Error()
+		rec := sb.Rec
+		sb.Mu.Unlock()
 		_ = s.store.putSandbox(c.ctx, &rec)
 		return nil, catalog.Errorf(catalog.OperationFailed, "destroy sandbox %s: %v", rec.ID, err).With("sandbox_id", rec.ID)
 	}
@@ -468,7 +468,7 @@ func (s *Supervisor) listSandboxes(c *call) (any, error) {
 	s.mu.Unlock()
 	out := make([]sandboxRecord, 0, len(all))
 	for _, sb := range all {
-		out = append(out, sb.view())
+		out = append(out, sb.View())
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return map[string]any{"sandboxes": out}, nil
@@ -479,7 +479,7 @@ func (s *Supervisor) inspectSandbox(c *call) (any, error) {
 	if e != nil {
 		return nil, e
 	}
-	return sb.view(), nil
+	return sb.View(), nil
 }
 
 func (s *Supervisor) listWorkspaceDirectories(c *call) (any, error) {
@@ -561,7 +561,7 @@ func (s *Supervisor) recover(ctx context.Context) error {
 	defer func() { s.recovered(&sum) }()
 	for _, rec := range recs {
 		sb := newSandbox(*rec, s.sandboxDir(rec.ID))
-		sb.rec.LiveWorkspaceSessions = []string{} // rebuilt from the session records
+		sb.Rec.LiveWorkspaceSessions = []string{} // rebuilt from the session records
 		switch rec.State {
 		case stateCreating, stateStopping, stateStopped:
 			s.log.Info("recovery: removing sandbox", "sandbox", rec.ID, "state", rec.State)
@@ -571,14 +571,14 @@ func (s *Supervisor) recover(ctx context.Context) error {
 			sum.removeSandbox(rec.ID, rec.State)
 			continue
 		}
-		st, err := layers.Open(filepath.Join(sb.dir, "layerstack"))
+		st, err := layers.Open(filepath.Join(sb.Dir, "layerstack"))
 		if err == nil {
 			if m, herr := st.Head(); herr != nil || len(m.Layers) == 0 {
 				err = fmt.Errorf("layerstack manifest of %s is missing or empty", rec.ID)
 			}
 		}
 		if err == nil {
-			sb.stack = st
+			sb.Stack = st
 			var res layers.SweepResult
 			res, err = st.Sweep(s.persistedLeases(ctx, sb))
 			if err == nil {
@@ -587,21 +587,21 @@ func (s *Supervisor) recover(ctx context.Context) error {
 			}
 		}
 		if err != nil && !errors.Is(err, context.Canceled) {
-			sb.rec.State, sb.rec.Error = stateFailed, err.Error()
-			_ = s.store.putSandbox(ctx, &sb.rec)
+			sb.Rec.State, sb.Rec.Error = stateFailed, err.Error()
+			_ = s.store.putSandbox(ctx, &sb.Rec)
 			s.log.Error("recovery: sandbox failed", "sandbox", rec.ID, "err", err)
 		}
 		s.sandboxes[rec.ID] = sb
-		if sb.rec.Rootfs != "host" {
-			s.images.Hold(sb.rec.Rootfs)
+		if sb.Rec.Rootfs != "host" {
+			s.images.Hold(sb.Rec.Rootfs)
 			if err := s.loadImageEnv(sb); err != nil {
 				s.log.Error("recovery: image of sandbox", "sandbox", rec.ID, "err", err)
 			}
 		}
-		if sb.rec.State == stateFailed {
+		if sb.Rec.State == stateFailed {
 			sum.FailedSandboxes = append(sum.FailedSandboxes, rec.ID)
 		}
-		if sb.rec.State == stateReady {
+		if sb.Rec.State == stateReady {
 			sum.InterruptedCommands += s.loadCommands(ctx, sb)
 			sum.RemovedSessionDirs += s.removeOrphanSessionDirs(ctx, sb)
 			s.restoreSessions(ctx, sb, &sum)

@@ -136,9 +136,9 @@ func notFoundSession(id string) *catalog.Error {
 
 // lookupSession finds a live session of the sandbox.
 func (sb *sandbox) lookupSession(id string) (*session, *catalog.Error) {
-	sb.mu.Lock()
+	sb.Mu.Lock()
 	ss := sb.sessions[id]
-	sb.mu.Unlock()
+	sb.Mu.Unlock()
 	if ss == nil {
 		return nil, notFoundSession(id)
 	}
@@ -171,9 +171,9 @@ func (s *Supervisor) sessionCount() int {
 	s.mu.Unlock()
 	n := 0
 	for _, sb := range all {
-		sb.mu.Lock()
+		sb.Mu.Lock()
 		n += len(sb.sessions)
-		sb.mu.Unlock()
+		sb.Mu.Unlock()
 	}
 	return n
 }
@@ -200,7 +200,7 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 	}
 	defer sl.release() // a no-op once the session is in sb.sessions
 	id := s.ids.new("ws-")
-	lease, err := sb.stack.Acquire("workspace-session:" + id)
+	lease, err := sb.Stack.Acquire("workspace-session:" + id)
 	if err != nil {
 		return nil, fmt.Errorf("lease head: %w", err)
 	}
@@ -211,14 +211,14 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 			With("layer_count", len(m.Layers)).With("max_chain_depth", s.cfg.Runtime.Workspace.MaxChainDepth)
 	}
 	ss := &session{
-		dir:    filepath.Join(sb.dir, "sessions", id),
+		dir:    filepath.Join(sb.Dir, "sessions", id),
 		lease:  lease,
 		ledger: map[string]*command{},
 		rec: sessionRecord{
-			WorkspaceSessionID: id, SandboxID: sb.rec.ID, Agent: agent, NetworkProfile: network, FinalizePolicy: policy,
+			WorkspaceSessionID: id, SandboxID: sb.Rec.ID, Agent: agent, NetworkProfile: network, FinalizePolicy: policy,
 			State: sessActive, CreatedAt: nowRFC3339(), BaseRevision: m.Revision(),
 			Lease:         leaseRecord{LeaseID: lease.ID(), Layers: m.Layers},
-			OverlayDriver: sb.rec.OverlayDriver,
+			OverlayDriver: sb.Rec.OverlayDriver,
 		},
 	}
 	rollback := func() {
@@ -235,16 +235,16 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 		rollback()
 		return nil, err
 	}
-	if err := s.store.put(ctx, kindSession, id, sb.rec.ID, ss.rec); err != nil {
+	if err := s.store.put(ctx, kindSession, id, sb.Rec.ID, ss.rec); err != nil {
 		_ = ss.holder.Close(0)
 		rollback()
 		return nil, err
 	}
-	sb.mu.Lock()
+	sb.Mu.Lock()
 	sb.sessions[id] = ss
 	sl.releaseLocked()
-	sb.rec.LiveWorkspaceSessions = append(sb.rec.LiveWorkspaceSessions, id)
-	sb.mu.Unlock()
+	sb.Rec.LiveWorkspaceSessions = append(sb.Rec.LiveWorkspaceSessions, id)
+	sb.Mu.Unlock()
 	s.eventCtx(ctx, sb, "lease.acquired", map[string]any{"workspace_session_id": id, "revision": ss.rec.BaseRevision})
 	return ss, nil
 }
@@ -260,7 +260,7 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 	m := ss.base()
 	cfg := nsholder.Config{
 		SessionID:       ss.id(),
-		Lowers:          sb.stack.LayerDirs(m),
+		Lowers:          sb.Stack.LayerDirs(m),
 		Upper:           ss.upper(),
 		Work:            work,
 		Scratch:         filepath.Join(ss.dir, "scratch"),
@@ -280,14 +280,14 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 	if egress != nil {
 		cfg.Egress, cfg.ResolvConf = egress, nsholder.ResolvConf
 	}
-	if sb.rec.Rootfs != "host" {
+	if sb.Rec.Rootfs != "host" {
 		if s.shimPath == "" {
 			// The fallback shim is this binary, dynamically linked: an image need not have its loader.
 			return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at spawn: an image sandbox needs sandbox-exec-shim next to %s", s.self).With("stage", "spawn")
 		}
-		img, err := s.images.Lookup(sb.rec.Rootfs)
+		img, err := s.images.Lookup(sb.Rec.Rootfs)
 		if err != nil {
-			return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at mount_root: image rootfs %s: %v", sb.rec.Rootfs, err).With("stage", "mount_root")
+			return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at mount_root: image rootfs %s: %v", sb.Rec.Rootfs, err).With("stage", "mount_root")
 		}
 		cfg.HostPaths = nil
 		cfg.Image = &nsholder.ImageRoot{Rootfs: img.Rootfs, Files: imageFiles(ss.id(), ss.rec.NetworkProfile)}
@@ -316,16 +316,16 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 	ss.mu.Lock()
 	ss.holder = h
 	ss.mu.Unlock()
-	if err := s.cgroups.attach(sb.rec.ID, ss.id(), h.Pid()); err != nil {
+	if err := s.cgroups.attach(sb.Rec.ID, ss.id(), h.Pid()); err != nil {
 		// Samples then come from /proc; nothing else depends on the cgroup.
 		s.log.Warn("attach holder to its cgroup", "workspace_session_id", ss.id(), "err", err)
 	}
-	if !sb.goBackground(func() { s.watchHolder(sb, ss, h) }) {
+	if !sb.GoBackground(func() { s.watchHolder(sb, ss, h) }) {
 		ss.mu.Lock()
 		ss.holder = nil
 		ss.mu.Unlock()
 		_ = h.Close(0)
-		return catalog.Errorf(catalog.OperationConflict, "sandbox %s is being destroyed", sb.rec.ID).With("sandbox_id", sb.rec.ID)
+		return catalog.Errorf(catalog.OperationConflict, "sandbox %s is being destroyed", sb.Rec.ID).With("sandbox_id", sb.Rec.ID)
 	}
 	return nil
 }
@@ -432,7 +432,7 @@ func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
 	ss.mu.Lock()
 	rec := ss.rec
 	ss.mu.Unlock()
-	_ = s.store.put(ctx, kindSession, rec.WorkspaceSessionID, sb.rec.ID, rec)
+	_ = s.store.put(ctx, kindSession, rec.WorkspaceSessionID, sb.Rec.ID, rec)
 }
 
 // destroySession tears a session down (§5.7) inside a
@@ -480,25 +480,25 @@ func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session,
 	// than publishing it. sessions/ only ever holds live sessions; a crash
 	// before the removal ends leaves trash that the next start empties
 	// (removeOrphanSessionDirs).
-	trash := filepath.Join(sb.dir, sessionTrashDir)
+	trash := filepath.Join(sb.Dir, sessionTrashDir)
 	gone := filepath.Join(trash, ss.id())
 	if err := os.MkdirAll(trash, 0o700); err != nil {
 		removeTree(ss.dir)
 	} else if err := os.Rename(ss.dir, gone); err != nil {
 		removeTree(ss.dir)
-	} else if !sb.goBackground(func() { removeTree(gone) }) {
+	} else if !sb.GoBackground(func() { removeTree(gone) }) {
 		removeTree(gone)
 	}
-	sb.mu.Lock()
+	sb.Mu.Lock()
 	delete(sb.sessions, ss.id())
-	live := sb.rec.LiveWorkspaceSessions[:0]
-	for _, id := range sb.rec.LiveWorkspaceSessions {
+	live := sb.Rec.LiveWorkspaceSessions[:0]
+	for _, id := range sb.Rec.LiveWorkspaceSessions {
 		if id != ss.id() {
 			live = append(live, id)
 		}
 	}
-	sb.rec.LiveWorkspaceSessions = live
-	sb.mu.Unlock()
+	sb.Rec.LiveWorkspaceSessions = live
+	sb.Mu.Unlock()
 	s.eventCtx(ctx, sb, "lease.released", map[string]any{"workspace_session_id": ss.id(), "revision": ss.rec.BaseRevision})
 	return upperBytes, nil
 }
@@ -567,16 +567,16 @@ func (s *Supervisor) destroyWorkspaceSession(c *call) (any, error) {
 	}
 	s.bump(c.ctx, c.sb)
 	return map[string]any{"workspace_session_id": ss.id(), "destroyed": true, "evicted_upperdir_bytes": bytes,
-		"active_leases_after": len(c.sb.stack.Leases())}, nil
+		"active_leases_after": len(c.sb.Stack.Leases())}, nil
 }
 
 func (s *Supervisor) listWorkspaceSessions(c *call) (any, error) {
-	c.sb.mu.Lock()
+	c.sb.Mu.Lock()
 	all := make([]*session, 0, len(c.sb.sessions))
 	for _, ss := range c.sb.sessions {
 		all = append(all, ss)
 	}
-	c.sb.mu.Unlock()
+	c.sb.Mu.Unlock()
 	sort.Slice(all, func(i, j int) bool { return all[i].id() < all[j].id() }) // IDs sort by creation time
 	out := make([]map[string]any, 0, len(all))
 	for _, ss := range all {
@@ -590,7 +590,7 @@ func (s *Supervisor) listWorkspaceSessions(c *call) (any, error) {
 // implicit ones are finalized from their upper dir.
 func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox, sum *recoverySummary) {
 	var recs []sessionRecord
-	_ = s.store.list(ctx, kindSession, sb.rec.ID, func(b []byte) error {
+	_ = s.store.list(ctx, kindSession, sb.Rec.ID, func(b []byte) error {
 		var r sessionRecord
 		if err := json.Unmarshal(b, &r); err != nil {
 			return err
@@ -603,12 +603,12 @@ func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox, sum *reco
 	slots := make(chan struct{}, 4)
 	for _, rec := range recs {
 		m := layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: rec.Lease.Layers}
-		ss := &session{rec: rec, dir: filepath.Join(sb.dir, "sessions", rec.WorkspaceSessionID), ledger: map[string]*command{},
-			lease: sb.stack.Restore(rec.Lease.LeaseID, m, "workspace-session:"+rec.WorkspaceSessionID)}
-		sb.mu.Lock()
+		ss := &session{rec: rec, dir: filepath.Join(sb.Dir, "sessions", rec.WorkspaceSessionID), ledger: map[string]*command{},
+			lease: sb.Stack.Restore(rec.Lease.LeaseID, m, "workspace-session:"+rec.WorkspaceSessionID)}
+		sb.Mu.Lock()
 		sb.sessions[rec.WorkspaceSessionID] = ss
-		sb.rec.LiveWorkspaceSessions = append(sb.rec.LiveWorkspaceSessions, rec.WorkspaceSessionID)
-		sb.mu.Unlock()
+		sb.Rec.LiveWorkspaceSessions = append(sb.Rec.LiveWorkspaceSessions, rec.WorkspaceSessionID)
+		sb.Mu.Unlock()
 		if ss.implicit() {
 			s.attachOutcome(ctx, sb, rec.WorkspaceSessionID, s.finalizeImplicit(ctx, sb, ss, nil))
 			sum.FinalizedSessions = append(sum.FinalizedSessions, rec.WorkspaceSessionID)
@@ -653,7 +653,7 @@ func (s *Supervisor) restoreHolder(ctx context.Context, sb *sandbox, ss *session
 	ss.mu.Lock()
 	r := ss.rec
 	ss.mu.Unlock()
-	_ = s.store.put(ctx, kindSession, r.WorkspaceSessionID, sb.rec.ID, r)
+	_ = s.store.put(ctx, kindSession, r.WorkspaceSessionID, sb.Rec.ID, r)
 }
 
 // removeTree deletes a directory that may contain the mode-000 work dir the

@@ -73,13 +73,13 @@ func (s *Supervisor) squashLayerstacks(c *call) (any, error) {
 
 // squash runs §8.6 on a ready sandbox whose squash flag the caller holds.
 func (s *Supervisor) squash(ctx context.Context, sb *sandbox, progress func(string)) (squashResult, error) {
-	before, err := sb.stack.Head()
+	before, err := sb.Stack.Head()
 	if err != nil {
 		return squashResult{}, err
 	}
 	progress("squash: planning over " + strconv.Itoa(len(before.Layers)) + " layers")
 	sp, fctx := s.spanCtx(ctx, sb, "squash", "layerstack.squash.flatten", map[string]any{"layers": len(before.Layers)})
-	res, err := sb.stack.Squash(fctx)
+	res, err := sb.Stack.Squash(fctx)
 	sp.done(err, map[string]any{"blocks": len(res.Blocks)})
 	if err != nil {
 		return squashResult{}, err
@@ -91,13 +91,13 @@ func (s *Supervisor) squash(ctx context.Context, sb *sandbox, progress func(stri
 	progress("squash: committed manifest version " + strconv.Itoa(res.Manifest.Version) + ", " + strconv.Itoa(len(res.Blocks)) + " blocks")
 
 	sweep, _ := s.spanCtx(ctx, sb, "squash", "layerstack.squash.remount_sweep", nil)
-	sb.mu.Lock()
+	sb.Mu.Lock()
 	sessions := make([]*session, 0, len(sb.sessions))
 	for _, ss := range sb.sessions {
 		sessions = append(sessions, ss)
 	}
-	driver := sb.rec.OverlayDriver
-	sb.mu.Unlock()
+	driver := sb.Rec.OverlayDriver
+	sb.Mu.Unlock()
 	slices.SortFunc(sessions, func(a, b *session) int { return strings.Compare(a.id(), b.id()) })
 	for _, ss := range sessions {
 		sw := sweptSession{SessionID: ss.id()}
@@ -115,7 +115,7 @@ func (s *Supervisor) squash(ctx context.Context, sb *sandbox, progress func(stri
 	}
 	sweep.done(nil, map[string]any{"sessions": len(out.SweptSessions)})
 
-	sb.stack.LeasedBy(&res)
+	sb.Stack.LeasedBy(&res)
 	for _, b := range res.Blocks {
 		sq := squashedBlock{SquashedLayerID: b.SquashedLayerID, ReplacedLayerIDs: b.ReplacedLayerIDs, ReplacedLayers: "reclaimed"}
 		if len(b.Leased) > 0 {
@@ -134,7 +134,7 @@ func (s *Supervisor) squash(ctx context.Context, sb *sandbox, progress func(stri
 // and after every committed layer.
 func (s *Supervisor) notifyAutosquash(sb *sandbox, reason string) {
 	n := s.cfg.Runtime.Layerstack.Autosquash.SquashAtNLayers
-	if n == nil || sb.stack == nil || s.draining.Load() {
+	if n == nil || sb.Stack == nil || s.draining.Load() {
 		return
 	}
 	if !sb.autoQueued.CompareAndSwap(false, true) {
@@ -153,15 +153,15 @@ func (s *Supervisor) notifyAutosquash(sb *sandbox, reason string) {
 
 func (s *Supervisor) autosquash(sb *sandbox, threshold int, reason string, queued time.Time, coalesced int64) {
 	ctx := context.Background()
-	sb.mu.Lock()
-	stopping := sb.rec.State == stateStopping
-	sb.mu.Unlock()
+	sb.Mu.Lock()
+	stopping := sb.Rec.State == stateStopping
+	sb.Mu.Unlock()
 	if stopping {
 		return // destroyed meanwhile: its layer stack is (being) removed
 	}
-	head, err := sb.stack.Head()
+	head, err := sb.Stack.Head()
 	if err != nil {
-		s.log.Warn("autosquash: read head", "sandbox", sb.rec.ID, "err", err)
+		s.log.Warn("autosquash: read head", "sandbox", sb.Rec.ID, "err", err)
 		return
 	}
 	decision := "below_threshold"
@@ -174,14 +174,14 @@ func (s *Supervisor) autosquash(sb *sandbox, threshold int, reason string, queue
 	if decision != "squash" {
 		return
 	}
-	if !sb.gate.TryRLock() {
+	if !sb.Gate.TryRLock() {
 		decision = "sandbox_busy"
 		return
 	}
-	defer sb.gate.RUnlock()
-	sb.mu.Lock()
-	ready := sb.rec.State == stateReady
-	sb.mu.Unlock()
+	defer sb.Gate.RUnlock()
+	sb.Mu.Lock()
+	ready := sb.Rec.State == stateReady
+	sb.Mu.Unlock()
 	if !ready {
 		decision = "sandbox_busy"
 		return
@@ -202,7 +202,7 @@ func (s *Supervisor) autosquash(sb *sandbox, threshold int, reason string, queue
 		sp.event("layerstack.autosquash.failed", attrs)
 		return
 	}
-	after, _ := sb.stack.Head()
+	after, _ := sb.Stack.Head()
 	attrs["before_layers"], attrs["after_layers"] = len(head.Layers), len(after.Layers)
 	attrs["blocks_committed"] = len(out.SquashedBlocks)
 	attrs["squash_duration_ms"] = time.Since(start).Milliseconds()

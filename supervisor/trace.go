@@ -273,7 +273,7 @@ func (s *Supervisor) logEvent(sb *sandbox, name string, attrs map[string]any) {
 	}
 	args := make([]any, 0, 2+2*len(attrs))
 	if sb != nil {
-		args = append(args, "sandbox", sb.rec.ID)
+		args = append(args, "sandbox", sb.Rec.ID)
 	}
 	keys := make([]string, 0, len(attrs))
 	for k := range attrs {

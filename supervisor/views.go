@@ -197,18 +197,18 @@ func (s *Supervisor) sandboxesSorted() []*sandbox {
 		all = append(all, sb)
 	}
 	s.mu.Unlock()
-	sort.Slice(all, func(i, j int) bool { return all[i].rec.ID < all[j].rec.ID })
+	sort.Slice(all, func(i, j int) bool { return all[i].Rec.ID < all[j].Rec.ID })
 	return all
 }
 
 // sessionsSorted returns the sandbox's live sessions ordered by ID.
 func (sb *sandbox) sessionsSorted() []*session {
-	sb.mu.Lock()
+	sb.Mu.Lock()
 	all := make([]*session, 0, len(sb.sessions))
 	for _, ss := range sb.sessions {
 		all = append(all, ss)
 	}
-	sb.mu.Unlock()
+	sb.Mu.Unlock()
 	sort.Slice(all, func(i, j int) bool { return all[i].rec.WorkspaceSessionID < all[j].rec.WorkspaceSessionID })
 	return all
 }
@@ -276,7 +276,7 @@ func (s *Supervisor) daemon(c *call) (any, error) {
 			if pid <= 0 {
 				continue
 			}
-			h := map[string]any{"sandbox_id": sb.rec.ID, "workspace_session_id": ss.id(), "pid": pid,
+			h := map[string]any{"sandbox_id": sb.Rec.ID, "workspace_session_id": ss.id(), "pid": pid,
 				"state": "unavailable", "resident_bytes": nil, "cpu_time_us": nil}
 			if hp, err := readProc("/proc/" + strconv.Itoa(pid)); err == nil {
 				h["state"], h["resident_bytes"], h["cpu_time_us"] = hp.state, hp.vmRSS, hp.cpuTimeUs()
@@ -868,8 +868,8 @@ func (s *Supervisor) layerstack(c *call) (any, error) {
 			return nil, catalog.RangeError("limit", 1, maxL)
 		}
 	}
-	if sb.stack == nil {
-		return nil, catalog.Errorf(catalog.OperationFailed, "sandbox %s has no layer stack", sb.rec.ID).With("sandbox_id", sb.rec.ID)
+	if sb.Stack == nil {
+		return nil, catalog.Errorf(catalog.OperationFailed, "sandbox %s has no layer stack", sb.Rec.ID).With("sandbox_id", sb.Rec.ID)
 	}
 	nodes, depth := s.walkBounds()
 	switch {
@@ -878,7 +878,7 @@ func (s *Supervisor) layerstack(c *call) (any, error) {
 	case c.args.Has("workspace_id"):
 		return s.layerstackWorkspace(sb, c.args.String("workspace_id"), nodes, depth)
 	}
-	sum, err := summarizeStack(sb.stack, nodes, depth)
+	sum, err := summarizeStack(sb.Stack, nodes, depth)
 	if err != nil {
 		return nil, err
 	}
@@ -906,7 +906,7 @@ func (s *Supervisor) layerstackLayer(sb *sandbox, id string, limit, depth int) (
 	if id == "." || id == ".." || strings.ContainsAny(id, "/") {
 		return nil, notFound
 	}
-	dir := filepath.Join(sb.stack.Dir(), "layers", id)
+	dir := filepath.Join(sb.Stack.Dir(), "layers", id)
 	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
 		return nil, notFound
 	}
@@ -927,7 +927,7 @@ func (s *Supervisor) layerstackWorkspace(sb *sandbox, id string, nodes, depth in
 	}
 	rec := ss.record()
 	users := map[string][]string{} // layer → workspace sessions leasing it
-	for _, l := range leaseViews(sb.stack) {
+	for _, l := range leaseViews(sb.Stack) {
 		ws, ok := strings.CutPrefix(l.Owner, wsOwnerPrefix)
 		if !ok || ws == id {
 			continue
@@ -964,9 +964,9 @@ func (s *Supervisor) snapshot(c *call) (any, error) {
 func (s *Supervisor) safeSnapshotNode(sb *sandbox) (node map[string]any) {
 	defer func() {
 		if r := recover(); r != nil {
-			sb.mu.Lock()
-			id, state := sb.rec.ID, sb.rec.State
-			sb.mu.Unlock()
+			sb.Mu.Lock()
+			id, state := sb.Rec.ID, sb.Rec.State
+			sb.Mu.Unlock()
 			msg := boundedError(fmt.Sprintf("building the snapshot failed: %v", r))
 			node = map[string]any{"sandbox_id": id, "lifecycle_state": state, "availability": "unavailable",
 				"sampled_at_unix_ms": time.Now().UnixMilli(), "errors": []string{msg}, "error": msg}
@@ -988,9 +988,9 @@ func boundedError(msg string) string {
 }
 
 func (s *Supervisor) snapshotNode(sb *sandbox) map[string]any {
-	sb.mu.Lock()
-	rec := sb.rec
-	sb.mu.Unlock()
+	sb.Mu.Lock()
+	rec := sb.Rec
+	sb.Mu.Unlock()
 	errs := []string{}
 	availability := "available"
 	sbRes, wsRes, rerr := s.snapshotResources(sb)
@@ -1004,7 +1004,7 @@ func (s *Supervisor) snapshotNode(sb *sandbox) map[string]any {
 	}
 	node := map[string]any{
 		"sandbox_id": rec.ID, "lifecycle_state": rec.State, "sampled_at_unix_ms": time.Now().UnixMilli(),
-		"daemon": map[string]any{"daemon_pid": os.Getpid(), "runtime_dir": sb.dir,
+		"daemon": map[string]any{"daemon_pid": os.Getpid(), "runtime_dir": sb.Dir,
 			"event_store": s.obsStats(sb)}, // the sandbox event store's SinkStats
 		"resources": sbRes,
 	}
@@ -1012,12 +1012,12 @@ func (s *Supervisor) snapshotNode(sb *sandbox) map[string]any {
 		errs = append(errs, boundedError("sandbox failed: "+rec.Error))
 	}
 	// Running commands by session.
-	sb.mu.Lock()
+	sb.Mu.Lock()
 	cmds := make([]*command, 0, len(sb.commands))
 	for _, cmd := range sb.commands {
 		cmds = append(cmds, cmd)
 	}
-	sb.mu.Unlock()
+	sb.Mu.Unlock()
 	running := map[string][]map[string]any{}
 	for _, cmd := range cmds {
 		cmd.mu.Lock()
@@ -1063,12 +1063,12 @@ func (s *Supervisor) snapshotNode(sb *sandbox) map[string]any {
 		})
 	}
 	node["workspaces"] = workspaces
-	if sb.stack == nil {
+	if sb.Stack == nil {
 		errs = append(errs, "no layer stack")
 		node["stack"] = nil
 	} else {
 		nodes, depth := s.walkBounds()
-		sum, err := summarizeStack(sb.stack, nodes, depth)
+		sum, err := summarizeStack(sb.Stack, nodes, depth)
 		if err != nil {
 			errs = append(errs, boundedError("layer stack: "+err.Error()))
 			node["stack"] = nil
