@@ -119,22 +119,22 @@ func (s *Supervisor) commandEnv(sb *sandbox, wsID, cmdID string) []string {
 
 func (s *Supervisor) runningCommands() (total int) {
 	s.mu.Lock()
-	all := make([]*sandbox, 0, len(s.sandboxes))
-	for _, sb := range s.sandboxes {
+	all := make([]*sandbox, 0, s.sandboxes.Len())
+	for _, sb := range s.sandboxes.All() {
 		all = append(all, sb)
 	}
 	s.mu.Unlock()
 	for _, sb := range all {
-		total += sb.runningCount()
+		total += runningCount(sb)
 	}
 	return total
 }
 
-func (sb *sandbox) runningCount() int {
+func runningCount(sb *sandbox) int {
 	sb.Mu.Lock()
 	defer sb.Mu.Unlock()
 	n := 0
-	for _, c := range sb.commands {
+	for _, c := range sb.Work.commands {
 		if !c.terminal() {
 			n++
 		}
@@ -154,11 +154,11 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 	if e != nil {
 		return nil, e
 	}
-	defer sl.release() // a no-op once spawn put the command in sb.commands
+	defer sl.release() // a no-op once spawn put the command in sb.Work.commands
 	var ss *session
 	if c.args.Has("workspace_session_id") {
 		var e *catalog.Error
-		if ss, e = sb.lookupSession(c.args.String("workspace_session_id")); e != nil {
+		if ss, e = lookupSession(sb, c.args.String("workspace_session_id")); e != nil {
 			return nil, e
 		}
 	} else {
@@ -187,7 +187,7 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 
 // spawn starts one command in a session through its holder.
 // sl is the command's admission slot, consumed when the command enters
-// sb.commands.
+// sb.Work.commands.
 func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdline string, sl *slot) (*command, error) {
 	ss.gate.Lock()
 	defer ss.gate.Unlock()
@@ -259,7 +259,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 		}
 	}()
 	sb.Mu.Lock()
-	sb.commands[id] = cmd
+	sb.Work.commands[id] = cmd
 	sl.releaseLocked()
 	sb.Mu.Unlock()
 	return cmd, nil
@@ -437,15 +437,15 @@ func (s *Supervisor) killCommand(cmd *command, why string, sig syscall.Signal, g
 // runtime.command.max_terminal_entries, remembering evicted IDs.
 func (s *Supervisor) retain(sb *sandbox, cmd *command) {
 	sb.Mu.Lock()
-	sb.terminalOrder = append(sb.terminalOrder, cmd.rec.CommandSessionID)
+	sb.Work.terminalOrder = append(sb.Work.terminalOrder, cmd.rec.CommandSessionID)
 	var evict []string
-	for len(sb.terminalOrder) > s.cfg.Runtime.Command.MaxTerminalEntries {
-		evict = append(evict, sb.terminalOrder[0])
-		sb.terminalOrder = sb.terminalOrder[1:]
+	for len(sb.Work.terminalOrder) > s.cfg.Runtime.Command.MaxTerminalEntries {
+		evict = append(evict, sb.Work.terminalOrder[0])
+		sb.Work.terminalOrder = sb.Work.terminalOrder[1:]
 	}
 	for _, id := range evict {
-		delete(sb.commands, id)
-		sb.evicted[id] = true
+		delete(sb.Work.commands, id)
+		sb.Work.evicted[id] = true
 	}
 	sb.Mu.Unlock()
 	for _, id := range evict {
@@ -458,8 +458,8 @@ func (s *Supervisor) retain(sb *sandbox, cmd *command) {
 // lookupCommand finds a retained command, or says why not (§3.3).
 func (s *Supervisor) lookupCommand(sb *sandbox, id string) (*command, *catalog.Error) {
 	sb.Mu.Lock()
-	cmd := sb.commands[id]
-	evicted := sb.evicted[id]
+	cmd := sb.Work.commands[id]
+	evicted := sb.Work.evicted[id]
 	sb.Mu.Unlock()
 	if cmd != nil {
 		return cmd, nil
@@ -530,8 +530,8 @@ func (s *Supervisor) readCommandLines(c *call) (any, error) {
 
 func (s *Supervisor) listCommands(c *call) (any, error) {
 	c.sb.Mu.Lock()
-	all := make([]*command, 0, len(c.sb.commands))
-	for _, cmd := range c.sb.commands {
+	all := make([]*command, 0, len(c.sb.Work.commands))
+	for _, cmd := range c.sb.Work.commands {
 		all = append(all, cmd)
 	}
 	c.sb.Mu.Unlock()
@@ -658,13 +658,13 @@ func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted
 		done := make(chan struct{})
 		close(done)
 		cmd := &command{rec: r, dir: dir, tr: tr, done: done}
-		sb.commands[r.CommandSessionID] = cmd
-		sb.terminalOrder = append(sb.terminalOrder, r.CommandSessionID)
+		sb.Work.commands[r.CommandSessionID] = cmd
+		sb.Work.terminalOrder = append(sb.Work.terminalOrder, r.CommandSessionID)
 	}
 	_ = s.store.list(ctx, kindEvicted, sb.Rec.ID, func(b []byte) error {
 		var m map[string]string
 		if err := json.Unmarshal(b, &m); err == nil {
-			sb.evicted[m["command_session_id"]] = true
+			sb.Work.evicted[m["command_session_id"]] = true
 		}
 		return nil
 	})

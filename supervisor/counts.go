@@ -10,8 +10,8 @@ type Counts struct {
 
 func (s *Supervisor) counts() Counts {
 	s.mu.Lock()
-	sbs := make([]*sandbox, 0, len(s.sandboxes))
-	for _, sb := range s.sandboxes {
+	sbs := make([]*sandbox, 0, s.sandboxes.Len())
+	for _, sb := range s.sandboxes.All() {
 		sbs = append(sbs, sb)
 	}
 	s.mu.Unlock()
@@ -21,7 +21,7 @@ func (s *Supervisor) counts() Counts {
 		if sb.Rec.State == stateReady {
 			c.Ready++
 		}
-		c.Sessions += len(sb.sessions)
+		c.Sessions += len(sb.Work.sessions)
 		sb.Mu.Unlock()
 	}
 	return c

@@ -107,7 +107,7 @@ func (s *Supervisor) diffWorkspaceSession(c *call) (any, error) {
 	if e != nil {
 		return nil, e
 	}
-	ss, e := c.sb.lookupSession(id)
+	ss, e := lookupSession(c.sb, id)
 	if e != nil {
 		return nil, e
 	}
@@ -116,7 +116,7 @@ func (s *Supervisor) diffWorkspaceSession(c *call) (any, error) {
 	// a walk that races one is retried).
 	ss.gate.Lock()
 	defer ss.gate.Unlock()
-	if _, e := c.sb.lookupSession(id); e != nil {
+	if _, e := lookupSession(c.sb, id); e != nil {
 		return nil, e // destroyed while we waited
 	}
 	if st := ss.state(); st == sessFinalizing {

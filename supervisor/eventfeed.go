@@ -149,7 +149,7 @@ func (e webEvents) Replay(sandboxID string, after uint64, maxRecs int) ([]web.Re
 	var srcs []src
 	s.mu.Lock()
 	if sandboxID != "" {
-		sb := s.sandboxes[sandboxID]
+		sb := s.sandboxes.Get(sandboxID)
 		if sb == nil {
 			s.mu.Unlock()
 			return nil, 0, catalog.Errorf(catalog.NotFound, "sandbox not found: %s", sandboxID).With("sandbox_id", sandboxID)
@@ -157,7 +157,7 @@ func (e webEvents) Replay(sandboxID string, after uint64, maxRecs int) ([]web.Re
 		srcs = append(srcs, src{sandboxID, s.obs.store(sb)})
 	} else {
 		srcs = append(srcs, src{"", s.obs.store(nil)})
-		for id, sb := range s.sandboxes {
+		for id, sb := range s.sandboxes.All() {
 			srcs = append(srcs, src{id, s.obs.store(sb)})
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 )
 
@@ -105,29 +106,7 @@ type exportTarResult struct {
 // layer stack (export, squash) and read-holds its gate, so destroy waits;
 // done releases it.
 func (s *Supervisor) readStack(id string) (sb *sandbox, done func(), e *catalog.Error) {
-	sb, e = s.lookupForManagement(id)
-	if e != nil {
-		return nil, nil, e
-	}
-	if !sb.Gate.TryRLock() {
-		return nil, nil, sb.BusyError()
-	}
-	sb.Mu.Lock()
-	state, failure := sb.Rec.State, sb.Rec.Error
-	sb.Mu.Unlock()
-	switch {
-	case state == stateFailed:
-		e = catalog.Errorf(catalog.OperationFailed, "sandbox %s failed: %s", id, failure).With("sandbox_id", id)
-	case state != stateReady:
-		e = sb.BusyError()
-	case sb.Stack == nil:
-		e = catalog.Errorf(catalog.OperationFailed, "sandbox %s has no layer stack", id).With("sandbox_id", id)
-	}
-	if e != nil {
-		sb.Gate.RUnlock()
-		return nil, nil, e
-	}
-	return sb, sb.Gate.RUnlock, nil
+	return s.sandboxes.ReadStack(id)
 }
 
 func (s *Supervisor) exportChanges(c *call) (any, error) {
@@ -331,7 +310,7 @@ func (s *Supervisor) checkExportDest(dest, format string) (string, error) {
 		}
 		for _, dd := range cands {
 			for _, p := range []string{clean, resolved} {
-				if within(p, dd) || within(dd, p) {
+				if sbx.Within(p, dd) || sbx.Within(dd, p) {
 					return "", bad("dest must not be inside, equal to or contain the supervisor's directory %s", d)
 				}
 			}

@@ -26,7 +26,7 @@ func (s *Supervisor) fileSession(c *call) (*session, func(), error) {
 	if !c.args.Has("workspace_session_id") {
 		return nil, func() {}, nil
 	}
-	ss, e := c.sb.lookupSession(c.args.String("workspace_session_id"))
+	ss, e := lookupSession(c.sb, c.args.String("workspace_session_id"))
 	if e != nil {
 		return nil, nil, e
 	}

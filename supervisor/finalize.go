@@ -188,14 +188,6 @@ func (s *Supervisor) finalize(ctx context.Context, sb *sandbox, ss *session, dra
 	return extra
 }
 
-// recoveryArtifact is one entry of the sandbox record's recovery_artifacts.
-type recoveryArtifact struct {
-	WorkspaceSessionID string `json:"workspace_session_id"`
-	CreatedAt          string `json:"created_at"`
-	Reason             string `json:"reason"`
-	Bytes              int64  `json:"bytes"`
-}
-
 // keepRecoveryArtifact moves a rejected implicit session's upper dir (a
 // rename, not a copy) to workspace_recovery/<id>/upper beside a manifest,
 // keeping the newest runtime.workspace.max_recovery_artifacts.

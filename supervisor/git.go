@@ -69,16 +69,6 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 )
 
-// gitOrigin is the sandbox record's "git" object.
-type gitOrigin struct {
-	Head   *string `json:"head"`   // null for an unborn branch
-	Branch *string `json:"branch"` // null for a detached HEAD
-	Dirty  bool    `json:"dirty"`
-	Ref    *string `json:"ref,omitempty"` // create_sandbox git_ref
-	GitDir string  `json:"git_dir"`
-	Prefix string  `json:"prefix"` // the workspace's path below the top level, "" or "dir/"
-}
-
 // gitEnv is the environment of every git command: the supervisor's without
 // GIT_* variables (they would redirect the repository or the index), plus
 // extra.

@@ -126,8 +126,8 @@ func (s *Supervisor) health(c *call) (any, error) {
 		free = sfs.Bavail * uint64(sfs.Bsize)
 	}
 	s.mu.Lock()
-	nSandboxes, failed := len(s.sandboxes), false
-	for _, sb := range s.sandboxes {
+	nSandboxes, failed := s.sandboxes.Len(), false
+	for _, sb := range s.sandboxes.All() {
 		sb.Mu.Lock()
 		failed = failed || sb.Rec.State == stateFailed
 		sb.Mu.Unlock()

@@ -187,7 +187,7 @@ func (s *Supervisor) forwardPort(c *call) (any, error) {
 		return map[string]any{"workspace_session_id": nil, "network_profile": netShared, "target_port": target,
 			"host": "127.0.0.1", "port": target, "url": s.forwardURL("shared", target)}, nil
 	}
-	ss, e := c.sb.lookupSession(c.args.String("workspace_session_id"))
+	ss, e := lookupSession(c.sb, c.args.String("workspace_session_id"))
 	if e != nil {
 		return nil, e
 	}

@@ -73,7 +73,7 @@ func (s *Supervisor) attachOutcome(ctx context.Context, sb *sandbox, wsID string
 	if len(extra) == 0 {
 		return
 	}
-	for _, cmd := range sb.commands {
+	for _, cmd := range sb.Work.commands {
 		cmd.mu.Lock()
 		hit := cmd.rec.WorkspaceSessionID == wsID && cmd.rec.Interrupted && cmd.rec.InterruptReason == "supervisor_restart"
 		if hit {

@@ -137,7 +137,7 @@ func (s *Supervisor) sampleOnce(withStack bool) {
 			continue
 		}
 		g := group{sb: sb}
-		for _, ss := range sb.sessionsSorted() {
+		for _, ss := range sessionsSorted(sb) {
 			ls := &liveSession{sb: sb, ss: ss, id: ss.id(), pid: ss.holderPid()}
 			g.sess = append(g.sess, ls)
 			all = append(all, ls)
@@ -536,10 +536,10 @@ func (s *Supervisor) cgroupView(c *call) (any, error) {
 		return nil, err
 	}
 	scope := c.args.String("scope")
-	sessions := c.sb.sessionsSorted()
+	sessions := sessionsSorted(c.sb)
 	cgPath := s.cgroups.sandboxPath(c.sb.Rec.ID)
 	if scope != scopeSandbox {
-		ss, e := c.sb.lookupSession(scope)
+		ss, e := lookupSession(c.sb, scope)
 		if e != nil {
 			return nil, e
 		}
@@ -576,7 +576,7 @@ func (s *Supervisor) snapshotResources(sb *sandbox) (sandboxRes map[string]any, 
 	// The history of every scope shares about half of the response (the
 	// rest is the sandbox's other blocks): 30 points each, fewer when a
 	// sandbox has many sessions.
-	scopes := len(sb.sessionsSorted()) + 1
+	scopes := len(sessionsSorted(sb)) + 1
 	per := max(1, min(snapshotHistory, obsMaxRecords/2/scopes))
 	ws, err := s.readScopes(sb, time.Now().UnixMilli()-snapshotWindowMs, per, max(obsMaxLine, seriesBudget(per*scopes, 0.5)/scopes),
 		func(sc string) bool { return sc != scopeStack })

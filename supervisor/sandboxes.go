@@ -6,73 +6,37 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
 )
 
-// Sandbox states (§4.1).
+// Sandbox states (§4.1), named here for the files that predate the package.
 const (
-	stateCreating = "creating"
-	stateReady    = "ready"
-	stateStopping = "stopping"
-	stateStopped  = "stopped"
-	stateFailed   = "failed"
+	stateCreating = sbx.StateCreating
+	stateReady    = sbx.StateReady
+	stateStopping = sbx.StateStopping
+	stateStopped  = sbx.StateStopped
+	stateFailed   = sbx.StateFailed
 )
 
-// sandboxRecord is the persisted record; its JSON is the contract's shape (§4.1).
-type sandboxRecord struct {
-	ID                    string             `json:"id"`
-	Name                  *string            `json:"name"`
-	WorkspaceRoot         string             `json:"workspace_root"`
-	Image                 string             `json:"image"`
-	Rootfs                string             `json:"rootfs"`
-	OverlayDriver         string             `json:"overlay_driver"`
-	State                 string             `json:"state"`
-	ActivityRevision      int64              `json:"activity_revision"`
-	CreatedAt             string             `json:"created_at"`
-	LayerCount            int                `json:"layer_count"`
-	LiveWorkspaceSessions []string           `json:"live_workspace_sessions"`
-	SharedBase            sharedBase         `json:"shared_base"`
-	ResourceProfile       resourceProfileRec `json:"resource_profile"`
-	RecoveryArtifacts     []recoveryArtifact `json:"recovery_artifacts"`
-	// Git is where the snapshot came from when the workspace is a git work
-	// tree (A5); absent otherwise.
-	Git   *gitOrigin `json:"git,omitempty"`
-	Error string     `json:"error,omitempty"`
-}
+// The registry's types under the names the rest of the supervisor uses.
+type (
+	sandboxRecord      = sbx.Record
+	sharedBase         = sbx.SharedBase
+	resourceProfileRec = sbx.ResourceProfileRec
+	recoveryArtifact   = sbx.RecoveryArtifact
+	gitOrigin          = sbx.GitOrigin
+	// sandbox is a registry entry carrying the workspace's occupants.
+	sandbox = sbx.Sandbox[*occupants]
+)
 
-type sharedBase struct {
-	Source   string `json:"source"`
-	Target   string `json:"target"`
-	RootHash string `json:"root_hash"`
-	Readonly bool   `json:"readonly"`
-}
-
-type resourceProfileRec struct {
-	Name string `json:"name"`
-	ResourceProfile
-	Enforced bool `json:"enforced"`
-}
-
-// sandbox is a live registry entry. gate is read-held by every request that
-// works on the sandbox and write-held by destroy, so teardown never races a
-// write; mu guards rec.
-type sandbox struct {
-	Gate  sync.RWMutex
-	Mu    sync.Mutex
-	Rec   sandboxRecord
-	Dir   string
-	Stack *layers.Stack
-	// imageEnv is the image config's Env (nil for "host"), loaded at
-	// creation and recovery.
-	ImageEnv []string
-
+// occupants are a sandbox's live sessions and commands, guarded by the
+// sandbox's Mu.
+type occupants struct {
 	sessions      map[string]*session // live sessions
 	commands      map[string]*command // running and retained terminal commands
 	terminalOrder []string            // retained terminal commands, oldest first
@@ -80,96 +44,21 @@ type sandbox struct {
 	// Admission slots reserved by requests still starting their command
 	// or session (admission.go).
 	pendingCommands, pendingSessions int
-
-	// Background work that writes below dir without holding gate (holder
-	// event loops, implicit finalization): removal waits for it (goBackground).
-	bgMu          sync.Mutex
-	bgClosed      bool
-	bg            sync.WaitGroup
-	squashing     atomic.Bool  // a squash (manual or automatic) runs
-	autoQueued    atomic.Bool  // an autosquash evaluation is queued
-	autoCoalesced atomic.Int64 // notifications folded into the queued one
 }
 
 func newSandbox(rec sandboxRecord, dir string) *sandbox {
-	return &sandbox{Rec: rec, Dir: dir, sessions: map[string]*session{}, commands: map[string]*command{}, evicted: map[string]bool{}}
+	return sbx.New(rec, dir, &occupants{sessions: map[string]*session{}, commands: map[string]*command{}, evicted: map[string]bool{}})
 }
 
-// goBackground runs f on its own goroutine unless the sandbox is being
-// removed; stopBackground waits for every f started.
-func (sb *sandbox) GoBackground(f func()) bool {
-	sb.bgMu.Lock()
-	defer sb.bgMu.Unlock()
-	if sb.bgClosed {
-		return false
-	}
-	sb.bg.Go(f)
-	return true
-}
-
-// stopBackground refuses new background work and waits for the running
-// work to end, so nothing writes below the sandbox's directory while it is
-// removed. The callers have stopped the sessions first (their holders
-// closed, which ends the holder event loops).
-func (sb *sandbox) StopBackground() {
-	sb.bgMu.Lock()
-	sb.bgClosed = true
-	sb.bgMu.Unlock()
-	sb.bg.Wait()
-}
-
-func (sb *sandbox) BusyError() *catalog.Error {
-	sb.Mu.Lock()
-	defer sb.Mu.Unlock()
-	return catalog.Errorf(catalog.OperationConflict, "sandbox %s is %s", sb.Rec.ID, sb.Rec.State).
-		With("sandbox_id", sb.Rec.ID).With("state", sb.Rec.State)
-}
-
-// view returns a copy of the record with layer_count read from the head.
-func (sb *sandbox) View() sandboxRecord {
-	sb.Mu.Lock()
-	rec := sb.Rec
-	sb.Mu.Unlock()
-	rec.LiveWorkspaceSessions = append([]string{}, rec.LiveWorkspaceSessions...)
-	if sb.Stack != nil {
-		if m, err := sb.Stack.Head(); err == nil {
-			rec.LayerCount = len(m.Layers)
-		}
-	}
-	return rec
-}
-
-func nowRFC3339() string { return time.Now().UTC().Format("2006-01-02T15:04:05.000Z") }
+func nowRFC3339() string { return sbx.NowRFC3339() }
 
 func (s *Supervisor) sandboxDir(id string) string { return filepath.Join(s.dirs.Data, "sandboxes", id) }
 
-func notFoundSandbox(id string) *catalog.Error {
-	return catalog.Errorf(catalog.NotFound, "sandbox not found: %s", id).With("sandbox_id", id)
-}
+func notFoundSandbox(id string) *catalog.Error { return sbx.NotFound(id) }
 
 // resolveSandbox is §2.4 step 7. Observability reads also work on failed sandboxes.
 func (s *Supervisor) resolveSandbox(id string, readOnly bool) (*sandbox, *catalog.Error) {
-	if !catalog.ValidID(id) {
-		return nil, catalog.Errorf(catalog.InvalidRequest, "sandbox_id must match [A-Za-z0-9._:-]{1,128}")
-	}
-	s.mu.Lock()
-	sb := s.sandboxes[id]
-	s.mu.Unlock()
-	if sb == nil {
-		return nil, notFoundSandbox(id)
-	}
-	sb.Mu.Lock()
-	state := sb.Rec.State
-	sb.Mu.Unlock()
-	switch state {
-	case stateCreating, stateStopping:
-		return nil, sb.BusyError()
-	case stateFailed:
-		if !readOnly {
-			return nil, catalog.Errorf(catalog.OperationFailed, "sandbox %s failed: %s", id, sb.Rec.Error).With("sandbox_id", id)
-		}
-	}
-	return sb, nil
+	return s.sandboxes.Resolve(id, readOnly)
 }
 
 // bump records a client-visible change (§4.4).
@@ -201,9 +90,7 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 	if derr != nil {
 		return nil, derr
 	}
-	s.mu.Lock()
-	live := len(s.sandboxes)
-	s.mu.Unlock()
+	live := s.sandboxes.Len()
 	if live+int(count) > s.cfg.Manager.MaxSandboxes {
 		return nil, catalog.Errorf(catalog.ServerBusy, "sandbox limit reached").With("max_sandboxes", s.cfg.Manager.MaxSandboxes)
 	}
@@ -247,7 +134,7 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 			ID: id, Name: name, WorkspaceRoot: c.args.String("workspace_root"), Image: image, Rootfs: rootfs,
 			OverlayDriver: driver, State: stateCreating, CreatedAt: nowRFC3339(),
 			LiveWorkspaceSessions: []string{}, RecoveryArtifacts: []recoveryArtifact{},
-			ResourceProfile: resourceProfileRec{Name: s.cfg.Sandbox.ResourceProfile, ResourceProfile: s.cfg.ResourceProfiles[s.cfg.Sandbox.ResourceProfile]},
+			ResourceProfile: resourceProfileRec{Name: s.cfg.Sandbox.ResourceProfile, ResourceLimits: sbx.ResourceLimits(s.cfg.ResourceProfiles[s.cfg.Sandbox.ResourceProfile])},
 			Git:             origin,
 		}, s.sandboxDir(id))
 		sb.ImageEnv = imageEnv
@@ -256,9 +143,7 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 			rollback()
 			return nil, err
 		}
-		s.mu.Lock()
-		s.sandboxes[id] = sb
-		s.mu.Unlock()
+		s.sandboxes.Put(sb)
 		created = append(created, sb)
 		stackDir := filepath.Join(sb.Dir, "layerstack")
 		var st *layers.Stack
@@ -331,54 +216,7 @@ func throttledProgress(progress func(string)) func(files, dirs int) {
 // checkWorkspaceRoot applies create_sandbox's workspace_root rules and returns
 // the path with symlinks resolved.
 func (s *Supervisor) checkWorkspaceRoot(p string) (string, error) {
-	bad := func(format string, a ...any) error {
-		return catalog.Errorf(catalog.InvalidRequest, format, a...).With("workspace_root", p)
-	}
-	if !filepath.IsAbs(p) {
-		return "", bad("workspace_root must be an absolute path: %s", p)
-	}
-	real, err := filepath.EvalSymlinks(p)
-	if err != nil {
-		return "", bad("workspace_root does not exist: %s", p)
-	}
-	st, err := os.Stat(real)
-	if err != nil || !st.IsDir() {
-		return "", bad("workspace_root is not a directory: %s", p)
-	}
-	if real == "/" {
-		return "", bad("workspace_root must not be /")
-	}
-	for _, d := range []string{s.dirs.Data, s.dirs.Config, s.dirs.Runtime} {
-		rd, err := filepath.EvalSymlinks(d)
-		if err != nil {
-			rd = d
-		}
-		if within(real, rd) || within(rd, real) {
-			return "", bad("workspace_root must not be inside, equal to or contain the supervisor's directory %s", d)
-		}
-	}
-	if roots := s.cfg.Manager.WorkspaceRoots; roots != nil && !underAny(real, roots) {
-		return "", bad("workspace_root is not under a configured workspace root")
-	}
-	return real, nil
-}
-
-// within reports whether p is dir or below it.
-func within(p, dir string) bool {
-	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
-}
-
-func underAny(p string, roots []string) bool {
-	for _, r := range roots {
-		rr, err := filepath.EvalSymlinks(r)
-		if err != nil {
-			rr = filepath.Clean(r)
-		}
-		if within(p, rr) {
-			return true
-		}
-	}
-	return false
+	return sbx.CheckWorkspaceRoot(p, []string{s.dirs.Data, s.dirs.Config, s.dirs.Runtime}, s.cfg.Manager.WorkspaceRoots)
 }
 
 // removeSandbox deletes everything a sandbox owns: directory, command
@@ -392,8 +230,8 @@ func (s *Supervisor) removeSandbox(ctx context.Context, sb *sandbox) error {
 		return fmt.Errorf("remove %s: still present", sb.Dir)
 	}
 	sb.Mu.Lock()
-	ids := make([]string, 0, len(sb.commands))
-	for id := range sb.commands {
+	ids := make([]string, 0, len(sb.Work.commands))
+	for id := range sb.Work.commands {
 		ids = append(ids, id)
 	}
 	sb.Mu.Unlock()
@@ -403,20 +241,12 @@ func (s *Supervisor) removeSandbox(ctx context.Context, sb *sandbox) error {
 	if err := s.store.deleteSandboxRows(ctx, sb.Rec.ID); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	delete(s.sandboxes, sb.Rec.ID)
-	s.mu.Unlock()
+	s.sandboxes.Delete(sb.Rec.ID)
 	return nil
 }
 
 func (s *Supervisor) lookupForManagement(id string) (*sandbox, *catalog.Error) {
-	s.mu.Lock()
-	sb := s.sandboxes[id]
-	s.mu.Unlock()
-	if sb == nil {
-		return nil, notFoundSandbox(id)
-	}
-	return sb, nil
+	return s.sandboxes.Lookup(id)
 }
 
 func (s *Supervisor) destroySandbox(c *call) (any, error) {
@@ -460,17 +290,11 @@ func (s *Supervisor) destroySandbox(c *call) (any, error) {
 }
 
 func (s *Supervisor) listSandboxes(c *call) (any, error) {
-	s.mu.Lock()
-	all := make([]*sandbox, 0, len(s.sandboxes))
-	for _, sb := range s.sandboxes {
-		all = append(all, sb)
-	}
-	s.mu.Unlock()
+	all := s.sandboxes.Sorted()
 	out := make([]sandboxRecord, 0, len(all))
 	for _, sb := range all {
 		out = append(out, sb.View())
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return map[string]any{"sandboxes": out}, nil
 }
 
@@ -515,7 +339,7 @@ func (s *Supervisor) listWorkspaceDirectories(c *call) (any, error) {
 		return nil, bad("path is not a directory: %s", p)
 	}
 	configured := s.cfg.Manager.WorkspaceRoots != nil
-	if configured && !underAny(p, roots) {
+	if configured && !sbx.UnderAny(p, roots) {
 		return nil, bad("path is not under a configured workspace root: %s", p)
 	}
 	ents, err := os.ReadDir(p)
@@ -535,19 +359,10 @@ func (s *Supervisor) listWorkspaceDirectories(c *call) (any, error) {
 		dirs = append(dirs, dirEntry{Name: e.Name(), Path: filepath.Join(p, e.Name())})
 	}
 	var parent any = filepath.Dir(p)
-	if p == "/" || (configured && isRoot(p, roots)) {
+	if p == "/" || (configured && sbx.IsRoot(p, roots)) {
 		parent = nil
 	}
 	return map[string]any{"path": p, "parent": parent, "truncated": truncated, "directories": dirs}, nil
-}
-
-func isRoot(p string, roots []string) bool {
-	for _, r := range roots {
-		if filepath.Clean(r) == p {
-			return true
-		}
-	}
-	return false
 }
 
 // recover loads every sandbox record at start (§4.5): creating ones are
@@ -591,7 +406,7 @@ func (s *Supervisor) recover(ctx context.Context) error {
 			_ = s.store.putSandbox(ctx, &sb.Rec)
 			s.log.Error("recovery: sandbox failed", "sandbox", rec.ID, "err", err)
 		}
-		s.sandboxes[rec.ID] = sb
+		s.sandboxes.Put(sb)
 		if sb.Rec.Rootfs != "host" {
 			s.images.Hold(sb.Rec.Rootfs)
 			if err := s.loadImageEnv(sb); err != nil {

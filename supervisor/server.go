@@ -19,6 +19,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/images"
+	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/web"
 )
 
@@ -60,7 +61,8 @@ type Supervisor struct {
 
 	mu        sync.Mutex
 	admitMu   sync.Mutex // admission's check-and-reserve (admission.go)
-	sandboxes map[string]*sandbox
+	sandboxes *sbx.Registry[*occupants]
+	squasher  *sbx.Squasher[*occupants]
 	exports   exportGate       // serializes export_changes per sandbox
 	protected *layers.Patterns // runtime.publish.protected_paths, compiled once
 	images    *images.Cache    // image → rootfs cache (§4.2 step 2)
@@ -128,10 +130,11 @@ func Serve(ctx context.Context, opt Options) error {
 
 	s := &Supervisor{
 		cfg: cfg, dirs: dirs, log: log, ids: newIDSource(), store: st, version: opt.Version,
-		started: time.Now(), self: self, sandboxes: map[string]*sandbox{},
+		started: time.Now(), self: self, sandboxes: sbx.NewRegistry[*occupants](),
 		conns: make(chan struct{}, cfg.Supervisor.MaxConcurrentConnections),
 	}
 	s.protected = layers.CompilePatterns(cfg.Runtime.Publish.ProtectedPaths)
+	s.squasher = s.newSquasher()
 	s.obs = newObsRegistry(cfg, dirs.Data) // stores are created on first append
 	s.shimPath = execShim(self)
 	s.probes = runProbes(ctx, self, dirs.Data, log)

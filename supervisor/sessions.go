@@ -135,9 +135,9 @@ func notFoundSession(id string) *catalog.Error {
 }
 
 // lookupSession finds a live session of the sandbox.
-func (sb *sandbox) lookupSession(id string) (*session, *catalog.Error) {
+func lookupSession(sb *sandbox, id string) (*session, *catalog.Error) {
 	sb.Mu.Lock()
-	ss := sb.sessions[id]
+	ss := sb.Work.sessions[id]
 	sb.Mu.Unlock()
 	if ss == nil {
 		return nil, notFoundSession(id)
@@ -164,15 +164,15 @@ func (ss *session) admit() *catalog.Error {
 
 func (s *Supervisor) sessionCount() int {
 	s.mu.Lock()
-	all := make([]*sandbox, 0, len(s.sandboxes))
-	for _, sb := range s.sandboxes {
+	all := make([]*sandbox, 0, s.sandboxes.Len())
+	for _, sb := range s.sandboxes.All() {
 		all = append(all, sb)
 	}
 	s.mu.Unlock()
 	n := 0
 	for _, sb := range all {
 		sb.Mu.Lock()
-		n += len(sb.sessions)
+		n += len(sb.Work.sessions)
 		sb.Mu.Unlock()
 	}
 	return n
@@ -198,7 +198,7 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 	if e != nil {
 		return nil, e
 	}
-	defer sl.release() // a no-op once the session is in sb.sessions
+	defer sl.release() // a no-op once the session is in sb.Work.sessions
 	id := s.ids.new("ws-")
 	lease, err := sb.Stack.Acquire("workspace-session:" + id)
 	if err != nil {
@@ -241,7 +241,7 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 		return nil, err
 	}
 	sb.Mu.Lock()
-	sb.sessions[id] = ss
+	sb.Work.sessions[id] = ss
 	sl.releaseLocked()
 	sb.Rec.LiveWorkspaceSessions = append(sb.Rec.LiveWorkspaceSessions, id)
 	sb.Mu.Unlock()
@@ -490,7 +490,7 @@ func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session,
 		removeTree(gone)
 	}
 	sb.Mu.Lock()
-	delete(sb.sessions, ss.id())
+	delete(sb.Work.sessions, ss.id())
 	live := sb.Rec.LiveWorkspaceSessions[:0]
 	for _, id := range sb.Rec.LiveWorkspaceSessions {
 		if id != ss.id() {
@@ -540,7 +540,7 @@ func (s *Supervisor) createWorkspaceSession(c *call) (any, error) {
 }
 
 func (s *Supervisor) destroyWorkspaceSession(c *call) (any, error) {
-	ss, e := c.sb.lookupSession(c.args.String("workspace_session_id"))
+	ss, e := lookupSession(c.sb, c.args.String("workspace_session_id"))
 	if e != nil {
 		return nil, e
 	}
@@ -572,8 +572,8 @@ func (s *Supervisor) destroyWorkspaceSession(c *call) (any, error) {
 
 func (s *Supervisor) listWorkspaceSessions(c *call) (any, error) {
 	c.sb.Mu.Lock()
-	all := make([]*session, 0, len(c.sb.sessions))
-	for _, ss := range c.sb.sessions {
+	all := make([]*session, 0, len(c.sb.Work.sessions))
+	for _, ss := range c.sb.Work.sessions {
 		all = append(all, ss)
 	}
 	c.sb.Mu.Unlock()
@@ -606,7 +606,7 @@ func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox, sum *reco
 		ss := &session{rec: rec, dir: filepath.Join(sb.Dir, "sessions", rec.WorkspaceSessionID), ledger: map[string]*command{},
 			lease: sb.Stack.Restore(rec.Lease.LeaseID, m, "workspace-session:"+rec.WorkspaceSessionID)}
 		sb.Mu.Lock()
-		sb.sessions[rec.WorkspaceSessionID] = ss
+		sb.Work.sessions[rec.WorkspaceSessionID] = ss
 		sb.Rec.LiveWorkspaceSessions = append(sb.Rec.LiveWorkspaceSessions, rec.WorkspaceSessionID)
 		sb.Mu.Unlock()
 		if ss.implicit() {

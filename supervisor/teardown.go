@@ -18,8 +18,8 @@ import (
 // stopped (supervisor shutdown, §4.5).
 func (s *Supervisor) stopSessions(ctx context.Context, sb *sandbox, destroy bool, progress func(string)) {
 	sb.Mu.Lock()
-	all := make([]*session, 0, len(sb.sessions))
-	for _, ss := range sb.sessions {
+	all := make([]*session, 0, len(sb.Work.sessions))
+	for _, ss := range sb.Work.sessions {
 		all = append(all, ss)
 	}
 	sb.Mu.Unlock()
@@ -80,8 +80,8 @@ func (s *Supervisor) interrupt(sb *sandbox, ss *session, cmd *command, grace tim
 // shutdown stops every sandbox's sessions when the supervisor exits.
 func (s *Supervisor) shutdown(ctx context.Context) {
 	s.mu.Lock()
-	all := make([]*sandbox, 0, len(s.sandboxes))
-	for _, sb := range s.sandboxes {
+	all := make([]*sandbox, 0, s.sandboxes.Len())
+	for _, sb := range s.sandboxes.All() {
 		all = append(all, sb)
 	}
 	s.mu.Unlock()

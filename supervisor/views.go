@@ -192,8 +192,8 @@ func cgroupLines(pidDir string) []string {
 // sandboxesSorted returns the registered sandboxes ordered by ID.
 func (s *Supervisor) sandboxesSorted() []*sandbox {
 	s.mu.Lock()
-	all := make([]*sandbox, 0, len(s.sandboxes))
-	for _, sb := range s.sandboxes {
+	all := make([]*sandbox, 0, s.sandboxes.Len())
+	for _, sb := range s.sandboxes.All() {
 		all = append(all, sb)
 	}
 	s.mu.Unlock()
@@ -202,10 +202,10 @@ func (s *Supervisor) sandboxesSorted() []*sandbox {
 }
 
 // sessionsSorted returns the sandbox's live sessions ordered by ID.
-func (sb *sandbox) sessionsSorted() []*session {
+func sessionsSorted(sb *sandbox) []*session {
 	sb.Mu.Lock()
-	all := make([]*session, 0, len(sb.sessions))
-	for _, ss := range sb.sessions {
+	all := make([]*session, 0, len(sb.Work.sessions))
+	for _, ss := range sb.Work.sessions {
 		all = append(all, ss)
 	}
 	sb.Mu.Unlock()
@@ -271,7 +271,7 @@ func (s *Supervisor) daemon(c *call) (any, error) {
 	}
 	holders := []map[string]any{}
 	for _, sb := range sbs {
-		for _, ss := range sb.sessionsSorted() {
+		for _, ss := range sessionsSorted(sb) {
 			pid := ss.holderPid()
 			if pid <= 0 {
 				continue
@@ -349,7 +349,7 @@ type topoWorkspace struct {
 }
 
 func (s *Supervisor) topology(c *call) (any, error) {
-	return map[string]any{"view": "topology", "scope": "sandbox", "topology": buildTopology("/proc", c.sb.sessionsSorted())}, nil
+	return map[string]any{"view": "topology", "scope": "sandbox", "topology": buildTopology("/proc", sessionsSorted(c.sb))}, nil
 }
 
 // buildTopology does one scan of procRoot and groups the processes that
@@ -921,7 +921,7 @@ func (s *Supervisor) layerstackLayer(sb *sandbox, id string, limit, depth int) (
 }
 
 func (s *Supervisor) layerstackWorkspace(sb *sandbox, id string, nodes, depth int) (any, error) {
-	ss, e := sb.lookupSession(id)
+	ss, e := lookupSession(sb, id)
 	if e != nil {
 		return nil, e
 	}
@@ -1013,8 +1013,8 @@ func (s *Supervisor) snapshotNode(sb *sandbox) map[string]any {
 	}
 	// Running commands by session.
 	sb.Mu.Lock()
-	cmds := make([]*command, 0, len(sb.commands))
-	for _, cmd := range sb.commands {
+	cmds := make([]*command, 0, len(sb.Work.commands))
+	for _, cmd := range sb.Work.commands {
 		cmds = append(cmds, cmd)
 	}
 	sb.Mu.Unlock()
@@ -1031,7 +1031,7 @@ func (s *Supervisor) snapshotNode(sb *sandbox) map[string]any {
 			"lifecycle_state": "running", "command": cr.Cmd})
 	}
 	workspaces := []map[string]any{}
-	for _, ss := range sb.sessionsSorted() {
+	for _, ss := range sessionsSorted(sb) {
 		r := ss.record()
 		pid := ss.holderPid()
 		var holder any
