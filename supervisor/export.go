@@ -14,8 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
-	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
 )
 
 // export_changes (§3.2, §8.9): fold every non-base layer of head under a
