@@ -2,6 +2,8 @@ package supervisor
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 
@@ -64,3 +66,63 @@ type sweptSession struct{ ss *session }
 func (o sweptSession) ID() string            { return o.ss.id() }
 func (o sweptSession) Base() layers.Manifest { return o.ss.base() }
 func (o sweptSession) Gone() bool            { return o.ss.isGone() }
+
+func (s *Supervisor) destroySandbox(c *call) (any, error) {
+	return s.sbm.Destroy(c.ctx, c.args.String("sandbox_id"), c.progress)
+}
+
+// bump records a client-visible change (§4.4).
+func (s *Supervisor) bump(ctx context.Context, sb *sandbox) { s.sbm.Bump(ctx, sb) }
+
+// removeSandbox deletes everything a sandbox owns: directory, command
+// transcripts, records, registry entry.
+func (s *Supervisor) removeSandbox(ctx context.Context, sb *sandbox) error {
+	return s.sbm.Remove(ctx, sb)
+}
+
+// newSandboxManager wires the registry's lifecycle to the state database,
+// the sessions, the cgroups, the observability stores and the image cache.
+// The closures read s's fields when called: some are set after wiring.
+func (s *Supervisor) newSandboxManager() *sbx.Manager[*occupants] {
+	return &sbx.Manager[*occupants]{
+		Reg:          s.sandboxes,
+		Store:        sandboxStore{s.store},
+		Log:          s.log,
+		Occupants:    sandboxOccupants{s},
+		Detach:       func(id string) { s.cgroups.removeSandbox(id) },
+		Seal:         func(dir string) { s.obs.seal(dir) },
+		ReleaseImage: func(rootfs string) { s.images.Release(rootfs) },
+	}
+}
+
+// sandboxStore is the state database as the sandbox package uses it.
+type sandboxStore struct{ st *store }
+
+func (a sandboxStore) PutSandbox(ctx context.Context, rec *sbx.Record) error {
+	return a.st.putSandbox(ctx, rec)
+}
+
+func (a sandboxStore) DeleteSandboxRows(ctx context.Context, id string) error {
+	return a.st.deleteSandboxRows(ctx, id)
+}
+
+// sandboxOccupants are the sessions and commands of a sandbox as its
+// lifecycle sees them.
+type sandboxOccupants struct{ s *Supervisor }
+
+func (o sandboxOccupants) Stop(ctx context.Context, sb *sandbox, progress func(string)) {
+	o.s.stopSessions(ctx, sb, true, progress)
+}
+
+// Forget removes the transcripts of sb's commands.
+func (o sandboxOccupants) Forget(sb *sandbox) {
+	sb.Mu.Lock()
+	ids := make([]string, 0, len(sb.Work.commands))
+	for id := range sb.Work.commands {
+		ids = append(ids, id)
+	}
+	sb.Mu.Unlock()
+	for _, id := range ids {
+		os.RemoveAll(filepath.Join(o.s.dirs.Data, "commands", id))
+	}
+}

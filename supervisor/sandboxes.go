@@ -61,17 +61,6 @@ func (s *Supervisor) resolveSandbox(id string, readOnly bool) (*sandbox, *catalo
 	return s.sandboxes.Resolve(id, readOnly)
 }
 
-// bump records a client-visible change (§4.4).
-func (s *Supervisor) bump(ctx context.Context, sb *sandbox) {
-	sb.Mu.Lock()
-	sb.Rec.ActivityRevision++
-	rec := sb.Rec
-	sb.Mu.Unlock()
-	if err := s.store.putSandbox(ctx, &rec); err != nil {
-		s.log.Warn("persist activity revision", "sandbox", rec.ID, "err", err)
-	}
-}
-
 func (s *Supervisor) createSandbox(c *call) (any, error) {
 	image := c.args.String("image")
 	root, err := s.checkWorkspaceRoot(c.args.String("workspace_root"))
@@ -219,74 +208,8 @@ func (s *Supervisor) checkWorkspaceRoot(p string) (string, error) {
 	return sbx.CheckWorkspaceRoot(p, []string{s.dirs.Data, s.dirs.Config, s.dirs.Runtime}, s.cfg.Manager.WorkspaceRoots)
 }
 
-// removeSandbox deletes everything a sandbox owns: directory, command
-// transcripts, records, registry entry.
-func (s *Supervisor) removeSandbox(ctx context.Context, sb *sandbox) error {
-	s.cgroups.removeSandbox(sb.Rec.ID)
-	sb.StopBackground()
-	s.obs.seal(sb.Dir)
-	removeTree(sb.Dir)
-	if _, err := os.Stat(sb.Dir); err == nil {
-		return fmt.Errorf("remove %s: still present", sb.Dir)
-	}
-	sb.Mu.Lock()
-	ids := make([]string, 0, len(sb.Work.commands))
-	for id := range sb.Work.commands {
-		ids = append(ids, id)
-	}
-	sb.Mu.Unlock()
-	for _, id := range ids {
-		os.RemoveAll(filepath.Join(s.dirs.Data, "commands", id))
-	}
-	if err := s.store.deleteSandboxRows(ctx, sb.Rec.ID); err != nil {
-		return err
-	}
-	s.sandboxes.Delete(sb.Rec.ID)
-	return nil
-}
-
 func (s *Supervisor) lookupForManagement(id string) (*sandbox, *catalog.Error) {
 	return s.sandboxes.Lookup(id)
-}
-
-func (s *Supervisor) destroySandbox(c *call) (any, error) {
-	sb, e := s.lookupForManagement(c.args.String("sandbox_id"))
-	if e != nil {
-		return nil, e
-	}
-	sb.Mu.Lock()
-	state := sb.Rec.State
-	if state == stateCreating || state == stateStopping {
-		sb.Mu.Unlock()
-		return nil, sb.BusyError()
-	}
-	sb.Rec.State = stateStopping
-	rec := sb.Rec
-	sb.Mu.Unlock()
-	if err := s.store.putSandbox(c.ctx, &rec); err != nil {
-		return nil, err
-	}
-	c.progress("waiting for in-flight operations of " + rec.ID)
-	sb.Gate.Lock() // new requests already see stopping; wait for the running ones
-	defer sb.Gate.Unlock()
-	s.stopSessions(c.ctx, sb, true, c.progress)
-	final := sb.View()
-	c.progress("removing " + sb.Dir)
-	if err := s.removeSandbox(c.ctx, sb); err != nil {
-		sb.Mu.Lock()
-		sb.Rec.State, sb.Rec.Error = stateFailed, err.Error()
-		rec := sb.Rec
-		sb.Mu.Unlock()
-		_ = s.store.putSandbox(c.ctx, &rec)
-		return nil, catalog.Errorf(catalog.OperationFailed, "destroy sandbox %s: %v", rec.ID, err).With("sandbox_id", rec.ID)
-	}
-	if rec.Rootfs != "host" {
-		s.images.Release(rec.Rootfs) // §4.3: the image rootfs reference is released
-	}
-	final.State = stateStopped
-	final.LiveWorkspaceSessions = []string{}
-	final.Error = ""
-	return final, nil
 }
 
 func (s *Supervisor) listSandboxes(c *call) (any, error) {

@@ -63,6 +63,7 @@ type Supervisor struct {
 	admitMu   sync.Mutex // admission's check-and-reserve (admission.go)
 	sandboxes *sbx.Registry[*occupants]
 	squasher  *sbx.Squasher[*occupants]
+	sbm       *sbx.Manager[*occupants]
 	exports   exportGate       // serializes export_changes per sandbox
 	protected *layers.Patterns // runtime.publish.protected_paths, compiled once
 	images    *images.Cache    // image → rootfs cache (§4.2 step 2)
@@ -135,6 +136,7 @@ func Serve(ctx context.Context, opt Options) error {
 	}
 	s.protected = layers.CompilePatterns(cfg.Runtime.Publish.ProtectedPaths)
 	s.squasher = s.newSquasher()
+	s.sbm = s.newSandboxManager()
 	s.obs = newObsRegistry(cfg, dirs.Data) // stores are created on first append
 	s.shimPath = execShim(self)
 	s.probes = runProbes(ctx, self, dirs.Data, log)
