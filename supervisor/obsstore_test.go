@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
 )
 
 func obsSupervisor(t *testing.T, mutate func(*Config)) *Supervisor {
@@ -26,7 +27,7 @@ func obsSupervisor(t *testing.T, mutate func(*Config)) *Supervisor {
 	}
 	data := t.TempDir()
 	return &Supervisor{cfg: cfg, dirs: catalog.Dirs{Data: data}, ids: newIDSource(),
-		log: slog.New(slog.NewTextHandler(io.Discard, nil)), obs: newObsRegistry(cfg, data)}
+		log: slog.New(slog.NewTextHandler(io.Discard, nil)), obs: newObsRegistry(cfg, data), sandboxes: sbx.NewRegistry[*occupants]()}
 }
 
 func obsSandbox(t *testing.T, s *Supervisor, id string) *sandbox {

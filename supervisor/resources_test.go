@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
 )
 
 func resSegSizes(t *testing.T, dir string) (cur, rot int64) {
@@ -250,7 +251,7 @@ func obsSupervisorB(b *testing.B) *Supervisor {
 	cfg := DefaultConfig()
 	data := b.TempDir()
 	return &Supervisor{cfg: cfg, dirs: catalog.Dirs{Data: data}, ids: newIDSource(),
-		log: slog.New(slog.NewTextHandler(io.Discard, nil)), obs: newObsRegistry(cfg, data)}
+		log: slog.New(slog.NewTextHandler(io.Discard, nil)), obs: newObsRegistry(cfg, data), sandboxes: sbx.NewRegistry[*occupants]()}
 }
 
 func TestSampleHead(t *testing.T) {
