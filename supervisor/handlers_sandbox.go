@@ -26,11 +26,8 @@ func (s *Supervisor) notifyAutosquash(sb *sandbox, reason string) {
 // spans, state and live sessions.
 func (s *Supervisor) newSquasher() *sbx.Squasher[*occupants] {
 	return &sbx.Squasher[*occupants]{
-		Log: s.log,
-		Span: func(ctx context.Context, sb *sandbox, origin, name string, attrs map[string]any) (sbx.Span, context.Context) {
-			sp, ctx := s.spanCtx(ctx, sb, origin, name, attrs)
-			return squashSpan{sp}, ctx
-		},
+		Log:       s.log,
+		Span:      s.sandboxSpan,
 		Bump:      s.bump,
 		Occupants: sweepOccupants,
 		Threshold: s.cfg.Runtime.Layerstack.Autosquash.SquashAtNLayers,
@@ -43,11 +40,17 @@ func (s *Supervisor) newSquasher() *sbx.Squasher[*occupants] {
 	}
 }
 
-// squashSpan is a span as the sandbox package records steps.
-type squashSpan struct{ sp *span }
+// sandboxSpan opens a span for the sandbox package.
+func (s *Supervisor) sandboxSpan(ctx context.Context, sb *sandbox, origin, name string, attrs map[string]any) (sbx.Span, context.Context) {
+	sp, ctx := s.spanCtx(ctx, sb, origin, name, attrs)
+	return stepSpan{sp}, ctx
+}
 
-func (q squashSpan) Done(err error, attrs map[string]any)    { q.sp.done(err, attrs) }
-func (q squashSpan) Event(name string, attrs map[string]any) { q.sp.event(name, attrs) }
+// stepSpan is a span as the sandbox package records steps.
+type stepSpan struct{ sp *span }
+
+func (q stepSpan) Done(err error, attrs map[string]any)    { q.sp.done(err, attrs) }
+func (q stepSpan) Event(name string, attrs map[string]any) { q.sp.event(name, attrs) }
 
 // sweepOccupants lists sb's live sessions for the squash's remount sweep.
 func sweepOccupants(sb *sandbox) []sbx.Occupant {
@@ -89,6 +92,10 @@ func (s *Supervisor) newSandboxManager() *sbx.Manager[*occupants] {
 		Store:        sandboxStore{s.store},
 		Log:          s.log,
 		Occupants:    sandboxOccupants{s},
+		NewID:        s.ids.new,
+		Dir:          s.sandboxDir,
+		NewWork:      newOccupants,
+		Span:         s.sandboxSpan,
 		Detach:       func(id string) { s.cgroups.removeSandbox(id) },
 		Seal:         func(dir string) { s.obs.seal(dir) },
 		ReleaseImage: func(rootfs string) { s.images.Release(rootfs) },

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
-	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
@@ -46,8 +44,12 @@ type occupants struct {
 	pendingCommands, pendingSessions int
 }
 
+func newOccupants() *occupants {
+	return &occupants{sessions: map[string]*session{}, commands: map[string]*command{}, evicted: map[string]bool{}}
+}
+
 func newSandbox(rec sandboxRecord, dir string) *sandbox {
-	return sbx.New(rec, dir, &occupants{sessions: map[string]*session{}, commands: map[string]*command{}, evicted: map[string]bool{}})
+	return sbx.New(rec, dir, newOccupants())
 }
 
 func nowRFC3339() string { return sbx.NowRFC3339() }
@@ -109,76 +111,15 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 	if img != nil {
 		rootfs, imageEnv = img.ID, img.Env
 	}
-	var created []*sandbox
-	rollback := func() {
-		for i := len(created) - 1; i >= 0; i-- {
-			s.removeSandbox(c.ctx, created[i])
-		}
+	created, err := s.sbm.Create(c.ctx, sbx.CreateSpec{
+		Count: int(count), Name: name, WorkspaceRoot: c.args.String("workspace_root"), Root: root, SnapRoot: snapRoot,
+		Git: origin, Image: image, Rootfs: rootfs, ImageEnv: imageEnv, OverlayDriver: driver,
+		ResourceProfile: resourceProfileRec{Name: s.cfg.Sandbox.ResourceProfile, ResourceLimits: sbx.ResourceLimits(s.cfg.ResourceProfiles[s.cfg.Sandbox.ResourceProfile])},
+		MaxEntries:      s.cfg.Manager.MaxWorkspaceEntries,
+	}, c.progress)
+	if err != nil {
 		releaseImage()
-	}
-	var first *layers.Stack
-	for i := uint64(0); i < count; i++ {
-		id := s.ids.new("sbx-")
-		sb := newSandbox(sandboxRecord{
-			ID: id, Name: name, WorkspaceRoot: c.args.String("workspace_root"), Image: image, Rootfs: rootfs,
-			OverlayDriver: driver, State: stateCreating, CreatedAt: nowRFC3339(),
-			LiveWorkspaceSessions: []string{}, RecoveryArtifacts: []recoveryArtifact{},
-			ResourceProfile: resourceProfileRec{Name: s.cfg.Sandbox.ResourceProfile, ResourceLimits: sbx.ResourceLimits(s.cfg.ResourceProfiles[s.cfg.Sandbox.ResourceProfile])},
-			Git:             origin,
-		}, s.sandboxDir(id))
-		sb.ImageEnv = imageEnv
-		// The record is persisted as creating first so a crash mid-snapshot is rolled back at start.
-		if err := s.store.putSandbox(c.ctx, &sb.Rec); err != nil {
-			rollback()
-			return nil, err
-		}
-		s.sandboxes.Put(sb)
-		created = append(created, sb)
-		stackDir := filepath.Join(sb.Dir, "layerstack")
-		var st *layers.Stack
-		var serr error
-		if first == nil {
-			c.progress(fmt.Sprintf("snapshotting %s into %s", root, id))
-			var stats layers.SnapshotStats
-			sp, _ := s.spanCtx(c.ctx, nil, "", "workspace.snapshot", map[string]any{"sandbox_id": id, "workspace_root": root})
-			st, stats, serr = layers.Create(c.ctx, stackDir, snapRoot, layers.SnapshotOptions{
-				MaxEntries: s.cfg.Manager.MaxWorkspaceEntries,
-				Progress:   throttledProgress(c.progress),
-			})
-			sp.done(serr, map[string]any{"files": stats.Files, "dirs": stats.Dirs, "symlinks": stats.Symlinks, "bytes": stats.Bytes})
-			if serr == nil {
-				c.progress(fmt.Sprintf("snapshot done: %d files, %d directories, %d symlinks, %d bytes", stats.Files, stats.Dirs, stats.Symlinks, stats.Bytes))
-			}
-			first = st
-		} else {
-			c.progress(fmt.Sprintf("linking the base of %s", id))
-			st, serr = layers.CreateSibling(c.ctx, stackDir, first)
-		}
-		if serr != nil {
-			rollback()
-			return nil, fmt.Errorf("snapshot workspace %s: %w", root, serr)
-		}
-		sb.Stack = st
-		m, err := st.Head()
-		if err != nil {
-			rollback()
-			return nil, err
-		}
-		base, err := os.ReadFile(filepath.Join(stackDir, ".layer-metadata", "B000001-base.digest"))
-		if err != nil {
-			rollback()
-			return nil, fmt.Errorf("read base root hash: %w", err)
-		}
-		sb.Mu.Lock()
-		sb.Rec.SharedBase = sharedBase{Source: sb.Rec.WorkspaceRoot, Target: "/workspace", RootHash: strings.TrimSpace(string(base)), Readonly: true}
-		sb.Rec.LayerCount = len(m.Layers)
-		sb.Rec.State = stateReady
-		rec := sb.Rec
-		sb.Mu.Unlock()
-		if err := s.store.putSandbox(c.ctx, &rec); err != nil {
-			rollback()
-			return nil, err
-		}
+		return nil, err
 	}
 	if count == 1 {
 		return created[0].View(), nil
@@ -188,18 +129,6 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 		out[i] = sb.View()
 	}
 	return map[string]any{"sandboxes": out}, nil
-}
-
-// throttledProgress reports snapshot counts at most about once per second.
-func throttledProgress(progress func(string)) func(files, dirs int) {
-	var last time.Time
-	return func(files, dirs int) {
-		if time.Since(last) < time.Second {
-			return
-		}
-		last = time.Now()
-		progress(fmt.Sprintf("snapshot: %d files, %d directories so far", files, dirs))
-	}
 }
 
 // checkWorkspaceRoot applies create_sandbox's workspace_root rules and returns

@@ -36,6 +36,13 @@ type Manager[W any] struct {
 	Store     Store
 	Log       *slog.Logger
 	Occupants Occupants[W]
+	// NewID makes a new ID with prefix; Dir is the directory of sandbox id;
+	// NewWork is a new sandbox's empty occupants.
+	NewID   func(prefix string) string
+	Dir     func(id string) string
+	NewWork func() W
+	// Span opens a span (of sb when not nil; a child when ctx carries one).
+	Span func(ctx context.Context, sb *Sandbox[W], origin, name string, attrs map[string]any) (Span, context.Context)
 	// Detach drops what the supervisor keeps of sb outside the registry
 	// before its directory goes (its cgroup); Seal seals the sandbox's
 	// event, span and resource stores below dir, whose later appends are
