@@ -67,6 +67,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
 )
 
 // gitEnv is the environment of every git command: the supervisor's without
@@ -528,7 +529,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	}
 	ref := "refs/heads/" + branch
 
-	lease, release, err := s.exportLease(c, sb, id)
+	lease, release, err := s.exporter.Lease(sb, id, c.req.RequestID)
 	if err != nil {
 		return nil, err
 	}
@@ -558,7 +559,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 
 	tmp, err := os.MkdirTemp(sb.Dir, ".git-export-")
 	if err != nil {
-		return nil, exportError(err)
+		return nil, sbx.ExportError(err)
 	}
 	defer os.RemoveAll(tmp)
 	r := &gitRepo{ctx: ctx, gitDir: gitDir, tmp: tmp}
@@ -589,7 +590,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	if oldTip != "" && !c.args.Bool("force") {
 		tr, err := r.trailers(oldTip)
 		if err != nil {
-			return nil, exportError(err)
+			return nil, sbx.ExportError(err)
 		}
 		ours := tr["Sandbox-Id"] == id
 		switch {
@@ -608,7 +609,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 
 	tree, err := r.treeOf(parent)
 	if err != nil {
-		return nil, exportError(err)
+		return nil, sbx.ExportError(err)
 	}
 	committer := r.committer()
 	res := exportGitResult{ManifestVersion: m.Version, Format: "git", Branch: branch, GitDir: gitDir,
@@ -627,14 +628,14 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	if !dirtyIn {
 		bt, err := s.baseGitTree(r, sb.Stack.LayerDir(base), head, prefix, tree)
 		if err != nil {
-			return nil, exportError(err)
+			return nil, sbx.ExportError(err)
 		}
 		if since >= 0 {
 			tree = bt // skipped: the first commit carries it
 		} else if !bt.equal(tree) {
 			oid, err := r.writeTree(bt)
 			if err != nil {
-				return nil, exportError(err)
+				return nil, sbx.ExportError(err)
 			}
 			msg := fmt.Sprintf("Snapshot of the working tree of %s\n\nThe uncommitted state sandbox %s was created from.\n\nSandbox-Id: %s\nLayer: %s\n",
 				sb.Rec.WorkspaceRoot, id, id, layers.BaseLayerID)
@@ -642,7 +643,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 			au.date = sb.Rec.CreatedAt
 			commit, err := r.commitTree(oid, parent, msg, au, committer)
 			if err != nil {
-				return nil, exportError(err)
+				return nil, sbx.ExportError(err)
 			}
 			note := s.traceRecord(ctx, sb, commit, ts, map[string]any{"sandbox_id": id, "layer_id": layers.BaseLayerID, "snapshot": true},
 				changedFiles(tree, bt, prefix), layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: 1, Layers: m.Layers[len(m.Layers)-1:]})
@@ -673,7 +674,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	for i := applied + 1; i < start; i++ { // skipped by since: carried by the first commit
 		next, _, _, _, err := step(i, tree)
 		if err != nil {
-			return nil, exportError(err)
+			return nil, sbx.ExportError(err)
 		}
 		tree = next
 	}
@@ -682,11 +683,11 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		l := chain[i]
 		next, written, fold, lm, err := step(i, tree)
 		if err != nil {
-			return nil, exportError(err)
+			return nil, sbx.ExportError(err)
 		}
 		oid, err := r.writeTree(next)
 		if err != nil {
-			return nil, exportError(err)
+			return nil, sbx.ExportError(err)
 		}
 		lo, lerr := s.layerOrigin(ctx, id, l.LayerID)
 		if lerr != nil {
@@ -707,7 +708,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		}
 		commit, err := r.commitTree(oid, parent, msg, au, committer)
 		if err != nil {
-			return nil, exportError(err)
+			return nil, sbx.ExportError(err)
 		}
 		meta := map[string]any{"sandbox_id": id, "layer_id": l.LayerID, "manifest_version": lm.Version, "owner": lo.owner.Owner,
 			"workspace_session_id": nullable(sessID), "agent": nullable(lo.owner.Agent)}
@@ -729,7 +730,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		env := []string{"GIT_COMMITTER_NAME=" + committer.name, "GIT_COMMITTER_EMAIL=" + committer.email,
 			"GIT_AUTHOR_NAME=" + committer.name, "GIT_AUTHOR_EMAIL=" + committer.email}
 		if _, err := r.run(env, bytes.NewReader(n.note), "notes", "--ref=agent-trace", "add", "-f", "-F", "-", n.commit); err != nil {
-			return nil, exportError(err)
+			return nil, sbx.ExportError(err)
 		}
 	}
 	old := oldTip

@@ -2,6 +2,8 @@ package supervisor
 
 import (
 	"context"
+
+	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"os"
 	"path/filepath"
 
@@ -132,4 +134,33 @@ func (o sandboxOccupants) Forget(sb *sandbox) {
 	for _, id := range ids {
 		os.RemoveAll(filepath.Join(o.s.dirs.Data, "commands", id))
 	}
+}
+
+func (s *Supervisor) exportChanges(c *call) (any, error) {
+	format := c.args.String("format")
+	if format == "" {
+		format = "dir"
+	}
+	if format == "git" {
+		return s.exportGit(c)
+	}
+	if !c.args.Has("dest") {
+		return nil, catalog.Errorf(catalog.InvalidRequest, "format %s needs dest", format).With("argument", "dest")
+	}
+	dest, err := sbx.CheckExportDest(c.args.String("dest"), format, []string{s.dirs.Data, s.dirs.Config, s.dirs.Runtime})
+	if err != nil {
+		return nil, err
+	}
+	ex := s.cfg.Manager.Export
+	return s.exporter.Export(c.ctx, sbx.ExportSpec{
+		SandboxID: c.args.String("sandbox_id"), Format: format, Dest: dest, RequestID: c.req.RequestID,
+		Caps:      layers.ExportCaps{MaxStreamBytes: ex.MaxStreamBytes, MaxDecompressedBytes: ex.MaxDecompressedBytes, MaxApplyEntries: ex.MaxApplyEntries},
+		ZstdLevel: s.cfg.Runtime.Layerstack.SpoolZstdLevel,
+	}, c.progress)
+}
+
+// readStack resolves a ready sandbox for an operation that works on its
+// layer stack and read-holds its gate, so destroy waits; done releases it.
+func (s *Supervisor) readStack(id string) (sb *sandbox, done func(), e *catalog.Error) {
+	return s.sandboxes.ReadStack(id)
 }

@@ -64,10 +64,10 @@ type Supervisor struct {
 	sandboxes *sbx.Registry[*occupants]
 	squasher  *sbx.Squasher[*occupants]
 	sbm       *sbx.Manager[*occupants]
-	exports   exportGate       // serializes export_changes per sandbox
-	protected *layers.Patterns // runtime.publish.protected_paths, compiled once
-	images    *images.Cache    // image → rootfs cache (§4.2 step 2)
-	docker    dockerProbe      // Docker Engine reachability at start (health)
+	exporter  *sbx.Exporter[*occupants] // export_changes dir/tar; serializes exports per sandbox
+	protected *layers.Patterns          // runtime.publish.protected_paths, compiled once
+	images    *images.Cache             // image → rootfs cache (§4.2 step 2)
+	docker    dockerProbe               // Docker Engine reachability at start (health)
 
 	draining atomic.Bool
 	inflight sync.WaitGroup
@@ -137,6 +137,7 @@ func Serve(ctx context.Context, opt Options) error {
 	s.protected = layers.CompilePatterns(cfg.Runtime.Publish.ProtectedPaths)
 	s.squasher = s.newSquasher()
 	s.sbm = s.newSandboxManager()
+	s.exporter = &sbx.Exporter[*occupants]{Reg: s.sandboxes, Log: log}
 	s.obs = newObsRegistry(cfg, dirs.Data) // stores are created on first append
 	s.shimPath = execShim(self)
 	s.probes = runProbes(ctx, self, dirs.Data, log)
