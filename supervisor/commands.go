@@ -58,7 +58,7 @@ type command struct {
 	mu      sync.Mutex
 	rec     commandRecord
 	dir     string
-	tr      *transcript
+	tr      *Transcript
 	proc    *nsholder.Process
 	ss      *session
 	cursor  int
@@ -205,7 +205,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create transcript directory: %w", err)
 	}
-	tr, err := newTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
+	tr, err := NewTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("create transcript: %w", err)
@@ -265,8 +265,8 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	return cmd, nil
 }
 
-func (s *Supervisor) transcriptOptions() transcriptOptions {
-	return transcriptOptions{
+func (s *Supervisor) transcriptOptions() TranscriptOptions {
+	return TranscriptOptions{
 		MaxBytes:    s.cfg.Runtime.Command.MaxTranscriptBytes,
 		WindowBytes: int64(s.cfg.Runtime.Command.MaxTranscriptWindowBytes),
 		IdleCommit:  100 * time.Millisecond,
@@ -603,7 +603,7 @@ func (c *command) output(rows []string, first, end, truncBefore int, start time.
 	out := map[string]any{
 		"status": status, "exit_code": exit, "wall_time_seconds": time.Since(start).Seconds(),
 		"command_total_time_seconds": total, "start_offset": first, "end_offset": end, "total_lines": c.tr.Total(),
-		"original_token_count": tokenCount(text), "output": text,
+		"original_token_count": TokenCount(text), "output": text,
 		"command_session_id": r.CommandSessionID, "workspace_session_id": r.WorkspaceSessionID,
 	}
 	if truncBefore > 0 {
@@ -640,7 +640,7 @@ func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted
 	sort.Slice(recs, func(i, j int) bool { return recs[i].CommandSessionID < recs[j].CommandSessionID })
 	for _, r := range recs {
 		dir := filepath.Join(s.dirs.Data, "commands", r.CommandSessionID)
-		tr, err := openTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
+		tr, err := OpenTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
 		if err != nil {
 			s.log.Warn("reopen transcript", "command", r.CommandSessionID, "err", err)
 			continue

@@ -94,7 +94,7 @@ func (t cmdTranscript) Rows(cursor, limit int) ([]string, int, int) {
 	return rows, first, end
 }
 
-func (t cmdTranscript) Changed() <-chan struct{} { return t.cmd.tr.changed() }
+func (t cmdTranscript) Changed() <-chan struct{} { return t.cmd.tr.Changed() }
 func (t cmdTranscript) Done() <-chan struct{}    { return t.cmd.done }
 
 func (t cmdTranscript) Result() map[string]any {
