@@ -16,6 +16,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // Command statuses (§3.3).
@@ -58,7 +59,7 @@ type command struct {
 	mu      sync.Mutex
 	rec     commandRecord
 	dir     string
-	tr      *Transcript
+	tr      *workspace.Transcript
 	proc    *nsholder.Process
 	ss      *session
 	cursor  int
@@ -205,7 +206,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create transcript directory: %w", err)
 	}
-	tr, err := NewTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
+	tr, err := workspace.NewTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("create transcript: %w", err)
@@ -265,8 +266,8 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	return cmd, nil
 }
 
-func (s *Supervisor) transcriptOptions() TranscriptOptions {
-	return TranscriptOptions{
+func (s *Supervisor) transcriptOptions() workspace.TranscriptOptions {
+	return workspace.TranscriptOptions{
 		MaxBytes:    s.cfg.Runtime.Command.MaxTranscriptBytes,
 		WindowBytes: int64(s.cfg.Runtime.Command.MaxTranscriptWindowBytes),
 		IdleCommit:  100 * time.Millisecond,
@@ -603,7 +604,7 @@ func (c *command) output(rows []string, first, end, truncBefore int, start time.
 	out := map[string]any{
 		"status": status, "exit_code": exit, "wall_time_seconds": time.Since(start).Seconds(),
 		"command_total_time_seconds": total, "start_offset": first, "end_offset": end, "total_lines": c.tr.Total(),
-		"original_token_count": TokenCount(text), "output": text,
+		"original_token_count": workspace.TokenCount(text), "output": text,
 		"command_session_id": r.CommandSessionID, "workspace_session_id": r.WorkspaceSessionID,
 	}
 	if truncBefore > 0 {
@@ -640,7 +641,7 @@ func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted
 	sort.Slice(recs, func(i, j int) bool { return recs[i].CommandSessionID < recs[j].CommandSessionID })
 	for _, r := range recs {
 		dir := filepath.Join(s.dirs.Data, "commands", r.CommandSessionID)
-		tr, err := OpenTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
+		tr, err := workspace.OpenTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
 		if err != nil {
 			s.log.Warn("reopen transcript", "command", r.CommandSessionID, "err", err)
 			continue
