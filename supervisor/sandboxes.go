@@ -2,8 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 
@@ -226,55 +224,35 @@ func (s *Supervisor) recover(ctx context.Context) error {
 	}
 	var sum recoverySummary
 	defer func() { s.recovered(&sum) }()
-	for _, rec := range recs {
-		sb := newSandbox(*rec, s.sandboxDir(rec.ID))
-		sb.Rec.LiveWorkspaceSessions = []string{} // rebuilt from the session records
-		switch rec.State {
-		case stateCreating, stateStopping, stateStopped:
-			s.log.Info("recovery: removing sandbox", "sandbox", rec.ID, "state", rec.State)
-			if err := s.removeSandbox(ctx, sb); err != nil {
-				s.log.Error("recovery: remove sandbox", "sandbox", rec.ID, "err", err)
-			}
-			sum.removeSandbox(rec.ID, rec.State)
-			continue
-		}
-		st, err := layers.Open(filepath.Join(sb.Dir, "layerstack"))
-		if err == nil {
-			if m, herr := st.Head(); herr != nil || len(m.Layers) == 0 {
-				err = fmt.Errorf("layerstack manifest of %s is missing or empty", rec.ID)
-			}
-		}
-		if err == nil {
-			sb.Stack = st
-			var res layers.SweepResult
-			res, err = st.Sweep(s.persistedLeases(ctx, sb))
-			if err == nil {
-				s.bootSweepEvent(sb, res)
-				sum.sweep(res)
-			}
-		}
-		if err != nil && !errors.Is(err, context.Canceled) {
-			sb.Rec.State, sb.Rec.Error = stateFailed, err.Error()
-			_ = s.store.putSandbox(ctx, &sb.Rec)
-			s.log.Error("recovery: sandbox failed", "sandbox", rec.ID, "err", err)
-		}
-		s.sandboxes.Put(sb)
-		if sb.Rec.Rootfs != "host" {
-			s.images.Hold(sb.Rec.Rootfs)
-			if err := s.loadImageEnv(sb); err != nil {
-				s.log.Error("recovery: image of sandbox", "sandbox", rec.ID, "err", err)
-			}
-		}
-		if sb.Rec.State == stateFailed {
-			sum.FailedSandboxes = append(sum.FailedSandboxes, rec.ID)
-		}
-		if sb.Rec.State == stateReady {
-			sum.InterruptedCommands += s.loadCommands(ctx, sb)
-			sum.RemovedSessionDirs += s.removeOrphanSessionDirs(ctx, sb)
-			s.restoreSessions(ctx, sb, &sum)
-			s.notifyAutosquash(sb, "startup")
-		}
-	}
+	s.sbm.Recover(ctx, recs, sbx.RecoverHooks[*occupants]{
+		Leases:  s.persistedLeases,
+		Removed: sum.removeSandbox,
+		Swept: func(sb *sandbox, res layers.SweepResult) {
+			s.bootSweepEvent(sb, res)
+			sum.sweep(res)
+		},
+		Reopened: func(ctx context.Context, sb *sandbox) { s.reopenSandbox(ctx, sb, &sum) },
+	})
 	s.images.Prune() // every reference is known now
 	return nil
+}
+
+// reopenSandbox restores what lives in a recovered sandbox: its image
+// reference and environment, and when ready its commands and sessions.
+func (s *Supervisor) reopenSandbox(ctx context.Context, sb *sandbox, sum *recoverySummary) {
+	if sb.Rec.Rootfs != "host" {
+		s.images.Hold(sb.Rec.Rootfs)
+		if err := s.loadImageEnv(sb); err != nil {
+			s.log.Error("recovery: image of sandbox", "sandbox", sb.Rec.ID, "err", err)
+		}
+	}
+	if sb.Rec.State == stateFailed {
+		sum.FailedSandboxes = append(sum.FailedSandboxes, sb.Rec.ID)
+	}
+	if sb.Rec.State == stateReady {
+		sum.InterruptedCommands += s.loadCommands(ctx, sb)
+		sum.RemovedSessionDirs += s.removeOrphanSessionDirs(ctx, sb)
+		s.restoreSessions(ctx, sb, sum)
+		s.notifyAutosquash(sb, "startup")
+	}
 }
