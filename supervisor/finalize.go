@@ -200,7 +200,7 @@ func (s *Supervisor) keepRecoveryArtifact(ctx context.Context, sb *sandbox, ss *
 		s.log.Warn("recovery artifact", "err", err)
 		return ""
 	}
-	bytes, entries := dirBytes(ss.upper()), countEntries(ss.upper())
+	bytes, entries := dirBytes(ctx, ss.upper()), countEntries(ctx, ss.upper())
 	if err := os.Rename(ss.upper(), filepath.Join(dir, "upper")); err != nil {
 		s.log.Warn("recovery artifact", "err", err)
 		return ""
@@ -235,8 +235,8 @@ func rejectionBody(r *layers.Rejection) map[string]any {
 }
 
 // countEntries counts the entries below dir, a tree a session controls.
-func countEntries(dir string) int {
+func countEntries(ctx context.Context, dir string) int {
 	n := 0
-	_ = walkUpperTree(context.Background(), dir, func(string, fs.FileInfo) error { n++; return nil })
+	_ = walkUpperTree(ctx, dir, func(string, fs.FileInfo) error { n++; return nil })
 	return n
 }

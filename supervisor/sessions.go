@@ -450,7 +450,7 @@ const sessionTrashDir = "trash"
 
 // closeSession tears a session down: holder, lease, directory, record.
 func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session, grace time.Duration) (int64, error) {
-	upperBytes := dirBytes(ss.upper())
+	upperBytes := dirBytes(ctx, ss.upper())
 	ss.mu.Lock()
 	h := ss.holder
 	ss.holder = nil
@@ -504,7 +504,7 @@ func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session,
 }
 
 // sessionObject is the contract's session object (§3.5).
-func (ss *session) object() map[string]any {
+func (ss *session) object(ctx context.Context) map[string]any {
 	ss.mu.Lock()
 	rec := ss.rec
 	var pid any
@@ -516,7 +516,7 @@ func (ss *session) object() map[string]any {
 		"workspace_session_id": rec.WorkspaceSessionID, "agent": rec.Agent, "network_profile": rec.NetworkProfile,
 		"finalize_policy": rec.FinalizePolicy, "state": rec.State, "created_at": rec.CreatedAt,
 		"base_revision": rec.BaseRevision, "overlay_driver": rec.OverlayDriver,
-		"active_command_session_ids": ss.running(), "upper_bytes": dirBytes(ss.upper()), "holder_pid": pid,
+		"active_command_session_ids": ss.running(), "upper_bytes": dirBytes(ctx, ss.upper()), "holder_pid": pid,
 		"forwards": ss.forwardObjects(),
 	}
 }
@@ -580,7 +580,7 @@ func (s *Supervisor) listWorkspaceSessions(c *call) (any, error) {
 	sort.Slice(all, func(i, j int) bool { return all[i].id() < all[j].id() }) // IDs sort by creation time
 	out := make([]map[string]any, 0, len(all))
 	for _, ss := range all {
-		out = append(out, ss.object())
+		out = append(out, ss.object(c.ctx))
 	}
 	return map[string]any{"workspace_sessions": out}, nil
 }
@@ -666,9 +666,9 @@ func removeTree(dir string) {
 
 // dirBytes sums the sizes of the regular files below dir, a tree a session
 // controls (best effort; symlinks are never followed, see walkUpperTree).
-func dirBytes(dir string) int64 {
+func dirBytes(ctx context.Context, dir string) int64 {
 	var n int64
-	_ = walkUpperTree(context.Background(), dir, func(_ string, fi fs.FileInfo) error {
+	_ = walkUpperTree(ctx, dir, func(_ string, fi fs.FileInfo) error {
 		if fi.Mode().IsRegular() {
 			n += fi.Size()
 		}
