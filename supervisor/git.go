@@ -85,7 +85,7 @@ func gitEnv(extra []string) []string {
 }
 
 // runGit runs git in dir and returns its stdout; the error carries stderr.
-func runGit(ctx context.Context, dir string, env []string, stdin io.Reader, args ...string) (string, error) {
+func RunGit(ctx context.Context, dir string, env []string, stdin io.Reader, args ...string) (string, error) {
 	full := append([]string{"-c", "core.fsmonitor=false", "-c", "core.splitIndex=false", "-c", "core.untrackedCache=false",
 		"-c", "gc.auto=0"}, args...)
 	cmd := exec.CommandContext(ctx, "git", full...)
@@ -100,8 +100,8 @@ func runGit(ctx context.Context, dir string, env []string, stdin io.Reader, args
 
 // probeGit returns the git origin of a workspace directory, or nil when it
 // is not inside a git work tree (or git is missing).
-func probeGit(ctx context.Context, root string) *gitOrigin {
-	out, err := runGit(ctx, root, nil, nil, "--no-optional-locks", "rev-parse", "--is-inside-work-tree", "--absolute-git-dir", "--show-prefix")
+func ProbeGit(ctx context.Context, root string) *gitOrigin {
+	out, err := RunGit(ctx, root, nil, nil, "--no-optional-locks", "rev-parse", "--is-inside-work-tree", "--absolute-git-dir", "--show-prefix")
 	if err != nil {
 		return nil
 	}
@@ -113,15 +113,15 @@ func probeGit(ctx context.Context, root string) *gitOrigin {
 	if len(lines) > 2 {
 		g.Prefix = lines[2]
 	}
-	if h, err := runGit(ctx, root, nil, nil, "rev-parse", "-q", "--verify", "HEAD^{commit}"); err == nil {
+	if h, err := RunGit(ctx, root, nil, nil, "rev-parse", "-q", "--verify", "HEAD^{commit}"); err == nil {
 		h = strings.TrimSpace(h)
 		g.Head = &h
 	}
-	if b, err := runGit(ctx, root, nil, nil, "symbolic-ref", "-q", "--short", "HEAD"); err == nil {
+	if b, err := RunGit(ctx, root, nil, nil, "symbolic-ref", "-q", "--short", "HEAD"); err == nil {
 		b = strings.TrimSpace(b)
 		g.Branch = &b
 	}
-	st, err := runGit(ctx, root, nil, nil, "--no-optional-locks", "status", "--porcelain", "-z", "--untracked-files=normal", "--", ".")
+	st, err := RunGit(ctx, root, nil, nil, "--no-optional-locks", "status", "--porcelain", "-z", "--untracked-files=normal", "--", ".")
 	g.Dirty = err != nil || st != ""
 	return g
 }
@@ -129,18 +129,18 @@ func probeGit(ctx context.Context, root string) *gitOrigin {
 // gitRefSnapshot resolves ref in the repository of root and checks its tree
 // (below root's prefix) out into a new directory under tmpParent, through a
 // temporary index. The caller removes dir.
-func gitRefSnapshot(ctx context.Context, root, ref, tmpParent string) (dir string, origin *gitOrigin, err error) {
+func GitRefSnapshot(ctx context.Context, root, ref, tmpParent string) (dir string, origin *gitOrigin, err error) {
 	bad := func(format string, a ...any) error {
 		return catalog.Errorf(catalog.InvalidRequest, format, a...).With("git_ref", ref)
 	}
 	if strings.HasPrefix(ref, "-") {
 		return "", nil, bad("git_ref must not start with -")
 	}
-	g := probeGit(ctx, root)
+	g := ProbeGit(ctx, root)
 	if g == nil {
 		return "", nil, bad("git_ref needs a workspace_root inside a git work tree: %s", root)
 	}
-	commit, err := runGit(ctx, root, nil, nil, "rev-parse", "-q", "--verify", "--end-of-options", ref+"^{commit}")
+	commit, err := RunGit(ctx, root, nil, nil, "rev-parse", "-q", "--verify", "--end-of-options", ref+"^{commit}")
 	if err != nil {
 		return "", nil, bad("git_ref %q does not name a commit of %s", ref, g.GitDir)
 	}
@@ -163,14 +163,14 @@ func gitRefSnapshot(ctx context.Context, root, ref, tmpParent string) (dir strin
 	if g.Prefix != "" {
 		treeish = commit + ":" + strings.TrimSuffix(g.Prefix, "/")
 	}
-	if _, err := runGit(ctx, tree, env, nil, "read-tree", treeish); err != nil {
+	if _, err := RunGit(ctx, tree, env, nil, "read-tree", treeish); err != nil {
 		return "", nil, bad("git_ref %q has no %s: %v", ref, g.Prefix, err)
 	}
-	if _, err := runGit(ctx, tree, env, nil, "checkout-index", "-a", "-f"); err != nil {
+	if _, err := RunGit(ctx, tree, env, nil, "checkout-index", "-a", "-f"); err != nil {
 		return "", nil, fmt.Errorf("git_ref %s: check out: %w", ref, err)
 	}
 	origin = &gitOrigin{Head: &commit, Ref: &ref, GitDir: g.GitDir, Prefix: g.Prefix}
-	if full, err := runGit(ctx, root, nil, nil, "rev-parse", "--symbolic-full-name", ref); err == nil {
+	if full, err := RunGit(ctx, root, nil, nil, "rev-parse", "--symbolic-full-name", ref); err == nil {
 		if b, ok := strings.CutPrefix(strings.TrimSpace(full), "refs/heads/"); ok {
 			origin.Branch = &b
 		}
@@ -181,12 +181,12 @@ func gitRefSnapshot(ctx context.Context, root, ref, tmpParent string) (dir strin
 // ---------------------------------------------------------------------------
 // Trees in memory
 
-type gitEntry struct{ mode, oid string }
+type GitEntry struct{ Mode, OID string }
 
 // gitTree is a flat tree: repository path → entry (blobs, symlinks, gitlinks).
-type gitTree map[string]gitEntry
+type GitTree map[string]GitEntry
 
-func (t gitTree) removeUnder(p string) {
+func (t GitTree) RemoveUnder(p string) {
 	pre := p + "/"
 	for k := range t {
 		if strings.HasPrefix(k, pre) {
@@ -195,15 +195,15 @@ func (t gitTree) removeUnder(p string) {
 	}
 }
 
-func (t gitTree) clone() gitTree {
-	out := make(gitTree, len(t))
+func (t GitTree) Clone() GitTree {
+	out := make(GitTree, len(t))
 	for k, v := range t {
 		out[k] = v
 	}
 	return out
 }
 
-func (t gitTree) equal(u gitTree) bool {
+func (t GitTree) Equal(u GitTree) bool {
 	if len(t) != len(u) {
 		return false
 	}
@@ -216,8 +216,8 @@ func (t gitTree) equal(u gitTree) bool {
 }
 
 // parseLsTree reads `ls-tree -r -z` or `ls-files -s -z` output.
-func parseLsTree(out string, stage bool) gitTree {
-	t := gitTree{}
+func ParseLsTree(out string, stage bool) GitTree {
+	t := GitTree{}
 	for _, rec := range strings.Split(out, "\x00") {
 		meta, path, ok := strings.Cut(rec, "\t")
 		if !ok {
@@ -225,9 +225,9 @@ func parseLsTree(out string, stage bool) gitTree {
 		}
 		f := strings.Fields(meta)
 		if stage && len(f) == 3 {
-			t[path] = gitEntry{f[0], f[1]}
+			t[path] = GitEntry{f[0], f[1]}
 		} else if !stage && len(f) == 3 {
-			t[path] = gitEntry{f[0], f[2]}
+			t[path] = GitEntry{f[0], f[2]}
 		}
 	}
 	return t
@@ -235,7 +235,7 @@ func parseLsTree(out string, stage bool) gitTree {
 
 // gitPathSkipped reports whether a path must never enter a tree: a ".git"
 // component anywhere (git itself refuses those).
-func gitPathSkipped(p string) bool {
+func GitPathSkipped(p string) bool {
 	for _, c := range strings.Split(p, "/") {
 		if strings.EqualFold(c, ".git") {
 			return true
@@ -245,46 +245,46 @@ func gitPathSkipped(p string) bool {
 }
 
 // gitRepo is one export's handle on a repository.
-type gitRepo struct {
-	ctx    context.Context
-	gitDir string
-	tmp    string // private scratch directory (temporary indexes)
+type GitRepo struct {
+	Ctx    context.Context
+	GitDir string
+	Tmp    string // private scratch directory (temporary indexes)
 }
 
-func (r *gitRepo) run(env []string, stdin io.Reader, args ...string) (string, error) {
-	return runGit(r.ctx, r.tmp, append([]string{"GIT_DIR=" + r.gitDir}, env...), stdin, args...)
+func (r *GitRepo) Run(env []string, stdin io.Reader, args ...string) (string, error) {
+	return RunGit(r.Ctx, r.Tmp, append([]string{"GIT_DIR=" + r.GitDir}, env...), stdin, args...)
 }
 
-func (r *gitRepo) treeOf(rev string) (gitTree, error) {
+func (r *GitRepo) TreeOf(rev string) (GitTree, error) {
 	if rev == "" {
-		return gitTree{}, nil
+		return GitTree{}, nil
 	}
-	out, err := r.run(nil, nil, "ls-tree", "-r", "-z", "--full-tree", rev)
+	out, err := r.Run(nil, nil, "ls-tree", "-r", "-z", "--full-tree", rev)
 	if err != nil {
 		return nil, err
 	}
-	return parseLsTree(out, false), nil
+	return ParseLsTree(out, false), nil
 }
 
 // writeTree writes t as a tree object through a temporary index.
-func (r *gitRepo) writeTree(t gitTree) (string, error) {
-	idx := []string{"GIT_INDEX_FILE=" + filepath.Join(r.tmp, "index")}
-	if _, err := r.run(idx, nil, "read-tree", "--empty"); err != nil {
+func (r *GitRepo) WriteTree(t GitTree) (string, error) {
+	idx := []string{"GIT_INDEX_FILE=" + filepath.Join(r.Tmp, "index")}
+	if _, err := r.Run(idx, nil, "read-tree", "--empty"); err != nil {
 		return "", err
 	}
 	var b bytes.Buffer
 	for p, e := range t {
-		fmt.Fprintf(&b, "%s %s\t%s\x00", e.mode, e.oid, p)
+		fmt.Fprintf(&b, "%s %s\t%s\x00", e.Mode, e.OID, p)
 	}
-	if _, err := r.run(idx, &b, "update-index", "-z", "--index-info"); err != nil {
+	if _, err := r.Run(idx, &b, "update-index", "-z", "--index-info"); err != nil {
 		return "", err
 	}
-	out, err := r.run(idx, nil, "write-tree")
+	out, err := r.Run(idx, nil, "write-tree")
 	return strings.TrimSpace(out), err
 }
 
 // hashFiles writes the files at host paths as blobs, unfiltered.
-func (r *gitRepo) hashFiles(paths []string) ([]string, error) {
+func (r *GitRepo) HashFiles(paths []string) ([]string, error) {
 	if len(paths) == 0 {
 		return nil, nil
 	}
@@ -295,7 +295,7 @@ func (r *gitRepo) hashFiles(paths []string) ([]string, error) {
 		}
 		batch = append(batch, p)
 	}
-	out, err := r.run(nil, strings.NewReader(strings.Join(batch, "\n")+"\n"), "hash-object", "-w", "--no-filters", "--stdin-paths")
+	out, err := r.Run(nil, strings.NewReader(strings.Join(batch, "\n")+"\n"), "hash-object", "-w", "--no-filters", "--stdin-paths")
 	if err != nil {
 		return nil, err
 	}
@@ -306,10 +306,10 @@ func (r *gitRepo) hashFiles(paths []string) ([]string, error) {
 	return oids, nil
 }
 
-func (r *gitRepo) hashEach(paths []string) ([]string, error) {
+func (r *GitRepo) hashEach(paths []string) ([]string, error) {
 	out := make([]string, len(paths))
 	for i, p := range paths {
-		o, err := r.run(nil, nil, "hash-object", "-w", "--no-filters", "--", p)
+		o, err := r.Run(nil, nil, "hash-object", "-w", "--no-filters", "--", p)
 		if err != nil {
 			return nil, err
 		}
@@ -318,14 +318,14 @@ func (r *gitRepo) hashEach(paths []string) ([]string, error) {
 	return out, nil
 }
 
-func (r *gitRepo) hashBytes(b []byte) (string, error) {
-	out, err := r.run(nil, bytes.NewReader(b), "hash-object", "-w", "--no-filters", "--stdin")
+func (r *GitRepo) HashBytes(b []byte) (string, error) {
+	out, err := r.Run(nil, bytes.NewReader(b), "hash-object", "-w", "--no-filters", "--stdin")
 	return strings.TrimSpace(out), err
 }
 
 // commitOf parses a commit's trailers (the last paragraph's "Key: value" lines).
-func (r *gitRepo) trailers(commit string) (map[string]string, error) {
-	out, err := r.run(nil, nil, "log", "-1", "--format=%(trailers:only,unfold)", commit)
+func (r *GitRepo) Trailers(commit string) (map[string]string, error) {
+	out, err := r.Run(nil, nil, "log", "-1", "--format=%(trailers:only,unfold)", commit)
 	if err != nil {
 		return nil, err
 	}
@@ -338,44 +338,44 @@ func (r *gitRepo) trailers(commit string) (map[string]string, error) {
 	return m, nil
 }
 
-func (r *gitRepo) isAncestor(a, b string) bool {
-	_, err := r.run(nil, nil, "merge-base", "--is-ancestor", a, b)
+func (r *GitRepo) IsAncestor(a, b string) bool {
+	_, err := r.Run(nil, nil, "merge-base", "--is-ancestor", a, b)
 	return err == nil
 }
 
 // ident is a git identity with its date.
-type ident struct{ name, email, date string }
+type Ident struct{ Name, Email, Date string }
 
-func (r *gitRepo) committer() ident {
+func (r *GitRepo) Committer() Ident {
 	get := func(k string) string {
-		out, err := r.run(nil, nil, "config", "--get", k)
+		out, err := r.Run(nil, nil, "config", "--get", k)
 		if err != nil {
 			return ""
 		}
 		return strings.TrimSpace(out)
 	}
-	id := ident{name: get("user.name"), email: get("user.email")}
+	id := Ident{Name: get("user.name"), Email: get("user.email")}
 	login := "sandbox"
 	if u, err := user.Current(); err == nil && u.Username != "" {
 		login = u.Username
 	}
-	if id.name == "" {
-		id.name = login
+	if id.Name == "" {
+		id.Name = login
 	}
-	if id.email == "" {
-		id.email = login + "@localhost"
+	if id.Email == "" {
+		id.Email = login + "@localhost"
 	}
 	return id
 }
 
-func (r *gitRepo) commitTree(tree, parent, msg string, author, committer ident) (string, error) {
+func (r *GitRepo) CommitTree(tree, parent, msg string, author, committer Ident) (string, error) {
 	args := []string{"commit-tree", "--no-gpg-sign", tree}
 	if parent != "" {
 		args = append(args, "-p", parent)
 	}
-	env := []string{"GIT_AUTHOR_NAME=" + author.name, "GIT_AUTHOR_EMAIL=" + author.email, "GIT_AUTHOR_DATE=" + author.date,
-		"GIT_COMMITTER_NAME=" + committer.name, "GIT_COMMITTER_EMAIL=" + committer.email}
-	out, err := r.run(env, strings.NewReader(msg), args...)
+	env := []string{"GIT_AUTHOR_NAME=" + author.Name, "GIT_AUTHOR_EMAIL=" + author.Email, "GIT_AUTHOR_DATE=" + author.Date,
+		"GIT_COMMITTER_NAME=" + committer.Name, "GIT_COMMITTER_EMAIL=" + committer.Email}
+	out, err := r.Run(env, strings.NewReader(msg), args...)
 	return strings.TrimSpace(out), err
 }
 
@@ -514,7 +514,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		if !filepath.IsAbs(gd) {
 			return nil, gitBad("git_dir must be an absolute path: %s", gd).With("git_dir", gd)
 		}
-		out, err := runGit(ctx, "/", nil, nil, "-C", gd, "rev-parse", "--absolute-git-dir")
+		out, err := RunGit(ctx, "/", nil, nil, "-C", gd, "rev-parse", "--absolute-git-dir")
 		if err != nil {
 			return nil, gitBad("git_dir is not a git repository: %s", gd).With("git_dir", gd)
 		}
@@ -524,7 +524,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	default:
 		gitDir = origin.GitDir
 	}
-	if _, err := runGit(ctx, "/", nil, nil, "check-ref-format", "refs/heads/"+branch); err != nil || strings.HasPrefix(branch, "-") {
+	if _, err := RunGit(ctx, "/", nil, nil, "check-ref-format", "refs/heads/"+branch); err != nil || strings.HasPrefix(branch, "-") {
 		return nil, gitBad("invalid branch name: %q", branch).With("branch", branch)
 	}
 	ref := "refs/heads/" + branch
@@ -562,7 +562,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		return nil, sbx.ExportError(err)
 	}
 	defer os.RemoveAll(tmp)
-	r := &gitRepo{ctx: ctx, gitDir: gitDir, tmp: tmp}
+	r := &GitRepo{Ctx: ctx, GitDir: gitDir, Tmp: tmp}
 	for _, wt := range s.checkedOut(r) {
 		if wt == ref {
 			return nil, gitBad("branch %s is checked out; export to another branch", branch).With("branch", branch)
@@ -571,7 +571,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	var head string
 	if origin != nil && origin.Head != nil {
 		head = *origin.Head
-		if _, err := r.run(nil, nil, "cat-file", "-e", head+"^{commit}"); err != nil {
+		if _, err := r.Run(nil, nil, "cat-file", "-e", head+"^{commit}"); err != nil {
 			return nil, gitBad("the recorded HEAD %s is not in %s", head, gitDir).With("git_dir", gitDir)
 		}
 	}
@@ -580,7 +580,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		prefix = origin.Prefix
 	}
 	var oldTip string
-	if out, err := r.run(nil, nil, "rev-parse", "-q", "--verify", ref+"^{commit}"); err == nil {
+	if out, err := r.Run(nil, nil, "rev-parse", "-q", "--verify", ref+"^{commit}"); err == nil {
 		oldTip = strings.TrimSpace(out)
 	}
 
@@ -588,7 +588,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	// up to chain[applied] (and the dirty snapshot when dirtyIn).
 	parent, applied, dirtyIn := head, -1, false
 	if oldTip != "" && !c.args.Bool("force") {
-		tr, err := r.trailers(oldTip)
+		tr, err := r.Trailers(oldTip)
 		if err != nil {
 			return nil, sbx.ExportError(err)
 		}
@@ -598,7 +598,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 			parent, dirtyIn = oldTip, true
 		case ours && indexOf(tr["Layer"]) >= 0:
 			parent, applied, dirtyIn = oldTip, indexOf(tr["Layer"]), true
-		case oldTip == head, head != "" && r.isAncestor(oldTip, head):
+		case oldTip == head, head != "" && r.IsAncestor(oldTip, head):
 			// a fast-forward from the recorded HEAD
 		default:
 			return nil, gitBad("branch %s (%s) is not an ancestor of the commits to export; use force to move it", branch, oldTip).
@@ -607,11 +607,11 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	}
 	start := max(applied, since) + 1
 
-	tree, err := r.treeOf(parent)
+	tree, err := r.TreeOf(parent)
 	if err != nil {
 		return nil, sbx.ExportError(err)
 	}
-	committer := r.committer()
+	committer := r.Committer()
 	res := exportGitResult{ManifestVersion: m.Version, Format: "git", Branch: branch, GitDir: gitDir,
 		Commits: []gitCommitResult{}, LayersExported: []string{}, LiveWorkspaceSessions: live}
 	if oldTip != "" {
@@ -632,30 +632,30 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		}
 		if since >= 0 {
 			tree = bt // skipped: the first commit carries it
-		} else if !bt.equal(tree) {
-			oid, err := r.writeTree(bt)
+		} else if !bt.Equal(tree) {
+			oid, err := r.WriteTree(bt)
 			if err != nil {
 				return nil, sbx.ExportError(err)
 			}
 			msg := fmt.Sprintf("Snapshot of the working tree of %s\n\nThe uncommitted state sandbox %s was created from.\n\nSandbox-Id: %s\nLayer: %s\n",
 				sb.Rec.WorkspaceRoot, id, id, layers.BaseLayerID)
 			au := committer
-			au.date = sb.Rec.CreatedAt
-			commit, err := r.commitTree(oid, parent, msg, au, committer)
+			au.Date = sb.Rec.CreatedAt
+			commit, err := r.CommitTree(oid, parent, msg, au, committer)
 			if err != nil {
 				return nil, sbx.ExportError(err)
 			}
 			note := s.traceRecord(ctx, sb, commit, ts, map[string]any{"sandbox_id": id, "layer_id": layers.BaseLayerID, "snapshot": true},
 				changedFiles(tree, bt, prefix), layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: 1, Layers: m.Layers[len(m.Layers)-1:]})
 			notes = append(notes, pending{commit, note})
-			res.Commits = append(res.Commits, gitCommitResult{Commit: commit, LayerID: layers.BaseLayerID, Author: au.name + " <" + au.email + ">", Note: true})
+			res.Commits = append(res.Commits, gitCommitResult{Commit: commit, LayerID: layers.BaseLayerID, Author: au.Name + " <" + au.Email + ">", Note: true})
 			parent, tree = commit, bt
 		}
 	}
 
 	// step applies chain[i]'s own delta to tree; lm is head's chain from
 	// that layer down to the base.
-	step := func(i int, tree gitTree) (next gitTree, written []string, fold *layers.Fold, lm layers.Manifest, err error) {
+	step := func(i int, tree GitTree) (next GitTree, written []string, fold *layers.Fold, lm layers.Manifest, err error) {
 		l := chain[i]
 		lm = layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: layerVersion(l.LayerID, m.Version)}
 		for j, hl := range m.Layers {
@@ -685,7 +685,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		if err != nil {
 			return nil, sbx.ExportError(err)
 		}
-		oid, err := r.writeTree(next)
+		oid, err := r.WriteTree(next)
 		if err != nil {
 			return nil, sbx.ExportError(err)
 		}
@@ -701,12 +701,12 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 			}
 		}
 		au, sessID := authorOf(lo.owner)
-		au.date = lo.ts
+		au.Date = lo.ts
 		msg := s.layerMessage(ctx, sb, l.LayerID, lo, sessID, prevTS[sessID], fold)
 		if sessID != "" {
 			prevTS[sessID] = lo.ts
 		}
-		commit, err := r.commitTree(oid, parent, msg, au, committer)
+		commit, err := r.CommitTree(oid, parent, msg, au, committer)
 		if err != nil {
 			return nil, sbx.ExportError(err)
 		}
@@ -715,7 +715,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		note := s.traceRecord(ctx, sb, commit, ts, meta, written, lm)
 		notes = append(notes, pending{commit, note})
 		res.Commits = append(res.Commits, gitCommitResult{Commit: commit, LayerID: l.LayerID, WorkspaceSessionID: nullable(sessID),
-			Author: au.name + " <" + au.email + ">", Note: true})
+			Author: au.Name + " <" + au.Email + ">", Note: true})
 		res.LayersExported = append(res.LayersExported, l.LayerID)
 		parent, tree = commit, next
 		c.progress(fmt.Sprintf("export: layer %s → commit %s", l.LayerID, commit))
@@ -727,9 +727,9 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		return res, nil
 	}
 	for _, n := range notes {
-		env := []string{"GIT_COMMITTER_NAME=" + committer.name, "GIT_COMMITTER_EMAIL=" + committer.email,
-			"GIT_AUTHOR_NAME=" + committer.name, "GIT_AUTHOR_EMAIL=" + committer.email}
-		if _, err := r.run(env, bytes.NewReader(n.note), "notes", "--ref=agent-trace", "add", "-f", "-F", "-", n.commit); err != nil {
+		env := []string{"GIT_COMMITTER_NAME=" + committer.Name, "GIT_COMMITTER_EMAIL=" + committer.Email,
+			"GIT_AUTHOR_NAME=" + committer.Name, "GIT_AUTHOR_EMAIL=" + committer.Email}
+		if _, err := r.Run(env, bytes.NewReader(n.note), "notes", "--ref=agent-trace", "add", "-f", "-F", "-", n.commit); err != nil {
 			return nil, sbx.ExportError(err)
 		}
 	}
@@ -737,7 +737,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	if old == "" {
 		old = strings.Repeat("0", len(parent))
 	}
-	if _, err := r.run(nil, nil, "update-ref", "-m", "export_changes "+id, ref, parent, old); err != nil {
+	if _, err := r.Run(nil, nil, "update-ref", "-m", "export_changes "+id, ref, parent, old); err != nil {
 		return nil, catalog.Errorf(catalog.OperationFailed, "branch %s changed during the export: %v", branch, err).With("branch", branch)
 	}
 	res.Tip = &parent
@@ -745,12 +745,12 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 }
 
 // checkedOut returns the refs checked out in any work tree of the repository.
-func (s *Supervisor) checkedOut(r *gitRepo) []string {
+func (s *Supervisor) checkedOut(r *GitRepo) []string {
 	var out []string
-	if h, err := r.run(nil, nil, "symbolic-ref", "-q", "HEAD"); err == nil {
+	if h, err := r.Run(nil, nil, "symbolic-ref", "-q", "HEAD"); err == nil {
 		out = append(out, strings.TrimSpace(h))
 	}
-	if wl, err := r.run(nil, nil, "worktree", "list", "--porcelain"); err == nil {
+	if wl, err := r.Run(nil, nil, "worktree", "list", "--porcelain"); err == nil {
 		for _, l := range strings.Split(wl, "\n") {
 			if b, ok := strings.CutPrefix(l, "branch "); ok {
 				out = append(out, strings.TrimSpace(b))
@@ -762,9 +762,9 @@ func (s *Supervisor) checkedOut(r *gitRepo) []string {
 
 // baseGitTree is the tree of the base snapshot: `git add -A` of the base
 // layer directory onto HEAD's tree below prefix, in a temporary index.
-func (s *Supervisor) baseGitTree(r *gitRepo, baseDir, head, prefix string, headTree gitTree) (gitTree, error) {
-	env := []string{"GIT_INDEX_FILE=" + filepath.Join(r.tmp, "base-index"), "GIT_WORK_TREE=" + baseDir}
-	sub := gitTree{}
+func (s *Supervisor) baseGitTree(r *GitRepo, baseDir, head, prefix string, headTree GitTree) (GitTree, error) {
+	env := []string{"GIT_INDEX_FILE=" + filepath.Join(r.Tmp, "base-index"), "GIT_WORK_TREE=" + baseDir}
+	sub := GitTree{}
 	if prefix == "" {
 		sub = headTree
 	} else {
@@ -776,27 +776,27 @@ func (s *Supervisor) baseGitTree(r *gitRepo, baseDir, head, prefix string, headT
 	}
 	var b bytes.Buffer
 	for p, e := range sub {
-		fmt.Fprintf(&b, "%s %s\t%s\x00", e.mode, e.oid, p)
+		fmt.Fprintf(&b, "%s %s\t%s\x00", e.Mode, e.OID, p)
 	}
-	if _, err := runGit(r.ctx, baseDir, append([]string{"GIT_DIR=" + r.gitDir}, env...), nil, "read-tree", "--empty"); err != nil {
+	if _, err := RunGit(r.Ctx, baseDir, append([]string{"GIT_DIR=" + r.GitDir}, env...), nil, "read-tree", "--empty"); err != nil {
 		return nil, err
 	}
-	if _, err := runGit(r.ctx, baseDir, append([]string{"GIT_DIR=" + r.gitDir}, env...), &b, "update-index", "-z", "--index-info"); err != nil {
+	if _, err := RunGit(r.Ctx, baseDir, append([]string{"GIT_DIR=" + r.GitDir}, env...), &b, "update-index", "-z", "--index-info"); err != nil {
 		return nil, err
 	}
-	if _, err := runGit(r.ctx, baseDir, append([]string{"GIT_DIR=" + r.gitDir}, env...), nil, "add", "-A", "--", "."); err != nil {
+	if _, err := RunGit(r.Ctx, baseDir, append([]string{"GIT_DIR=" + r.GitDir}, env...), nil, "add", "-A", "--", "."); err != nil {
 		return nil, err
 	}
-	out, err := runGit(r.ctx, baseDir, append([]string{"GIT_DIR=" + r.gitDir}, env...), nil, "ls-files", "-s", "-z")
+	out, err := RunGit(r.Ctx, baseDir, append([]string{"GIT_DIR=" + r.GitDir}, env...), nil, "ls-files", "-s", "-z")
 	if err != nil {
 		return nil, err
 	}
-	got := parseLsTree(out, true)
+	got := ParseLsTree(out, true)
 	if prefix == "" {
 		return got, nil
 	}
-	t := headTree.clone()
-	t.removeUnder(strings.TrimSuffix(prefix, "/"))
+	t := headTree.Clone()
+	t.RemoveUnder(strings.TrimSuffix(prefix, "/"))
 	for p, e := range got {
 		t[prefix+p] = e
 	}
@@ -806,14 +806,14 @@ func (s *Supervisor) baseGitTree(r *gitRepo, baseDir, head, prefix string, headT
 // applyLayer applies one layer's own delta to the parent's tree and returns
 // the new tree and the workspace paths of the regular files it wrote.
 // Submodules (gitlinks) are kept as they are: nothing below one is taken.
-func (s *Supervisor) applyLayer(r *gitRepo, v *layers.View, fold *layers.Fold, parent gitTree, prefix string) (gitTree, []string, error) {
-	t := parent.clone()
+func (s *Supervisor) applyLayer(r *GitRepo, v *layers.View, fold *layers.Fold, parent GitTree, prefix string) (GitTree, []string, error) {
+	t := parent.Clone()
 	full := func(p string) string { return prefix + p }
 	// The parent's directories, so a subtree is only scanned for removal
 	// where there is one (a layer may touch many paths of a large tree).
 	dirs, links := map[string]bool{}, map[string]bool{}
 	for p, e := range parent {
-		if e.mode == "160000" {
+		if e.Mode == "160000" {
 			links[p] = true
 		}
 		for d := path.Dir(p); d != "." && d != "/"; d = path.Dir(d) {
@@ -833,29 +833,29 @@ func (s *Supervisor) applyLayer(r *gitRepo, v *layers.View, fold *layers.Fold, p
 	}
 	drop := func(p string) {
 		if dirs[full(p)] {
-			t.removeUnder(full(p))
+			t.RemoveUnder(full(p))
 		}
 	}
 	for _, p := range fold.Deletions {
-		if gitPathSkipped(p) || underLink(p) {
+		if GitPathSkipped(p) || underLink(p) {
 			continue
 		}
 		delete(t, full(p))
 		drop(p)
 	}
 	for _, p := range fold.OpaqueClears {
-		if !gitPathSkipped(p) && !underLink(p) {
+		if !GitPathSkipped(p) && !underLink(p) {
 			drop(p)
 		}
 	}
 	for _, d := range fold.Dirs {
-		if !gitPathSkipped(d.Path) && !underLink(d.Path) {
+		if !GitPathSkipped(d.Path) && !underLink(d.Path) {
 			delete(t, full(d.Path)) // a directory replaces a file
 		}
 	}
 	ig := layers.NewIgnorer(v)
 	keep := func(p string) bool {
-		if gitPathSkipped(p) || underLink(p) {
+		if GitPathSkipped(p) || underLink(p) {
 			return false
 		}
 		if _, tracked := parent[full(p)]; tracked {
@@ -875,34 +875,34 @@ func (s *Supervisor) applyLayer(r *gitRepo, v *layers.View, fold *layers.Fold, p
 		}
 		modes = append(modes, mode)
 	}
-	oids, err := r.hashFiles(srcs)
+	oids, err := r.HashFiles(srcs)
 	if err != nil {
 		return nil, nil, err
 	}
 	for i, p := range paths {
 		drop(p)
-		t[full(p)] = gitEntry{modes[i], oids[i]}
+		t[full(p)] = GitEntry{modes[i], oids[i]}
 	}
 	for _, l := range fold.Symlinks {
 		if !keep(l.Path) {
 			continue
 		}
-		oid, err := r.hashBytes([]byte(l.Target))
+		oid, err := r.HashBytes([]byte(l.Target))
 		if err != nil {
 			return nil, nil, err
 		}
 		drop(l.Path)
-		t[full(l.Path)] = gitEntry{"120000", oid}
+		t[full(l.Path)] = GitEntry{"120000", oid}
 	}
 	return t, paths, nil
 }
 
 // changedFiles lists the workspace paths of blobs that differ between two
 // trees (present in next), below prefix.
-func changedFiles(prev, next gitTree, prefix string) []string {
+func changedFiles(prev, next GitTree, prefix string) []string {
 	var out []string
 	for p, e := range next {
-		if e.mode == "120000" || e.mode == "160000" || prev[p] == e {
+		if e.Mode == "120000" || e.Mode == "160000" || prev[p] == e {
 			continue
 		}
 		if rest, ok := strings.CutPrefix(p, prefix); ok {
@@ -914,7 +914,7 @@ func changedFiles(prev, next gitTree, prefix string) []string {
 }
 
 // authorOf maps a layer owner to a git author and its session ID.
-func authorOf(o lineOwner) (ident, string) {
+func authorOf(o lineOwner) (Ident, string) {
 	kind, oid, _ := strings.Cut(o.Owner, ":")
 	switch kind {
 	case "workspace_session":
@@ -922,11 +922,11 @@ func authorOf(o lineOwner) (ident, string) {
 		if o.Agent != "" {
 			name = o.Agent + " (" + oid + ")"
 		}
-		return ident{name: name, email: oid + "@sandbox.invalid"}, oid
+		return Ident{Name: name, Email: oid + "@sandbox.invalid"}, oid
 	case "operation":
-		return ident{name: "operation " + oid, email: "operation@sandbox.invalid"}, ""
+		return Ident{Name: "operation " + oid, Email: "operation@sandbox.invalid"}, ""
 	}
-	return ident{name: o.Owner, email: "sandbox@sandbox.invalid"}, ""
+	return Ident{Name: o.Owner, Email: "sandbox@sandbox.invalid"}, ""
 }
 
 // layerMessage summarises a layer: the owner, the session's commands since
