@@ -52,13 +52,9 @@ package supervisor
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"os/user"
 	"path"
 	"path/filepath"
 	"sort"
@@ -70,316 +66,6 @@ import (
 	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
 )
 
-// gitEnv is the environment of every git command: the supervisor's without
-// GIT_* variables (they would redirect the repository or the index), plus
-// extra.
-func gitEnv(extra []string) []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "GIT_") {
-			continue
-		}
-		out = append(out, kv)
-	}
-	return append(append(out, "LC_ALL=C", "GIT_TERMINAL_PROMPT=0"), extra...)
-}
-
-// runGit runs git in dir and returns its stdout; the error carries stderr.
-func RunGit(ctx context.Context, dir string, env []string, stdin io.Reader, args ...string) (string, error) {
-	full := append([]string{"-c", "core.fsmonitor=false", "-c", "core.splitIndex=false", "-c", "core.untrackedCache=false",
-		"-c", "gc.auto=0"}, args...)
-	cmd := exec.CommandContext(ctx, "git", full...)
-	cmd.Dir, cmd.Env, cmd.Stdin = dir, gitEnv(env), stdin
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("git %s: %w: %s", args[0], err, strings.TrimSpace(errb.String()))
-	}
-	return out.String(), nil
-}
-
-// probeGit returns the git origin of a workspace directory, or nil when it
-// is not inside a git work tree (or git is missing).
-func ProbeGit(ctx context.Context, root string) *gitOrigin {
-	out, err := RunGit(ctx, root, nil, nil, "--no-optional-locks", "rev-parse", "--is-inside-work-tree", "--absolute-git-dir", "--show-prefix")
-	if err != nil {
-		return nil
-	}
-	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
-	if len(lines) < 2 || lines[0] != "true" {
-		return nil
-	}
-	g := &gitOrigin{GitDir: lines[1]}
-	if len(lines) > 2 {
-		g.Prefix = lines[2]
-	}
-	if h, err := RunGit(ctx, root, nil, nil, "rev-parse", "-q", "--verify", "HEAD^{commit}"); err == nil {
-		h = strings.TrimSpace(h)
-		g.Head = &h
-	}
-	if b, err := RunGit(ctx, root, nil, nil, "symbolic-ref", "-q", "--short", "HEAD"); err == nil {
-		b = strings.TrimSpace(b)
-		g.Branch = &b
-	}
-	st, err := RunGit(ctx, root, nil, nil, "--no-optional-locks", "status", "--porcelain", "-z", "--untracked-files=normal", "--", ".")
-	g.Dirty = err != nil || st != ""
-	return g
-}
-
-// gitRefSnapshot resolves ref in the repository of root and checks its tree
-// (below root's prefix) out into a new directory under tmpParent, through a
-// temporary index. The caller removes dir.
-func GitRefSnapshot(ctx context.Context, root, ref, tmpParent string) (dir string, origin *gitOrigin, err error) {
-	bad := func(format string, a ...any) error {
-		return catalog.Errorf(catalog.InvalidRequest, format, a...).With("git_ref", ref)
-	}
-	if strings.HasPrefix(ref, "-") {
-		return "", nil, bad("git_ref must not start with -")
-	}
-	g := ProbeGit(ctx, root)
-	if g == nil {
-		return "", nil, bad("git_ref needs a workspace_root inside a git work tree: %s", root)
-	}
-	commit, err := RunGit(ctx, root, nil, nil, "rev-parse", "-q", "--verify", "--end-of-options", ref+"^{commit}")
-	if err != nil {
-		return "", nil, bad("git_ref %q does not name a commit of %s", ref, g.GitDir)
-	}
-	commit = strings.TrimSpace(commit)
-	tmp, err := os.MkdirTemp(tmpParent, ".git-ref-")
-	if err != nil {
-		return "", nil, fmt.Errorf("git_ref %s: %w", ref, err)
-	}
-	defer func() {
-		if err != nil {
-			os.RemoveAll(tmp)
-		}
-	}()
-	tree := filepath.Join(tmp, "tree")
-	if err := os.Mkdir(tree, 0o755); err != nil {
-		return "", nil, fmt.Errorf("git_ref %s: %w", ref, err)
-	}
-	env := []string{"GIT_DIR=" + g.GitDir, "GIT_INDEX_FILE=" + filepath.Join(tmp, "index"), "GIT_WORK_TREE=" + tree}
-	treeish := commit
-	if g.Prefix != "" {
-		treeish = commit + ":" + strings.TrimSuffix(g.Prefix, "/")
-	}
-	if _, err := RunGit(ctx, tree, env, nil, "read-tree", treeish); err != nil {
-		return "", nil, bad("git_ref %q has no %s: %v", ref, g.Prefix, err)
-	}
-	if _, err := RunGit(ctx, tree, env, nil, "checkout-index", "-a", "-f"); err != nil {
-		return "", nil, fmt.Errorf("git_ref %s: check out: %w", ref, err)
-	}
-	origin = &gitOrigin{Head: &commit, Ref: &ref, GitDir: g.GitDir, Prefix: g.Prefix}
-	if full, err := RunGit(ctx, root, nil, nil, "rev-parse", "--symbolic-full-name", ref); err == nil {
-		if b, ok := strings.CutPrefix(strings.TrimSpace(full), "refs/heads/"); ok {
-			origin.Branch = &b
-		}
-	}
-	return tmp, origin, nil
-}
-
-// ---------------------------------------------------------------------------
-// Trees in memory
-
-type GitEntry struct{ Mode, OID string }
-
-// gitTree is a flat tree: repository path → entry (blobs, symlinks, gitlinks).
-type GitTree map[string]GitEntry
-
-func (t GitTree) RemoveUnder(p string) {
-	pre := p + "/"
-	for k := range t {
-		if strings.HasPrefix(k, pre) {
-			delete(t, k)
-		}
-	}
-}
-
-func (t GitTree) Clone() GitTree {
-	out := make(GitTree, len(t))
-	for k, v := range t {
-		out[k] = v
-	}
-	return out
-}
-
-func (t GitTree) Equal(u GitTree) bool {
-	if len(t) != len(u) {
-		return false
-	}
-	for k, v := range t {
-		if u[k] != v {
-			return false
-		}
-	}
-	return true
-}
-
-// parseLsTree reads `ls-tree -r -z` or `ls-files -s -z` output.
-func ParseLsTree(out string, stage bool) GitTree {
-	t := GitTree{}
-	for _, rec := range strings.Split(out, "\x00") {
-		meta, path, ok := strings.Cut(rec, "\t")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(meta)
-		if stage && len(f) == 3 {
-			t[path] = GitEntry{f[0], f[1]}
-		} else if !stage && len(f) == 3 {
-			t[path] = GitEntry{f[0], f[2]}
-		}
-	}
-	return t
-}
-
-// gitPathSkipped reports whether a path must never enter a tree: a ".git"
-// component anywhere (git itself refuses those).
-func GitPathSkipped(p string) bool {
-	for _, c := range strings.Split(p, "/") {
-		if strings.EqualFold(c, ".git") {
-			return true
-		}
-	}
-	return false
-}
-
-// gitRepo is one export's handle on a repository.
-type GitRepo struct {
-	Ctx    context.Context
-	GitDir string
-	Tmp    string // private scratch directory (temporary indexes)
-}
-
-func (r *GitRepo) Run(env []string, stdin io.Reader, args ...string) (string, error) {
-	return RunGit(r.Ctx, r.Tmp, append([]string{"GIT_DIR=" + r.GitDir}, env...), stdin, args...)
-}
-
-func (r *GitRepo) TreeOf(rev string) (GitTree, error) {
-	if rev == "" {
-		return GitTree{}, nil
-	}
-	out, err := r.Run(nil, nil, "ls-tree", "-r", "-z", "--full-tree", rev)
-	if err != nil {
-		return nil, err
-	}
-	return ParseLsTree(out, false), nil
-}
-
-// writeTree writes t as a tree object through a temporary index.
-func (r *GitRepo) WriteTree(t GitTree) (string, error) {
-	idx := []string{"GIT_INDEX_FILE=" + filepath.Join(r.Tmp, "index")}
-	if _, err := r.Run(idx, nil, "read-tree", "--empty"); err != nil {
-		return "", err
-	}
-	var b bytes.Buffer
-	for p, e := range t {
-		fmt.Fprintf(&b, "%s %s\t%s\x00", e.Mode, e.OID, p)
-	}
-	if _, err := r.Run(idx, &b, "update-index", "-z", "--index-info"); err != nil {
-		return "", err
-	}
-	out, err := r.Run(idx, nil, "write-tree")
-	return strings.TrimSpace(out), err
-}
-
-// hashFiles writes the files at host paths as blobs, unfiltered.
-func (r *GitRepo) HashFiles(paths []string) ([]string, error) {
-	if len(paths) == 0 {
-		return nil, nil
-	}
-	var batch []string
-	for _, p := range paths {
-		if strings.ContainsAny(p, "\n\r") {
-			return r.hashEach(paths)
-		}
-		batch = append(batch, p)
-	}
-	out, err := r.Run(nil, strings.NewReader(strings.Join(batch, "\n")+"\n"), "hash-object", "-w", "--no-filters", "--stdin-paths")
-	if err != nil {
-		return nil, err
-	}
-	oids := strings.Fields(out)
-	if len(oids) != len(paths) {
-		return nil, fmt.Errorf("git hash-object: %d ids for %d files", len(oids), len(paths))
-	}
-	return oids, nil
-}
-
-func (r *GitRepo) hashEach(paths []string) ([]string, error) {
-	out := make([]string, len(paths))
-	for i, p := range paths {
-		o, err := r.Run(nil, nil, "hash-object", "-w", "--no-filters", "--", p)
-		if err != nil {
-			return nil, err
-		}
-		out[i] = strings.TrimSpace(o)
-	}
-	return out, nil
-}
-
-func (r *GitRepo) HashBytes(b []byte) (string, error) {
-	out, err := r.Run(nil, bytes.NewReader(b), "hash-object", "-w", "--no-filters", "--stdin")
-	return strings.TrimSpace(out), err
-}
-
-// commitOf parses a commit's trailers (the last paragraph's "Key: value" lines).
-func (r *GitRepo) Trailers(commit string) (map[string]string, error) {
-	out, err := r.Run(nil, nil, "log", "-1", "--format=%(trailers:only,unfold)", commit)
-	if err != nil {
-		return nil, err
-	}
-	m := map[string]string{}
-	for _, l := range strings.Split(out, "\n") {
-		if k, v, ok := strings.Cut(l, ": "); ok {
-			m[k] = strings.TrimSpace(v)
-		}
-	}
-	return m, nil
-}
-
-func (r *GitRepo) IsAncestor(a, b string) bool {
-	_, err := r.Run(nil, nil, "merge-base", "--is-ancestor", a, b)
-	return err == nil
-}
-
-// ident is a git identity with its date.
-type Ident struct{ Name, Email, Date string }
-
-func (r *GitRepo) Committer() Ident {
-	get := func(k string) string {
-		out, err := r.Run(nil, nil, "config", "--get", k)
-		if err != nil {
-			return ""
-		}
-		return strings.TrimSpace(out)
-	}
-	id := Ident{Name: get("user.name"), Email: get("user.email")}
-	login := "sandbox"
-	if u, err := user.Current(); err == nil && u.Username != "" {
-		login = u.Username
-	}
-	if id.Name == "" {
-		id.Name = login
-	}
-	if id.Email == "" {
-		id.Email = login + "@localhost"
-	}
-	return id
-}
-
-func (r *GitRepo) CommitTree(tree, parent, msg string, author, committer Ident) (string, error) {
-	args := []string{"commit-tree", "--no-gpg-sign", tree}
-	if parent != "" {
-		args = append(args, "-p", parent)
-	}
-	env := []string{"GIT_AUTHOR_NAME=" + author.Name, "GIT_AUTHOR_EMAIL=" + author.Email, "GIT_AUTHOR_DATE=" + author.Date,
-		"GIT_COMMITTER_NAME=" + committer.Name, "GIT_COMMITTER_EMAIL=" + committer.Email}
-	out, err := r.Run(env, strings.NewReader(msg), args...)
-	return strings.TrimSpace(out), err
-}
-
-// ---------------------------------------------------------------------------
 // export_changes format git
 
 type gitCommitResult struct {
@@ -514,7 +200,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		if !filepath.IsAbs(gd) {
 			return nil, gitBad("git_dir must be an absolute path: %s", gd).With("git_dir", gd)
 		}
-		out, err := RunGit(ctx, "/", nil, nil, "-C", gd, "rev-parse", "--absolute-git-dir")
+		out, err := sbx.RunGit(ctx, "/", nil, nil, "-C", gd, "rev-parse", "--absolute-git-dir")
 		if err != nil {
 			return nil, gitBad("git_dir is not a git repository: %s", gd).With("git_dir", gd)
 		}
@@ -524,7 +210,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	default:
 		gitDir = origin.GitDir
 	}
-	if _, err := RunGit(ctx, "/", nil, nil, "check-ref-format", "refs/heads/"+branch); err != nil || strings.HasPrefix(branch, "-") {
+	if _, err := sbx.RunGit(ctx, "/", nil, nil, "check-ref-format", "refs/heads/"+branch); err != nil || strings.HasPrefix(branch, "-") {
 		return nil, gitBad("invalid branch name: %q", branch).With("branch", branch)
 	}
 	ref := "refs/heads/" + branch
@@ -562,7 +248,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		return nil, sbx.ExportError(err)
 	}
 	defer os.RemoveAll(tmp)
-	r := &GitRepo{Ctx: ctx, GitDir: gitDir, Tmp: tmp}
+	r := &sbx.GitRepo{Ctx: ctx, GitDir: gitDir, Tmp: tmp}
 	for _, wt := range s.checkedOut(r) {
 		if wt == ref {
 			return nil, gitBad("branch %s is checked out; export to another branch", branch).With("branch", branch)
@@ -655,7 +341,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 
 	// step applies chain[i]'s own delta to tree; lm is head's chain from
 	// that layer down to the base.
-	step := func(i int, tree GitTree) (next GitTree, written []string, fold *layers.Fold, lm layers.Manifest, err error) {
+	step := func(i int, tree sbx.GitTree) (next sbx.GitTree, written []string, fold *layers.Fold, lm layers.Manifest, err error) {
 		l := chain[i]
 		lm = layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: layerVersion(l.LayerID, m.Version)}
 		for j, hl := range m.Layers {
@@ -745,7 +431,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 }
 
 // checkedOut returns the refs checked out in any work tree of the repository.
-func (s *Supervisor) checkedOut(r *GitRepo) []string {
+func (s *Supervisor) checkedOut(r *sbx.GitRepo) []string {
 	var out []string
 	if h, err := r.Run(nil, nil, "symbolic-ref", "-q", "HEAD"); err == nil {
 		out = append(out, strings.TrimSpace(h))
@@ -762,9 +448,9 @@ func (s *Supervisor) checkedOut(r *GitRepo) []string {
 
 // baseGitTree is the tree of the base snapshot: `git add -A` of the base
 // layer directory onto HEAD's tree below prefix, in a temporary index.
-func (s *Supervisor) baseGitTree(r *GitRepo, baseDir, head, prefix string, headTree GitTree) (GitTree, error) {
+func (s *Supervisor) baseGitTree(r *sbx.GitRepo, baseDir, head, prefix string, headTree sbx.GitTree) (sbx.GitTree, error) {
 	env := []string{"GIT_INDEX_FILE=" + filepath.Join(r.Tmp, "base-index"), "GIT_WORK_TREE=" + baseDir}
-	sub := GitTree{}
+	sub := sbx.GitTree{}
 	if prefix == "" {
 		sub = headTree
 	} else {
@@ -778,20 +464,20 @@ func (s *Supervisor) baseGitTree(r *GitRepo, baseDir, head, prefix string, headT
 	for p, e := range sub {
 		fmt.Fprintf(&b, "%s %s\t%s\x00", e.Mode, e.OID, p)
 	}
-	if _, err := RunGit(r.Ctx, baseDir, append([]string{"GIT_DIR=" + r.GitDir}, env...), nil, "read-tree", "--empty"); err != nil {
+	if _, err := sbx.RunGit(r.Ctx, baseDir, append([]string{"GIT_DIR=" + r.GitDir}, env...), nil, "read-tree", "--empty"); err != nil {
 		return nil, err
 	}
-	if _, err := RunGit(r.Ctx, baseDir, append([]string{"GIT_DIR=" + r.GitDir}, env...), &b, "update-index", "-z", "--index-info"); err != nil {
+	if _, err := sbx.RunGit(r.Ctx, baseDir, append([]string{"GIT_DIR=" + r.GitDir}, env...), &b, "update-index", "-z", "--index-info"); err != nil {
 		return nil, err
 	}
-	if _, err := RunGit(r.Ctx, baseDir, append([]string{"GIT_DIR=" + r.GitDir}, env...), nil, "add", "-A", "--", "."); err != nil {
+	if _, err := sbx.RunGit(r.Ctx, baseDir, append([]string{"GIT_DIR=" + r.GitDir}, env...), nil, "add", "-A", "--", "."); err != nil {
 		return nil, err
 	}
-	out, err := RunGit(r.Ctx, baseDir, append([]string{"GIT_DIR=" + r.GitDir}, env...), nil, "ls-files", "-s", "-z")
+	out, err := sbx.RunGit(r.Ctx, baseDir, append([]string{"GIT_DIR=" + r.GitDir}, env...), nil, "ls-files", "-s", "-z")
 	if err != nil {
 		return nil, err
 	}
-	got := ParseLsTree(out, true)
+	got := sbx.ParseLsTree(out, true)
 	if prefix == "" {
 		return got, nil
 	}
@@ -806,7 +492,7 @@ func (s *Supervisor) baseGitTree(r *GitRepo, baseDir, head, prefix string, headT
 // applyLayer applies one layer's own delta to the parent's tree and returns
 // the new tree and the workspace paths of the regular files it wrote.
 // Submodules (gitlinks) are kept as they are: nothing below one is taken.
-func (s *Supervisor) applyLayer(r *GitRepo, v *layers.View, fold *layers.Fold, parent GitTree, prefix string) (GitTree, []string, error) {
+func (s *Supervisor) applyLayer(r *sbx.GitRepo, v *layers.View, fold *layers.Fold, parent sbx.GitTree, prefix string) (sbx.GitTree, []string, error) {
 	t := parent.Clone()
 	full := func(p string) string { return prefix + p }
 	// The parent's directories, so a subtree is only scanned for removal
@@ -837,25 +523,25 @@ func (s *Supervisor) applyLayer(r *GitRepo, v *layers.View, fold *layers.Fold, p
 		}
 	}
 	for _, p := range fold.Deletions {
-		if GitPathSkipped(p) || underLink(p) {
+		if sbx.GitPathSkipped(p) || underLink(p) {
 			continue
 		}
 		delete(t, full(p))
 		drop(p)
 	}
 	for _, p := range fold.OpaqueClears {
-		if !GitPathSkipped(p) && !underLink(p) {
+		if !sbx.GitPathSkipped(p) && !underLink(p) {
 			drop(p)
 		}
 	}
 	for _, d := range fold.Dirs {
-		if !GitPathSkipped(d.Path) && !underLink(d.Path) {
+		if !sbx.GitPathSkipped(d.Path) && !underLink(d.Path) {
 			delete(t, full(d.Path)) // a directory replaces a file
 		}
 	}
 	ig := layers.NewIgnorer(v)
 	keep := func(p string) bool {
-		if GitPathSkipped(p) || underLink(p) {
+		if sbx.GitPathSkipped(p) || underLink(p) {
 			return false
 		}
 		if _, tracked := parent[full(p)]; tracked {
@@ -881,7 +567,7 @@ func (s *Supervisor) applyLayer(r *GitRepo, v *layers.View, fold *layers.Fold, p
 	}
 	for i, p := range paths {
 		drop(p)
-		t[full(p)] = GitEntry{modes[i], oids[i]}
+		t[full(p)] = sbx.GitEntry{Mode: modes[i], OID: oids[i]}
 	}
 	for _, l := range fold.Symlinks {
 		if !keep(l.Path) {
@@ -892,14 +578,14 @@ func (s *Supervisor) applyLayer(r *GitRepo, v *layers.View, fold *layers.Fold, p
 			return nil, nil, err
 		}
 		drop(l.Path)
-		t[full(l.Path)] = GitEntry{"120000", oid}
+		t[full(l.Path)] = sbx.GitEntry{Mode: "120000", OID: oid}
 	}
 	return t, paths, nil
 }
 
 // changedFiles lists the workspace paths of blobs that differ between two
 // trees (present in next), below prefix.
-func changedFiles(prev, next GitTree, prefix string) []string {
+func changedFiles(prev, next sbx.GitTree, prefix string) []string {
 	var out []string
 	for p, e := range next {
 		if e.Mode == "120000" || e.Mode == "160000" || prev[p] == e {
@@ -914,7 +600,7 @@ func changedFiles(prev, next GitTree, prefix string) []string {
 }
 
 // authorOf maps a layer owner to a git author and its session ID.
-func authorOf(o lineOwner) (Ident, string) {
+func authorOf(o lineOwner) (sbx.Ident, string) {
 	kind, oid, _ := strings.Cut(o.Owner, ":")
 	switch kind {
 	case "workspace_session":
@@ -922,11 +608,11 @@ func authorOf(o lineOwner) (Ident, string) {
 		if o.Agent != "" {
 			name = o.Agent + " (" + oid + ")"
 		}
-		return Ident{Name: name, Email: oid + "@sandbox.invalid"}, oid
+		return sbx.Ident{Name: name, Email: oid + "@sandbox.invalid"}, oid
 	case "operation":
-		return Ident{Name: "operation " + oid, Email: "operation@sandbox.invalid"}, ""
+		return sbx.Ident{Name: "operation " + oid, Email: "operation@sandbox.invalid"}, ""
 	}
-	return Ident{Name: o.Owner, Email: "sandbox@sandbox.invalid"}, ""
+	return sbx.Ident{Name: o.Owner, Email: "sandbox@sandbox.invalid"}, ""
 }
 
 // layerMessage summarises a layer: the owner, the session's commands since
@@ -982,120 +668,4 @@ func firstLine(s string, n int) string {
 		return string(r[:n]) + "…"
 	}
 	return l
-}
-
-// ---------------------------------------------------------------------------
-// Agent Trace v0.1
-
-type atRange struct {
-	StartLine   int    `json:"start_line"`
-	EndLine     int    `json:"end_line"`
-	ContentHash string `json:"content_hash,omitempty"`
-}
-
-type atConversation struct {
-	Contributor map[string]string `json:"contributor"`
-	Ranges      []atRange         `json:"ranges"`
-	Metadata    map[string]any    `json:"metadata"`
-}
-
-type atFile struct {
-	Path          string           `json:"path"`
-	Conversations []atConversation `json:"conversations"`
-}
-
-type atRecord struct {
-	Version   string            `json:"version"`
-	ID        string            `json:"id"`
-	Timestamp string            `json:"timestamp"`
-	VCS       map[string]string `json:"vcs"`
-	Tool      map[string]string `json:"tool"`
-	Files     []atFile          `json:"files"`
-	Metadata  map[string]any    `json:"metadata"`
-}
-
-func newUUID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
-}
-
-// contributorType maps an owner to Agent Trace's contributor types: lines
-// of sessions are the agents', original lines the user's.
-func contributorType(owner string) string {
-	switch {
-	case strings.HasPrefix(owner, "workspace_session:"):
-		return "ai"
-	case owner == ownerOriginal:
-		return "human"
-	}
-	return "unknown"
-}
-
-// traceFile groups a file's blame ranges into one conversation per owner
-// key (owner, command, agent, layer), in order of first appearance.
-func traceFile(p string, owners []lineOwner, lines []string, wholesale bool) atFile {
-	f := atFile{Path: p, Conversations: []atConversation{}}
-	at := map[blameKey]int{}
-	for _, rg := range tileRanges(owners, wholesale) {
-		k := rg.key()
-		i, ok := at[k]
-		if !ok {
-			i = len(f.Conversations)
-			at[k] = i
-			meta := map[string]any{"owner": rg.Owner}
-			if rg.hasMeta() {
-				meta["workspace_session_id"], meta["command_session_id"], meta["agent"], meta["layer_id"] =
-					nullable(strings.TrimPrefix(rg.Owner, "workspace_session:")), nullable(rg.CommandSessionID), nullable(rg.Agent), nullable(rg.LayerID)
-				if !strings.HasPrefix(rg.Owner, "workspace_session:") {
-					meta["workspace_session_id"] = nil
-				}
-			}
-			f.Conversations = append(f.Conversations, atConversation{Contributor: map[string]string{"type": contributorType(rg.Owner)}, Metadata: meta})
-		}
-		r := atRange{StartLine: rg.StartLine, EndLine: rg.StartLine + rg.LineCount - 1}
-		if lines != nil && r.EndLine <= len(lines) {
-			r.ContentHash = contentDigest([]byte(strings.Join(lines[r.StartLine-1:r.EndLine], "\n")))
-		}
-		f.Conversations[i].Ranges = append(f.Conversations[i].Ranges, r)
-	}
-	return f
-}
-
-func newTraceRecord(revision, ts string, meta map[string]any) atRecord {
-	return atRecord{Version: "0.1.0", ID: newUUID(), Timestamp: ts, VCS: map[string]string{"type": "git", "revision": revision},
-		Tool: map[string]string{"name": "ephemeral-sandbox"}, Files: []atFile{}, Metadata: meta}
-}
-
-// traceRecord builds the Agent Trace note of an exported commit: the line
-// owners of each given regular file in the view of m.
-func (s *Supervisor) traceRecord(ctx context.Context, sb *sandbox, commit, ts string, meta map[string]any, paths []string, m layers.Manifest) []byte {
-	rec := newTraceRecord(commit, ts, meta)
-	v := sb.Stack.View(m)
-	for _, p := range paths {
-		owners, content, text, wholesale, err := s.viewOwners(ctx, sb, v, m.Version, p)
-		if err != nil {
-			continue // not a regular file at that layer
-		}
-		var lines []string
-		if text {
-			lines = textLines(content)
-		}
-		rec.Files = append(rec.Files, traceFile(p, owners, lines, wholesale))
-	}
-	b, _ := json.MarshalIndent(rec, "", "  ")
-	return append(b, '\n')
-}
-
-// gitHeadRevision is the revision file_blame's Agent Trace record names:
-// the sandbox's recorded HEAD ("" when none).
-func gitHeadRevision(sb *sandbox) string {
-	sb.Mu.Lock()
-	defer sb.Mu.Unlock()
-	if sb.Rec.Git != nil && sb.Rec.Git.Head != nil {
-		return *sb.Rec.Git.Head
-	}
-	return ""
 }
