@@ -79,12 +79,6 @@ func (s *Supervisor) destroySandbox(c *call) (any, error) {
 // bump records a client-visible change (§4.4).
 func (s *Supervisor) bump(ctx context.Context, sb *sandbox) { s.sbm.Bump(ctx, sb) }
 
-// removeSandbox deletes everything a sandbox owns: directory, command
-// transcripts, records, registry entry.
-func (s *Supervisor) removeSandbox(ctx context.Context, sb *sandbox) error {
-	return s.sbm.Remove(ctx, sb)
-}
-
 // newSandboxManager wires the registry's lifecycle to the state database,
 // the sessions, the cgroups, the observability stores and the image cache.
 // The closures read s's fields when called: some are set after wiring.

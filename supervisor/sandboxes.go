@@ -22,10 +22,8 @@ const (
 // The registry's types under the names the rest of the supervisor uses.
 type (
 	sandboxRecord      = sbx.Record
-	sharedBase         = sbx.SharedBase
 	resourceProfileRec = sbx.ResourceProfileRec
 	recoveryArtifact   = sbx.RecoveryArtifact
-	gitOrigin          = sbx.GitOrigin
 	// sandbox is a registry entry carrying the workspace's occupants.
 	sandbox = sbx.Sandbox[*occupants]
 )
@@ -53,8 +51,6 @@ func newSandbox(rec sandboxRecord, dir string) *sandbox {
 func nowRFC3339() string { return sbx.NowRFC3339() }
 
 func (s *Supervisor) sandboxDir(id string) string { return filepath.Join(s.dirs.Data, "sandboxes", id) }
-
-func notFoundSandbox(id string) *catalog.Error { return sbx.NotFound(id) }
 
 // resolveSandbox is §2.4 step 7. Observability reads also work on failed sandboxes.
 func (s *Supervisor) resolveSandbox(id string, readOnly bool) (*sandbox, *catalog.Error) {
