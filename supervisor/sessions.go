@@ -15,6 +15,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // Session states (§5.5).
@@ -88,7 +89,7 @@ type session struct {
 	gone   bool                // destroyed: whoever waited at the gate finds it gone
 	// forwards are the session's forward_port listeners by target port
 	// (network.go); they end with the session.
-	forwards map[int]*forward
+	forwards map[int]*workspace.Forward
 }
 
 func (ss *session) isGone() bool {

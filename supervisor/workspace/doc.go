@@ -2,8 +2,8 @@
 // their holders, commands and their transcripts, file operations, publish,
 // diff, finalization and teardown (contract §5, §6, §8).
 //
-// The move out of the root package is under way: the transcript (§6.3) is
-// here; sessions, commands and the rest still live in the root package and
+// The move out of the root package is under way: the transcript (§6.3)
+// and the port-forward listeners and relays (§3.6, §5.7) are here; sessions, commands and the rest still live in the root package and
 // reach the sandbox registry through supervisor/sandbox, carrying their
 // per-sandbox tables as the registry entry's opaque Work value.
 //
