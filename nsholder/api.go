@@ -1,13 +1,10 @@
 package nsholder
 
 import (
-	"context"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
 	"syscall"
-	"time"
 )
 
 // Config is everything a holder needs to build a session's root. All paths
@@ -187,46 +184,3 @@ func (e *SymlinkError) Error() string {
 func (e *SymlinkError) Is(target error) bool { return target == ErrSymlink }
 
 func (e *opError) Error() string { return e.msg }
-
-// Holder is the supervisor's handle on one running holder process. All
-// methods are safe for concurrent use.
-type Holder interface {
-	Pid() int              // host PID of the holder
-	Done() <-chan struct{} // closed when the holder process has exited
-	Events() <-chan Event  // command events, in order per command; closed when the holder exits
-	Spawn(ctx context.Context, req SpawnRequest) (*Process, error)
-	// Signal sends sig to every process of command id (its process group
-	// and every descendant the holder tracked).
-	Signal(ctx context.Context, id uint64, sig syscall.Signal) error
-	// Quiesce kills every process of the session except the holder and
-	// waits until they are reaped.
-	Quiesce(ctx context.Context) error
-	// File operations, resolved beneath /workspace without following any
-	// symlink (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS where available).
-	// Paths are clean and workspace-relative ("" is the workspace root).
-	Lstat(ctx context.Context, path string) (FileInfo, error)
-	ReadFile(ctx context.Context, path string, max int64) ([]byte, FileInfo, error)
-	ReadDir(ctx context.Context, path string) ([]FileInfo, error) // sorted by name bytes
-	// WriteFile replaces path atomically (temp file + rename in the target
-	// directory), creating missing parents with mode 0755. mode nil keeps an
-	// existing file's mode (0644 for a new file). It reports whether the
-	// file was created.
-	WriteFile(ctx context.Context, path string, data []byte, mode *fs.FileMode) (created bool, err error)
-	// DialLoopback connects to 127.0.0.1:port inside the session's network
-	// namespace (the holder connects and hands over the socket); timeout
-	// bounds the connect.
-	DialLoopback(ctx context.Context, port int, timeout time.Duration) (net.Conn, error)
-	// SwapLower moves the session's /workspace onto another lower chain
-	// under the same upper while the session lives (swap.go): in place for
-	// the fuse driver; for the kernel driver a new overlay replaces the old
-	// one, refused with a *PinnedError (ErrSwapPinned) while a session
-	// process has its cwd, root, a descriptor or a mapping in /workspace,
-	// ErrFreezeTimeout when the session does not stop in time, and
-	// ErrSwapUnsupported where the kernel lacks MOVE_MOUNT_BENEATH. On
-	// error nothing changed, except a fuse swap whose cache invalidation
-	// failed (fuseoverlay.ErrSwapInvalidate in the message).
-	SwapLower(ctx context.Context, req SwapRequest) error
-	// Close stops the holder: SIGTERM, wait grace, SIGKILL; the whole PID
-	// namespace dies with it. It returns once the process has exited.
-	Close(grace time.Duration) error
-}

@@ -1,6 +1,6 @@
 package nsholder
 
-// The supervisor side: Start and the Holder it returns.
+// The supervisor side: Start and the *Client it returns.
 
 import (
 	"context"
@@ -26,11 +26,11 @@ import (
 // holder is left. ctx bounds the setup only, not the holder's life. With
 // cfg.IDMapping "subid" the caller's subordinate ranges are mapped too,
 // through newuidmap/newgidmap (idmap.go).
-func Start(ctx context.Context, self string, cfg Config) (Holder, error) {
+func Start(ctx context.Context, self string, cfg Config) (*Client, error) {
 	return start(ctx, self, cfg, defaultStartOptions)
 }
 
-func start(ctx context.Context, self string, cfg Config, opts startOptions) (Holder, error) {
+func start(ctx context.Context, self string, cfg Config, opts startOptions) (*Client, error) {
 	var plan *subIDPlan
 	switch cfg.IDMapping {
 	case "", IDMappingSingle:
@@ -102,7 +102,7 @@ func start(ctx context.Context, self string, cfg Config, opts startOptions) (Hol
 		_ = cmd.Wait()
 		return nil, &SetupError{Stage: stageSpawn, Err: err.Error()}
 	}
-	c := &client{
+	c := &Client{
 		cmd:     cmd,
 		conn:    conn,
 		pending: map[uint64]chan ctlReply{},
@@ -152,7 +152,11 @@ type ctlReply struct {
 	fd      int
 }
 
-type client struct {
+// Client is the supervisor's handle on one running holder process. All
+// methods are safe for concurrent use. Callers declare the small interface
+// they need (a session's command runner, its file operations) rather than
+// nsholder declaring one for them.
+type Client struct {
 	cmd    *exec.Cmd
 	conn   *ctlConn
 	stderr *tailBuffer
@@ -169,31 +173,32 @@ type client struct {
 	closeOnce sync.Once
 }
 
-var _ Holder = (*client)(nil)
-
 // OverlayMountTime is how long the holder took to mount the session's
-// /workspace overlay during setup (0 when h does not report it).
-func OverlayMountTime(h Holder) time.Duration {
-	if c, ok := h.(*client); ok {
-		return time.Duration(c.ready.OverlayUs) * time.Microsecond
-	}
-	return 0
+// /workspace overlay during setup (0 when the holder did not report it).
+func (c *Client) OverlayMountTime() time.Duration {
+	return time.Duration(c.ready.OverlayUs) * time.Microsecond
 }
 
 // OverlayDriver is the driver the holder mounted /workspace with
 // (OverlayKernel or OverlayFuse).
-func OverlayDriver(h Holder) string {
-	if c, ok := h.(*client); ok && c.ready.Overlay != "" {
+func (c *Client) OverlayDriver() string {
+	if c.ready.Overlay != "" {
 		return c.ready.Overlay
 	}
 	return OverlayKernel
 }
 
-func (c *client) Pid() int              { return c.cmd.Process.Pid }
-func (c *client) Done() <-chan struct{} { return c.done }
-func (c *client) Events() <-chan Event  { return c.events.out }
+// Pid is the host PID of the holder.
+func (c *Client) Pid() int { return c.cmd.Process.Pid }
 
-func (c *client) kill() {
+// Done is closed when the holder process has exited.
+func (c *Client) Done() <-chan struct{} { return c.done }
+
+// Events carries command events, in order per command; it is closed when
+// the holder exits.
+func (c *Client) Events() <-chan Event { return c.events.out }
+
+func (c *Client) kill() {
 	_ = c.cmd.Process.Kill()
 	<-c.done
 	c.conn.Close()
@@ -201,7 +206,7 @@ func (c *client) kill() {
 
 // setupError turns a failed handshake into a *SetupError, after the holder
 // is gone (so its stderr is complete).
-func (c *client) setupError(err error) *SetupError {
+func (c *Client) setupError(err error) *SetupError {
 	var re *remoteError
 	if errors.As(err, &re) && re.stage != "" {
 		return &SetupError{Stage: re.stage, Err: re.msg}
@@ -222,7 +227,7 @@ func (c *client) setupError(err error) *SetupError {
 	return &SetupError{Stage: stageHandshake, Err: err.Error()}
 }
 
-func (c *client) readLoop() {
+func (c *Client) readLoop() {
 	for {
 		hdr, payload, fd, err := c.conn.readFrame()
 		if err != nil {
@@ -262,13 +267,13 @@ func (c *client) readLoop() {
 }
 
 // call sends a request and waits for its reply, the holder's exit or ctx.
-func (c *client) call(ctx context.Context, hdr *ctlHeader, payload []byte) (ctlReply, error) {
+func (c *Client) call(ctx context.Context, hdr *ctlHeader, payload []byte) (ctlReply, error) {
 	return c.callFDs(ctx, hdr, payload, nil)
 }
 
 // callFDs is call for a request that carries descriptors (fds ≠ nil: a
 // multi-descriptor frame, see proto.go); they are sent, not closed.
-func (c *client) callFDs(ctx context.Context, hdr *ctlHeader, payload []byte, fds []int) (ctlReply, error) {
+func (c *Client) callFDs(ctx context.Context, hdr *ctlHeader, payload []byte, fds []int) (ctlReply, error) {
 	if err := ctx.Err(); err != nil {
 		return ctlReply{}, err
 	}
@@ -314,7 +319,7 @@ func (c *client) callFDs(ctx context.Context, hdr *ctlHeader, payload []byte, fd
 	}
 }
 
-func (c *client) discard(r ctlReply) {
+func (c *Client) discard(r ctlReply) {
 	if r.fd >= 0 {
 		unix.Close(r.fd)
 	}
@@ -324,12 +329,12 @@ func (c *client) discard(r ctlReply) {
 }
 
 // do is call plus the holder's error.
-func (c *client) do(ctx context.Context, hdr *ctlHeader, payload []byte) (ctlReply, error) {
+func (c *Client) do(ctx context.Context, hdr *ctlHeader, payload []byte) (ctlReply, error) {
 	return c.doFDs(ctx, hdr, payload, nil)
 }
 
 // doFDs is do for a request that carries descriptors (see callFDs).
-func (c *client) doFDs(ctx context.Context, hdr *ctlHeader, payload []byte, fds []int) (ctlReply, error) {
+func (c *Client) doFDs(ctx context.Context, hdr *ctlHeader, payload []byte, fds []int) (ctlReply, error) {
 	op := hdr.Op
 	r, err := c.callFDs(ctx, hdr, payload, fds)
 	if err != nil {
@@ -347,7 +352,7 @@ func (c *client) doFDs(ctx context.Context, hdr *ctlHeader, payload []byte, fds 
 	return r, nil
 }
 
-func (c *client) Spawn(ctx context.Context, req SpawnRequest) (*Process, error) {
+func (c *Client) Spawn(ctx context.Context, req SpawnRequest) (*Process, error) {
 	r, err := c.do(ctx, &ctlHeader{Op: opSpawn, Spawn: &req}, nil)
 	if err != nil {
 		return nil, err
@@ -366,17 +371,24 @@ func (c *client) Spawn(ctx context.Context, req SpawnRequest) (*Process, error) 
 	return p, nil
 }
 
-func (c *client) Signal(ctx context.Context, id uint64, sig syscall.Signal) error {
+// Signal sends sig to every process of command id (its process group and
+// every descendant the holder tracked).
+func (c *Client) Signal(ctx context.Context, id uint64, sig syscall.Signal) error {
 	_, err := c.do(ctx, &ctlHeader{Op: opSignal, Cmd: id, Sig: int(sig)}, nil)
 	return err
 }
 
-func (c *client) Quiesce(ctx context.Context) error {
+// Quiesce kills every process of the session except the holder and waits
+// until they are reaped.
+func (c *Client) Quiesce(ctx context.Context) error {
 	_, err := c.do(ctx, &ctlHeader{Op: opQuiesce}, nil)
 	return err
 }
 
-func (c *client) Lstat(ctx context.Context, path string) (FileInfo, error) {
+// Lstat, ReadFile, ReadDir and WriteFile resolve beneath /workspace without
+// following any symlink (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS where
+// available). Paths are clean and workspace-relative ("" is the root).
+func (c *Client) Lstat(ctx context.Context, path string) (FileInfo, error) {
 	r, err := c.do(ctx, &ctlHeader{Op: opLstat, Path: path}, nil)
 	if err != nil {
 		return FileInfo{}, err
@@ -387,7 +399,7 @@ func (c *client) Lstat(ctx context.Context, path string) (FileInfo, error) {
 	return *r.hdr.Info, nil
 }
 
-func (c *client) ReadFile(ctx context.Context, path string, max int64) ([]byte, FileInfo, error) {
+func (c *Client) ReadFile(ctx context.Context, path string, max int64) ([]byte, FileInfo, error) {
 	r, err := c.do(ctx, &ctlHeader{Op: opReadFile, Path: path, Max: max}, nil)
 	if err != nil {
 		return nil, FileInfo{}, err
@@ -402,7 +414,8 @@ func (c *client) ReadFile(ctx context.Context, path string, max int64) ([]byte, 
 	return data, *r.hdr.Info, nil
 }
 
-func (c *client) ReadDir(ctx context.Context, path string) ([]FileInfo, error) {
+// ReadDir lists path sorted by name bytes.
+func (c *Client) ReadDir(ctx context.Context, path string) ([]FileInfo, error) {
 	r, err := c.do(ctx, &ctlHeader{Op: opReadDir, Path: path}, nil)
 	if err != nil {
 		return nil, err
@@ -413,7 +426,11 @@ func (c *client) ReadDir(ctx context.Context, path string) ([]FileInfo, error) {
 	return r.hdr.Infos, nil
 }
 
-func (c *client) WriteFile(ctx context.Context, path string, data []byte, mode *fs.FileMode) (bool, error) {
+// WriteFile replaces path atomically (temp file + rename in the target
+// directory), creating missing parents with mode 0755. mode nil keeps an
+// existing file's mode (0644 for a new file). It reports whether the file
+// was created.
+func (c *Client) WriteFile(ctx context.Context, path string, data []byte, mode *fs.FileMode) (bool, error) {
 	r, err := c.do(ctx, &ctlHeader{Op: opWrite, Path: path, Mode: mode}, data)
 	if err != nil {
 		return false, err
@@ -423,7 +440,7 @@ func (c *client) WriteFile(ctx context.Context, path string, data []byte, mode *
 
 // DialLoopback asks the holder for a socket connected to 127.0.0.1:port in
 // the session's network namespace.
-func (c *client) DialLoopback(ctx context.Context, port int, timeout time.Duration) (net.Conn, error) {
+func (c *Client) DialLoopback(ctx context.Context, port int, timeout time.Duration) (net.Conn, error) {
 	r, err := c.do(ctx, &ctlHeader{Op: opDial, Port: port, GraceMS: timeout.Milliseconds()}, nil)
 	if err != nil {
 		return nil, err
@@ -443,8 +460,8 @@ func (c *client) DialLoopback(ctx context.Context, port int, timeout time.Durati
 
 // HelperPid is the host PID of the session's network helper, 0 when it
 // has none.
-func HelperPid(h Holder) int {
-	if c, ok := h.(*client); ok && c.helper != nil {
+func (c *Client) HelperPid() int {
+	if c.helper != nil {
 		return c.helper.Process.Pid
 	}
 	return 0
@@ -457,7 +474,7 @@ func HelperPid(h Holder) int {
 // or grace has passed; Close SIGKILLs it after grace. Either way the
 // kernel kills what is left of the PID namespace, and the mount namespace
 // (overlay included) goes with its last process.
-func (c *client) Close(grace time.Duration) error {
+func (c *Client) Close(grace time.Duration) error {
 	c.closeOnce.Do(func() {
 		select {
 		case <-c.done:

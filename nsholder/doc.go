@@ -14,7 +14,7 @@
 //     hands it the Config over an inherited socketpair (fd 3) and waits for
 //     the ready handshake. Failures are *SetupError with the stage
 //     (spawn, handshake, mount_root, mount_overlay, pivot_root, ready) and
-//     leave no process. The returned Holder is the supervisor's handle.
+//     leave no process. The returned *Client is the supervisor's handle.
 //   - The holder (holder.go): PID 1 of the session, non-dumpable, reaps
 //     every child and orphan with its own wait4(-1) loop (SIGCHLD plus a
 //     poll while a command's group outlives its root), exits at EOF of the
@@ -62,7 +62,7 @@
 //     signal (os/signal.Notify into a drained channel, not SIG_IGN, which
 //     the commands would inherit), so kill -TERM/-SEGV 1 do nothing. Since
 //     the holder cannot tell the supervisor's SIGTERM from a session's,
-//     Holder.Close sends a shutdown request instead of SIGTERM: the holder
+//     Client.Close sends a shutdown request instead of SIGTERM: the holder
 //     SIGTERMs every session process, waits up to grace for them, and
 //     exits; Close SIGKILLs it if it is still there after grace.
 //   - Event order: per command, Exited precedes Done; no event of a

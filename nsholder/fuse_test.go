@@ -33,7 +33,7 @@ func TestFuseOverlay(t *testing.T) {
 		t.Fatalf("Start: %v", err)
 	}
 	t.Cleanup(func() { h.Close(2 * time.Second) })
-	if d := OverlayDriver(h); d != OverlayFuse {
+	if d := h.OverlayDriver(); d != OverlayFuse {
 		t.Fatalf("driver %q", d)
 	}
 	env := []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=dumb"}

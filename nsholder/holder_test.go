@@ -120,10 +120,10 @@ func (f *fixture) config(id string) Config {
 	}
 }
 
-// session wraps a Holder and routes its events to per-command channels.
+// session wraps a holder Client and routes its events to per-command channels.
 type session struct {
 	t     *testing.T
-	h     Holder
+	h     *Client
 	mu    sync.Mutex
 	chans map[uint64]chan Event
 	early map[uint64][]Event
@@ -780,7 +780,7 @@ func TestHolderExitsOnEOF(t *testing.T) {
 	s.spawn("sleep 1000")
 	time.Sleep(200 * time.Millisecond)
 	procs := sessionProcs(t, s.h.Pid())
-	c := s.h.(*client)
+	c := s.h
 	must(t, c.conn.uc.CloseWrite()) // the holder reads EOF
 	select {
 	case <-s.h.Done():

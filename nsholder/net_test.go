@@ -79,7 +79,7 @@ func TestEgress(t *testing.T) {
 			cfg.IsolatedNetwork, cfg.BlockPrivate, cfg.ResolvConf = true, true, ResolvConf
 			cfg.Egress = &Egress{Helper: helper, Path: path, StateDir: t.TempDir()}
 			s := startSession(t, cfg)
-			hp := HelperPid(s.h)
+			hp := s.h.HelperPid()
 			if hp == 0 {
 				t.Fatal("no helper pid")
 			}

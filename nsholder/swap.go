@@ -111,7 +111,7 @@ const swapFreezeBudget = 500 * time.Millisecond
 // moveMountBeneath is MOVE_MOUNT_BENEATH (Linux 6.5), not in x/sys yet.
 const moveMountBeneath = 0x200
 
-func (c *client) SwapLower(ctx context.Context, req SwapRequest) error {
+func (c *Client) SwapLower(ctx context.Context, req SwapRequest) error {
 	if len(req.Lowers) == 0 {
 		return fmt.Errorf("holder swaplower: %w: no lower layers", fs.ErrInvalid)
 	}

@@ -10,7 +10,7 @@ import (
 // a request that passes the caps takes a slot before it spawns anything, so
 // concurrent requests can never together exceed a cap. The slot counts as a
 // running command (or live session) until the real one enters its map, in
-// the same critical section of sb.mu that consumes the slot, or until the
+// the same critical section of sb.Mu that consumes the slot, or until the
 // request fails and releases it. Counts taken under admitMu can only fall
 // or stay equal meanwhile (only admission raises them), so a check is never
 // too lenient.
@@ -29,11 +29,11 @@ type slot struct {
 	gone atomic.Bool // consumed or released
 }
 
-func (sb *sandbox) pending(k slotKind) *int {
+func pendingSlots(sb *sandbox, k slotKind) *int {
 	if k == slotCommand {
-		return &sb.pendingCommands
+		return &sb.Work.pendingCommands
 	}
-	return &sb.pendingSessions
+	return &sb.Work.pendingSessions
 }
 
 // release gives an unused slot back (a failed request); it is a no-op once
@@ -42,36 +42,36 @@ func (sl *slot) release() {
 	if sl == nil {
 		return
 	}
-	sl.sb.mu.Lock()
+	sl.sb.Mu.Lock()
 	sl.releaseLocked()
-	sl.sb.mu.Unlock()
+	sl.sb.Mu.Unlock()
 }
 
-// releaseLocked is release for a caller holding sb.mu: the caller that puts
+// releaseLocked is release for a caller holding sb.Mu: the caller that puts
 // the command or session into its map consumes the slot in the same step.
 func (sl *slot) releaseLocked() {
 	if sl == nil || !sl.gone.CompareAndSwap(false, true) {
 		return
 	}
-	*sl.sb.pending(sl.kind)--
+	*pendingSlots(sl.sb, sl.kind)--
 }
 
 func (s *Supervisor) allSandboxes() []*sandbox {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	all := make([]*sandbox, 0, len(s.sandboxes))
-	for _, sb := range s.sandboxes {
+	all := make([]*sandbox, 0, s.sandboxes.Len())
+	for _, sb := range s.sandboxes.All() {
 		all = append(all, sb)
 	}
 	return all
 }
 
 // admittedCommands is the sandbox's running commands plus reserved slots.
-func (sb *sandbox) admittedCommands() int {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	n := sb.pendingCommands
-	for _, c := range sb.commands {
+func admittedCommands(sb *sandbox) int {
+	sb.Mu.Lock()
+	defer sb.Mu.Unlock()
+	n := sb.Work.pendingCommands
+	for _, c := range sb.Work.commands {
 		if !c.terminal() {
 			n++
 		}
@@ -80,21 +80,21 @@ func (sb *sandbox) admittedCommands() int {
 }
 
 // admittedSessions is the sandbox's live sessions plus reserved slots.
-func (sb *sandbox) admittedSessions() int {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	return len(sb.sessions) + sb.pendingSessions
+func admittedSessions(sb *sandbox) int {
+	sb.Mu.Lock()
+	defer sb.Mu.Unlock()
+	return len(sb.Work.sessions) + sb.Work.pendingSessions
 }
 
 // admitCommand reserves a command slot in sb or says which cap is full.
 func (s *Supervisor) admitCommand(sb *sandbox) (*slot, *catalog.Error) {
-	return s.admit(sb, slotCommand, (*sandbox).admittedCommands, "command admission refused", "max_active_commands",
+	return s.admit(sb, slotCommand, admittedCommands, "command admission refused", "max_active_commands",
 		s.cfg.Runtime.Command.MaxActivePerSandbox, s.cfg.Supervisor.MaxActiveCommands)
 }
 
 // admitSession reserves a session slot in sb or says which cap is full.
 func (s *Supervisor) admitSession(sb *sandbox) (*slot, *catalog.Error) {
-	return s.admit(sb, slotSession, (*sandbox).admittedSessions, "workspace session limit reached", "max_workspace_sessions",
+	return s.admit(sb, slotSession, admittedSessions, "workspace session limit reached", "max_workspace_sessions",
 		s.cfg.Runtime.Workspace.MaxSessionsPerSandbox, s.cfg.Supervisor.MaxSessions)
 }
 
@@ -118,8 +118,8 @@ func (s *Supervisor) admit(sb *sandbox, k slotKind, count func(*sandbox) int, ms
 }
 
 func (s *Supervisor) reserve(sb *sandbox, k slotKind) *slot {
-	sb.mu.Lock()
-	*sb.pending(k)++
-	sb.mu.Unlock()
+	sb.Mu.Lock()
+	*pendingSlots(sb, k)++
+	sb.Mu.Unlock()
 	return &slot{sb: sb, kind: k}
 }

@@ -50,7 +50,7 @@ func (s *store) deleteSandboxActivity(ctx context.Context, sandboxID string) err
 
 // audit is attribution's view of a sandbox.
 func (s *Supervisor) audit(sb *sandbox) *attribution.Audit {
-	return &attribution.Audit{SandboxID: sb.rec.ID, Stack: sb.stack, Store: s.store.attr(), Log: s.log}
+	return &attribution.Audit{SandboxID: sb.Rec.ID, Stack: sb.Stack, Store: s.store.attr(), Log: s.log}
 }
 
 // sessionBase returns the manifest a session was created on.
@@ -67,7 +67,7 @@ func (s *Supervisor) workspace(sb *sandbox, ss *session) attribution.Workspace {
 	base, rec := sessionBase(ss)
 	w := attribution.Workspace{ID: rec.WorkspaceSessionID, Agent: rec.Agent, Dir: ss.dir, Upper: ss.upper(), Log: s.log}
 	if sb != nil {
-		w.Base = sb.stack.View(base)
+		w.Base = sb.Stack.View(base)
 	}
 	return w
 }
@@ -120,8 +120,8 @@ func (s *Supervisor) recordActivity(ctx context.Context, sb *sandbox, recs []att
 	// already happened.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := s.store.attr().AppendActivity(ctx, sb.rec.ID, recs, s.cfg.Observability.FileActivity.MaxRecords); err != nil {
-		s.log.Warn("file_activity.dropped", "sandbox_id", sb.rec.ID, "records", len(recs), "err", err)
+	if err := s.store.attr().AppendActivity(ctx, sb.Rec.ID, recs, s.cfg.Observability.FileActivity.MaxRecords); err != nil {
+		s.log.Warn("file_activity.dropped", "sandbox_id", sb.Rec.ID, "records", len(recs), "err", err)
 	}
 }
 
@@ -168,11 +168,11 @@ func (s *Supervisor) fileActivity(c *call) (any, error) {
 	if v, explicit := c.req.Args["limit"]; explicit && v != nil {
 		q.Limit = int(c.args.Uint("limit"))
 	}
-	out := map[string]any{"view": "file_activity", "sandbox_id": c.sb.rec.ID, "records": []json.RawMessage{}, "truncated": false}
+	out := map[string]any{"view": "file_activity", "sandbox_id": c.sb.Rec.ID, "records": []json.RawMessage{}, "truncated": false}
 	if !s.activityEnabled() {
 		return out, nil
 	}
-	recs, truncated, err := s.store.attr().QueryActivity(c.ctx, c.sb.rec.ID, q)
+	recs, truncated, err := s.store.attr().QueryActivity(c.ctx, c.sb.Rec.ID, q)
 	if err != nil {
 		return nil, err
 	}

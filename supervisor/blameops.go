@@ -42,7 +42,7 @@ func blameResult(p, view string, ws any, rev layers.Revision, owners []lineOwner
 }
 
 func (s *Supervisor) blameHead(c *call, p string) (any, error) {
-	lease, err := c.sb.stack.Acquire("read") // a squash may collect head's layers meanwhile
+	lease, err := c.sb.Stack.Acquire("read") // a squash may collect head's layers meanwhile
 	if err != nil {
 		return nil, err
 	}
@@ -52,10 +52,10 @@ func (s *Supervisor) blameHead(c *call, p string) (any, error) {
 		}
 	}()
 	head := lease.Manifest()
-	owners, content, text, wholesale, err := s.viewOwners(c.ctx, c.sb, c.sb.stack.View(head), head.Version, p)
+	owners, content, text, wholesale, err := s.viewOwners(c.ctx, c.sb, c.sb.Stack.View(head), head.Version, p)
 	if absent(err) {
 		nf := fileNotFound(p)
-		if rec, rerr := s.store.attr().LatestAudit(c.ctx, c.sb.rec.ID, p, head.Version); rerr == nil && rec != nil {
+		if rec, rerr := s.store.attr().LatestAudit(c.ctx, c.sb.Rec.ID, p, head.Version); rerr == nil && rec != nil {
 			nf = nf.With("last_record_layer_id", rec.LayerID)
 		}
 		return nil, nf
@@ -121,7 +121,7 @@ func (s *Supervisor) blameTrace(c *call, p string, ws any, rev layers.Revision, 
 	if ws != nil {
 		view = "session"
 	}
-	rec := newTraceRecord(gitHeadRevision(c.sb), nowRFC3339(), map[string]any{"sandbox_id": c.sb.rec.ID, "view": view,
+	rec := newTraceRecord(gitHeadRevision(c.sb), nowRFC3339(), map[string]any{"sandbox_id": c.sb.Rec.ID, "view": view,
 		"workspace_session_id": ws, "revision": rev})
 	rec.Files = append(rec.Files, traceFile(p, owners, lines, wholesale))
 	return rec

@@ -54,7 +54,7 @@ func testSandbox(t *testing.T, files map[string]string) (*Supervisor, *sandbox) 
 	}
 	s := &Supervisor{store: st, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	sb := newSandbox(sandboxRecord{ID: "sbx-test"}, sbDir)
-	sb.stack = stack
+	sb.Stack = stack
 	return s, sb
 }
 
@@ -62,7 +62,7 @@ func testSandbox(t *testing.T, files map[string]string) (*Supervisor, *sandbox) 
 func write(t *testing.T, s *Supervisor, sb *sandbox, p, content, requestID string) layers.PublishResult {
 	t.Helper()
 	var prev layers.Manifest
-	res, err := sb.stack.Update(context.Background(), func(v *layers.View) ([]layers.Change, error) {
+	res, err := sb.Stack.Update(context.Background(), func(v *layers.View) ([]layers.Change, error) {
 		prev = v.Manifest()
 		return []layers.Change{{Kind: layers.ChangeWrite, Path: p, Mode: 0o644, Data: []byte(content)}}, nil
 	})
@@ -196,7 +196,7 @@ func TestBlameHeadFromAudit(t *testing.T) {
 	}
 	_, err = blame(t, s, sb, "../x")
 	wantErrKind(t, err, catalog.InvalidRequest)
-	if _, err := sb.stack.Publish(context.Background(), []layers.Change{{Kind: layers.ChangeDelete, Path: "base.txt"}}); err != nil {
+	if _, err := sb.Stack.Publish(context.Background(), []layers.Change{{Kind: layers.ChangeDelete, Path: "base.txt"}}); err != nil {
 		t.Fatal(err)
 	}
 	_, err = blame(t, s, sb, "base.txt")

@@ -17,6 +17,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // Command statuses (§3.3).
@@ -27,6 +28,13 @@ const (
 	cmdTimedOut  = "timed_out"
 	cmdCancelled = "cancelled"
 )
+
+// commandRunner starts and signals a session's commands in its holder.
+type commandRunner interface {
+	Spawn(ctx context.Context, req nsholder.SpawnRequest) (*nsholder.Process, error)
+	// Signal sends sig to every process of command id.
+	Signal(ctx context.Context, id uint64, sig syscall.Signal) error
+}
 
 // commandRecord is the persisted command (§6.7). Extra holds the optional
 // terminal fields (publish, publish_rejected, finalization_failed, …) that
@@ -52,7 +60,7 @@ type command struct {
 	mu      sync.Mutex
 	rec     commandRecord
 	dir     string
-	tr      *transcript
+	tr      *workspace.Transcript
 	proc    *nsholder.Process
 	ss      *session
 	cursor  int
@@ -77,11 +85,11 @@ func (c *command) terminal() bool {
 // An image sandbox starts from the image's Env (§5.4), whose PATH replaces
 // the supervisor's; every variable set below overrides an image one.
 func (s *Supervisor) commandEnv(sb *sandbox, wsID, cmdID string) []string {
-	sbID := sb.rec.ID
+	sbID := sb.Rec.ID
 	path := os.Getenv("PATH")
-	if sb.rec.Rootfs != "host" {
+	if sb.Rec.Rootfs != "host" {
 		path = ""
-		if v, ok := envLookup(sb.imageEnv, "PATH"); ok {
+		if v, ok := envLookup(sb.ImageEnv, "PATH"); ok {
 			path = v
 		}
 	}
@@ -108,27 +116,27 @@ func (s *Supervisor) commandEnv(sb *sandbox, wsID, cmdID string) []string {
 	for _, k := range keys {
 		env = append(env, k+"="+s.cfg.Runtime.Command.Env[k])
 	}
-	return mergeEnv(sb.imageEnv, env)
+	return mergeEnv(sb.ImageEnv, env)
 }
 
 func (s *Supervisor) runningCommands() (total int) {
 	s.mu.Lock()
-	all := make([]*sandbox, 0, len(s.sandboxes))
-	for _, sb := range s.sandboxes {
+	all := make([]*sandbox, 0, s.sandboxes.Len())
+	for _, sb := range s.sandboxes.All() {
 		all = append(all, sb)
 	}
 	s.mu.Unlock()
 	for _, sb := range all {
-		total += sb.runningCount()
+		total += runningCount(sb)
 	}
 	return total
 }
 
-func (sb *sandbox) runningCount() int {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
+func runningCount(sb *sandbox) int {
+	sb.Mu.Lock()
+	defer sb.Mu.Unlock()
 	n := 0
-	for _, c := range sb.commands {
+	for _, c := range sb.Work.commands {
 		if !c.terminal() {
 			n++
 		}
@@ -148,11 +156,11 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 	if e != nil {
 		return nil, e
 	}
-	defer sl.release() // a no-op once spawn put the command in sb.commands
+	defer sl.release() // a no-op once spawn put the command in sb.Work.commands
 	var ss *session
 	if c.args.Has("workspace_session_id") {
 		var e *catalog.Error
-		if ss, e = sb.lookupSession(c.args.String("workspace_session_id")); e != nil {
+		if ss, e = lookupSession(sb, c.args.String("workspace_session_id")); e != nil {
 			return nil, e
 		}
 	} else {
@@ -181,7 +189,7 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 
 // spawn starts one command in a session through its holder.
 // sl is the command's admission slot, consumed when the command enters
-// sb.commands.
+// sb.Work.commands.
 func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdline string, sl *slot) (*command, error) {
 	ss.gate.Lock()
 	defer ss.gate.Unlock()
@@ -199,7 +207,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create transcript directory: %w", err)
 	}
-	tr, err := newTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
+	tr, err := workspace.NewTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("create transcript: %w", err)
@@ -207,7 +215,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	now := time.Now()
 	cmd := &command{
 		dir: dir, tr: tr, ss: ss, done: make(chan struct{}), readEOF: make(chan struct{}),
-		rec: commandRecord{CommandSessionID: id, SandboxID: sb.rec.ID, Cmd: cmdline, WorkspaceSessionID: ss.id(),
+		rec: commandRecord{CommandSessionID: id, SandboxID: sb.Rec.ID, Cmd: cmdline, WorkspaceSessionID: ss.id(),
 			Status: cmdRunning, StartedAt: now.UTC().Format("2006-01-02T15:04:05.000Z"), StartedUnixMs: now.UnixMilli()},
 	}
 	// The holder may report a fast command's exit right after Spawn returns;
@@ -235,7 +243,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	// Persist the running record before the holder's exit event can be
 	// handled (it waits for ss.mu): afterwards finishCommand owns the record,
 	// and a later put of "running" would overwrite its terminal state.
-	if err := s.store.Put(ctx, statedb.KindCommand, id, sb.rec.ID, cmd.rec); err != nil {
+	if err := s.store.Put(ctx, statedb.KindCommand, id, sb.Rec.ID, cmd.rec); err != nil {
 		s.log.Warn("persist command", "command", id, "err", err)
 	}
 	ss.mu.Unlock()
@@ -252,15 +260,15 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 			}
 		}
 	}()
-	sb.mu.Lock()
-	sb.commands[id] = cmd
+	sb.Mu.Lock()
+	sb.Work.commands[id] = cmd
 	sl.releaseLocked()
-	sb.mu.Unlock()
+	sb.Mu.Unlock()
 	return cmd, nil
 }
 
-func (s *Supervisor) transcriptOptions() transcriptOptions {
-	return transcriptOptions{
+func (s *Supervisor) transcriptOptions() workspace.TranscriptOptions {
+	return workspace.TranscriptOptions{
 		MaxBytes:    s.cfg.Runtime.Command.MaxTranscriptBytes,
 		WindowBytes: int64(s.cfg.Runtime.Command.MaxTranscriptWindowBytes),
 		IdleCommit:  100 * time.Millisecond,
@@ -336,7 +344,7 @@ func (s *Supervisor) commandDone(sb *sandbox, ss *session, cmd *command) {
 		extra := s.finalizeImplicit(context.Background(), sb, ss, cmd)
 		s.finishCommand(sb, cmd, "", extra)
 	}
-	if !sb.goBackground(finalize) {
+	if !sb.GoBackground(finalize) {
 		// The sandbox is being destroyed: nothing is published (§4.3).
 		s.finishCommand(sb, cmd, "supervisor_restart", nil)
 	}
@@ -393,7 +401,7 @@ func (s *Supervisor) finishCommand(sb *sandbox, cmd *command, interrupt string, 
 	cmd.final = false
 	rec := *r
 	cmd.mu.Unlock()
-	if err := s.store.Put(context.Background(), statedb.KindCommand, rec.CommandSessionID, sb.rec.ID, rec); err != nil {
+	if err := s.store.Put(context.Background(), statedb.KindCommand, rec.CommandSessionID, sb.Rec.ID, rec); err != nil {
 		s.log.Warn("persist command", "command", rec.CommandSessionID, "err", err)
 	}
 	close(cmd.done)
@@ -430,31 +438,31 @@ func (s *Supervisor) killCommand(cmd *command, why string, sig syscall.Signal, g
 // retain applies the terminal-record cap (§6.7): FIFO eviction beyond
 // runtime.command.max_terminal_entries, remembering evicted IDs.
 func (s *Supervisor) retain(sb *sandbox, cmd *command) {
-	sb.mu.Lock()
-	sb.terminalOrder = append(sb.terminalOrder, cmd.rec.CommandSessionID)
+	sb.Mu.Lock()
+	sb.Work.terminalOrder = append(sb.Work.terminalOrder, cmd.rec.CommandSessionID)
 	var evict []string
-	for len(sb.terminalOrder) > s.cfg.Runtime.Command.MaxTerminalEntries {
-		evict = append(evict, sb.terminalOrder[0])
-		sb.terminalOrder = sb.terminalOrder[1:]
+	for len(sb.Work.terminalOrder) > s.cfg.Runtime.Command.MaxTerminalEntries {
+		evict = append(evict, sb.Work.terminalOrder[0])
+		sb.Work.terminalOrder = sb.Work.terminalOrder[1:]
 	}
 	for _, id := range evict {
-		delete(sb.commands, id)
-		sb.evicted[id] = true
+		delete(sb.Work.commands, id)
+		sb.Work.evicted[id] = true
 	}
-	sb.mu.Unlock()
+	sb.Mu.Unlock()
 	for _, id := range evict {
 		os.RemoveAll(filepath.Join(s.dirs.Data, "commands", id))
 		_ = s.store.Delete(context.Background(), statedb.KindCommand, id)
-		_ = s.store.Put(context.Background(), statedb.KindEvicted, id, sb.rec.ID, map[string]string{"command_session_id": id})
+		_ = s.store.Put(context.Background(), statedb.KindEvicted, id, sb.Rec.ID, map[string]string{"command_session_id": id})
 	}
 }
 
 // lookupCommand finds a retained command, or says why not (§3.3).
 func (s *Supervisor) lookupCommand(sb *sandbox, id string) (*command, *catalog.Error) {
-	sb.mu.Lock()
-	cmd := sb.commands[id]
-	evicted := sb.evicted[id]
-	sb.mu.Unlock()
+	sb.Mu.Lock()
+	cmd := sb.Work.commands[id]
+	evicted := sb.Work.evicted[id]
+	sb.Mu.Unlock()
 	if cmd != nil {
 		return cmd, nil
 	}
@@ -523,12 +531,12 @@ func (s *Supervisor) readCommandLines(c *call) (any, error) {
 }
 
 func (s *Supervisor) listCommands(c *call) (any, error) {
-	c.sb.mu.Lock()
-	all := make([]*command, 0, len(c.sb.commands))
-	for _, cmd := range c.sb.commands {
+	c.sb.Mu.Lock()
+	all := make([]*command, 0, len(c.sb.Work.commands))
+	for _, cmd := range c.sb.Work.commands {
 		all = append(all, cmd)
 	}
-	c.sb.mu.Unlock()
+	c.sb.Mu.Unlock()
 	wantSess, wantStatus := c.args.String("workspace_session_id"), c.args.String("status")
 	var recs []commandRecord
 	for _, cmd := range all {
@@ -597,7 +605,7 @@ func (c *command) output(rows []string, first, end, truncBefore int, start time.
 	out := map[string]any{
 		"status": status, "exit_code": exit, "wall_time_seconds": time.Since(start).Seconds(),
 		"command_total_time_seconds": total, "start_offset": first, "end_offset": end, "total_lines": c.tr.Total(),
-		"original_token_count": tokenCount(text), "output": text,
+		"original_token_count": workspace.TokenCount(text), "output": text,
 		"command_session_id": r.CommandSessionID, "workspace_session_id": r.WorkspaceSessionID,
 	}
 	if truncBefore > 0 {
@@ -623,7 +631,7 @@ func (c *command) output(rows []string, first, end, truncBefore int, start time.
 // were running become terminal with interrupted:true (§4.5).
 func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted int) {
 	var recs []commandRecord
-	_ = s.store.List(ctx, statedb.KindCommand, sb.rec.ID, func(b []byte) error {
+	_ = s.store.List(ctx, statedb.KindCommand, sb.Rec.ID, func(b []byte) error {
 		var r commandRecord
 		if err := json.Unmarshal(b, &r); err != nil {
 			return err
@@ -634,7 +642,7 @@ func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted
 	sort.Slice(recs, func(i, j int) bool { return recs[i].CommandSessionID < recs[j].CommandSessionID })
 	for _, r := range recs {
 		dir := filepath.Join(s.dirs.Data, "commands", r.CommandSessionID)
-		tr, err := openTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
+		tr, err := workspace.OpenTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
 		if err != nil {
 			s.log.Warn("reopen transcript", "command", r.CommandSessionID, "err", err)
 			continue
@@ -645,20 +653,20 @@ func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted
 			ended := now.UTC().Format("2006-01-02T15:04:05.000Z")
 			r.Status, r.ExitCode, r.Interrupted, r.InterruptReason = cmdError, nil, true, "supervisor_restart"
 			r.EndedAt, r.EndedUnixMs = &ended, now.UnixMilli()
-			_ = s.store.Put(ctx, statedb.KindCommand, r.CommandSessionID, sb.rec.ID, r)
+			_ = s.store.Put(ctx, statedb.KindCommand, r.CommandSessionID, sb.Rec.ID, r)
 			s.eventCtx(ctx, sb, "command.interrupted", map[string]any{"command_session_id": r.CommandSessionID, "interrupt_reason": "supervisor_restart"})
 			interrupted++
 		}
 		done := make(chan struct{})
 		close(done)
 		cmd := &command{rec: r, dir: dir, tr: tr, done: done}
-		sb.commands[r.CommandSessionID] = cmd
-		sb.terminalOrder = append(sb.terminalOrder, r.CommandSessionID)
+		sb.Work.commands[r.CommandSessionID] = cmd
+		sb.Work.terminalOrder = append(sb.Work.terminalOrder, r.CommandSessionID)
 	}
-	_ = s.store.List(ctx, statedb.KindEvicted, sb.rec.ID, func(b []byte) error {
+	_ = s.store.List(ctx, statedb.KindEvicted, sb.Rec.ID, func(b []byte) error {
 		var m map[string]string
 		if err := json.Unmarshal(b, &m); err == nil {
-			sb.evicted[m["command_session_id"]] = true
+			sb.Work.evicted[m["command_session_id"]] = true
 		}
 		return nil
 	})

@@ -10,19 +10,19 @@ type Counts struct {
 
 func (s *Supervisor) counts() Counts {
 	s.mu.Lock()
-	sbs := make([]*sandbox, 0, len(s.sandboxes))
-	for _, sb := range s.sandboxes {
+	sbs := make([]*sandbox, 0, s.sandboxes.Len())
+	for _, sb := range s.sandboxes.All() {
 		sbs = append(sbs, sb)
 	}
 	s.mu.Unlock()
 	c := Counts{Sandboxes: len(sbs), Requests: s.active.Load()}
 	for _, sb := range sbs {
-		sb.mu.Lock()
-		if sb.rec.State == stateReady {
+		sb.Mu.Lock()
+		if sb.Rec.State == stateReady {
 			c.Ready++
 		}
-		c.Sessions += len(sb.sessions)
-		sb.mu.Unlock()
+		c.Sessions += len(sb.Work.sessions)
+		sb.Mu.Unlock()
 	}
 	return c
 }

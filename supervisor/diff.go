@@ -107,7 +107,7 @@ func (s *Supervisor) diffWorkspaceSession(c *call) (any, error) {
 	if e != nil {
 		return nil, e
 	}
-	ss, e := c.sb.lookupSession(id)
+	ss, e := lookupSession(c.sb, id)
 	if e != nil {
 		return nil, e
 	}
@@ -116,7 +116,7 @@ func (s *Supervisor) diffWorkspaceSession(c *call) (any, error) {
 	// a walk that races one is retried).
 	ss.gate.Lock()
 	defer ss.gate.Unlock()
-	if _, e := c.sb.lookupSession(id); e != nil {
+	if _, e := lookupSession(c.sb, id); e != nil {
 		return nil, e // destroyed while we waited
 	}
 	if st := ss.state(); st == sessFinalizing {
@@ -126,14 +126,14 @@ func (s *Supervisor) diffWorkspaceSession(c *call) (any, error) {
 	ss.mu.Lock()
 	rec := ss.rec
 	ss.mu.Unlock()
-	baseView := c.sb.stack.View(layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: rec.Lease.Layers})
-	lease, err := c.sb.stack.Acquire("workspace-diff:" + id)
+	baseView := c.sb.Stack.View(layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: rec.Lease.Layers})
+	lease, err := c.sb.Stack.Acquire("workspace-diff:" + id)
 	if err != nil {
-		return nil, fmt.Errorf("read head: %v", err)
+		return nil, fmt.Errorf("read head: %w", err)
 	}
 	defer func() { _, _ = lease.Release() }()
 	head := lease.Manifest()
-	headView := c.sb.stack.View(head)
+	headView := c.sb.Stack.View(head)
 	left := baseView
 	if against == "head" {
 		left = headView
@@ -201,12 +201,12 @@ type wsDiffer struct {
 
 func (d *wsDiffer) run(upper string, filters []string, headMoved bool) (map[string]any, error) {
 	if _, err := os.Lstat(upper); err != nil {
-		return nil, fmt.Errorf("session upper dir: %v", err)
+		return nil, fmt.Errorf("session upper dir: %w", err)
 	}
 	cs, err := layers.Capture(d.ctx, upper, d.base)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, layers.ErrChanged) {
-			return nil, fmt.Errorf("%w: %v", errWsDiffUpperChanged, err)
+			return nil, fmt.Errorf("%w: %w", errWsDiffUpperChanged, err)
 		}
 		return nil, err
 	}
@@ -376,7 +376,7 @@ func wsDiffSessionSide(it wsDiffItem) wsDiffSide {
 			if err != nil {
 				if errors.Is(err, fs.ErrNotExist) || errors.Is(err, layers.ErrSymlink) ||
 					errors.Is(err, layers.ErrNotRegular) || errors.Is(err, syscall.ENOTDIR) {
-					err = fmt.Errorf("%w: %v", errWsDiffUpperChanged, err)
+					err = fmt.Errorf("%w: %w", errWsDiffUpperChanged, err)
 				}
 				return nil, 0, err
 			}

@@ -91,11 +91,11 @@ func (s *Supervisor) bindScope(r *rpc.Request) (func(), error) {
 	if e != nil {
 		return nil, e
 	}
-	if !sb.gate.TryRLock() {
-		return nil, sb.busyError()
+	if !sb.Gate.TryRLock() {
+		return nil, sb.BusyError()
 	}
 	r.State = sb
-	return sb.gate.RUnlock, nil
+	return sb.Gate.RUnlock, nil
 }
 
 // run adapts a handler to rpc: the call it sees, and the request's

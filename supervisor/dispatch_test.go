@@ -1,11 +1,12 @@
 package supervisor
 
 import (
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 	"io"
 	"log/slog"
 	"strings"
 	"testing"
+
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 )

@@ -26,7 +26,7 @@ func (s *Supervisor) fileSession(c *call) (*session, func(), error) {
 	if !c.args.Has("workspace_session_id") {
 		return nil, func() {}, nil
 	}
-	ss, e := c.sb.lookupSession(c.args.String("workspace_session_id"))
+	ss, e := lookupSession(c.sb, c.args.String("workspace_session_id"))
 	if e != nil {
 		return nil, nil, e
 	}
@@ -88,7 +88,16 @@ func (h headFiles) readDir(_ context.Context, p string) ([]fileEntry, error) {
 // sessionFiles reads through the holder. A file as a parent component
 // makes the path absent, exactly as in the merged head view; a symlink is
 // reported (symlinkComponentError).
-type sessionFiles struct{ h nsholder.Holder }
+type sessionFiles struct{ h fileHolder }
+
+// fileHolder is the holder's file operations, resolved beneath /workspace
+// without following symlinks.
+type fileHolder interface {
+	Lstat(ctx context.Context, path string) (nsholder.FileInfo, error)
+	ReadFile(ctx context.Context, path string, max int64) ([]byte, nsholder.FileInfo, error)
+	ReadDir(ctx context.Context, path string) ([]nsholder.FileInfo, error)
+	WriteFile(ctx context.Context, path string, data []byte, mode *fs.FileMode) (created bool, err error)
+}
 
 func holderEntry(fi nsholder.FileInfo) fileEntry {
 	return fileEntry{name: fi.Name, kind: layers.EntryKind(fi.Kind), mode: fi.Mode, size: fi.Size}
@@ -138,12 +147,12 @@ func (s *Supervisor) viewFor(c *call) (fileView, *session, func(), error) {
 	}
 	// A lease, not a bare read of head: a squash may replace head's layers
 	// and collect them while this read still walks them.
-	lease, err := c.sb.stack.Acquire("read")
+	lease, err := c.sb.Stack.Acquire("read")
 	if err != nil {
 		release()
 		return nil, nil, nil, err
 	}
-	return headFiles{c.sb.stack.View(lease.Manifest())}, nil, func() {
+	return headFiles{c.sb.Stack.View(lease.Manifest())}, nil, func() {
 		if _, err := lease.Release(); err != nil {
 			s.log.Warn("release read lease", "err", err)
 		}
@@ -421,7 +430,7 @@ func (s *Supervisor) fileWrite(c *call) (any, error) {
 	}
 	created := false
 	var prev layers.Manifest // the head this write is based on, for line attribution
-	res, err := c.sb.stack.Update(c.ctx, func(v *layers.View) ([]layers.Change, error) {
+	res, err := c.sb.Stack.Update(c.ctx, func(v *layers.View) ([]layers.Change, error) {
 		prev = v.Manifest()
 		old, err := writeTarget(v, p)
 		if err != nil {
@@ -629,7 +638,7 @@ func (s *Supervisor) fileEdit(c *call) (any, error) {
 	}
 	var written, replacements int
 	var prev layers.Manifest
-	res, err := c.sb.stack.Update(c.ctx, func(head *layers.View) ([]layers.Change, error) {
+	res, err := c.sb.Stack.Update(c.ctx, func(head *layers.View) ([]layers.Change, error) {
 		prev = head.Manifest()
 		raw, e, err := readText(c.ctx, headFiles{head}, p, s.cfg.Runtime.File.MaxEditBytes)
 		if err != nil {

@@ -31,14 +31,14 @@ func (s *Supervisor) publishOptions() layers.PublishOptions {
 func (s *Supervisor) publishSession(ctx context.Context, sb *sandbox, ss *session, opt layers.PublishOptions, drain *command) (*layers.Plan, layers.PublishResult, error) {
 	base := ss.base()
 	sp := spanFrom(ctx).child("workspace_session.capture_changes", map[string]any{"workspace_session_id": ss.id()})
-	cs, err := layers.Capture(ctx, ss.upper(), sb.stack.View(base))
+	cs, err := layers.Capture(ctx, ss.upper(), sb.Stack.View(base))
 	sp.done(err, nil)
 	if err != nil {
 		return nil, layers.PublishResult{}, fmt.Errorf("capture: %w", err)
 	}
 	defer cs.Close()
 	sp = spanFrom(ctx).child("layerstack.publish", map[string]any{"base": base.Revision(), "dry_run": opt.DryRun})
-	plan, res, err := sb.stack.PublishChangeset(ctx, base, cs, opt)
+	plan, res, err := sb.Stack.PublishChangeset(ctx, base, cs, opt)
 	added := 0
 	if err == nil && !opt.DryRun && !res.NoOp {
 		added = 1
@@ -188,14 +188,6 @@ func (s *Supervisor) finalize(ctx context.Context, sb *sandbox, ss *session, dra
 	return extra
 }
 
-// recoveryArtifact is one entry of the sandbox record's recovery_artifacts.
-type recoveryArtifact struct {
-	WorkspaceSessionID string `json:"workspace_session_id"`
-	CreatedAt          string `json:"created_at"`
-	Reason             string `json:"reason"`
-	Bytes              int64  `json:"bytes"`
-}
-
 // keepRecoveryArtifact moves a rejected implicit session's upper dir (a
 // rename, not a copy) to workspace_recovery/<id>/upper beside a manifest,
 // keeping the newest runtime.workspace.max_recovery_artifacts.
@@ -203,12 +195,12 @@ func (s *Supervisor) keepRecoveryArtifact(ctx context.Context, sb *sandbox, ss *
 	if s.cfg.Runtime.Workspace.MaxRecoveryArtifacts == 0 {
 		return ""
 	}
-	dir := filepath.Join(sb.dir, "workspace_recovery", ss.id())
+	dir := filepath.Join(sb.Dir, "workspace_recovery", ss.id())
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		s.log.Warn("recovery artifact", "err", err)
 		return ""
 	}
-	bytes, entries := dirBytes(ss.upper()), countEntries(ss.upper())
+	bytes, entries := dirBytes(ctx, ss.upper()), countEntries(ctx, ss.upper())
 	if err := os.Rename(ss.upper(), filepath.Join(dir, "upper")); err != nil {
 		s.log.Warn("recovery artifact", "err", err)
 		return ""
@@ -217,17 +209,17 @@ func (s *Supervisor) keepRecoveryArtifact(ctx context.Context, sb *sandbox, ss *
 	man, _ := json.Marshal(map[string]any{"workspace_session_id": ss.id(), "created_at": art.CreatedAt, "reason": reason,
 		"publish_rejection": rejection, "bytes": bytes, "entries": entries})
 	_ = os.WriteFile(filepath.Join(dir, "manifest.json"), man, 0o600)
-	sb.mu.Lock()
-	sb.rec.RecoveryArtifacts = append(sb.rec.RecoveryArtifacts, art)
+	sb.Mu.Lock()
+	sb.Rec.RecoveryArtifacts = append(sb.Rec.RecoveryArtifacts, art)
 	var drop []recoveryArtifact
-	for len(sb.rec.RecoveryArtifacts) > s.cfg.Runtime.Workspace.MaxRecoveryArtifacts {
-		drop = append(drop, sb.rec.RecoveryArtifacts[0])
-		sb.rec.RecoveryArtifacts = sb.rec.RecoveryArtifacts[1:]
+	for len(sb.Rec.RecoveryArtifacts) > s.cfg.Runtime.Workspace.MaxRecoveryArtifacts {
+		drop = append(drop, sb.Rec.RecoveryArtifacts[0])
+		sb.Rec.RecoveryArtifacts = sb.Rec.RecoveryArtifacts[1:]
 	}
-	rec := sb.rec
-	sb.mu.Unlock()
+	rec := sb.Rec
+	sb.Mu.Unlock()
 	for _, d := range drop {
-		removeTree(filepath.Join(sb.dir, "workspace_recovery", d.WorkspaceSessionID))
+		removeTree(filepath.Join(sb.Dir, "workspace_recovery", d.WorkspaceSessionID))
 	}
 	_ = s.store.putSandbox(ctx, &rec)
 	return filepath.Join("workspace_recovery", ss.id())
@@ -243,8 +235,8 @@ func rejectionBody(r *layers.Rejection) map[string]any {
 }
 
 // countEntries counts the entries below dir, a tree a session controls.
-func countEntries(dir string) int {
+func countEntries(ctx context.Context, dir string) int {
 	n := 0
-	_ = walkUpperTree(context.Background(), dir, func(string, fs.FileInfo) error { n++; return nil })
+	_ = walkUpperTree(ctx, dir, func(string, fs.FileInfo) error { n++; return nil })
 	return n
 }

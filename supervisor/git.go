@@ -52,13 +52,9 @@ package supervisor
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"os/user"
 	"path"
 	"path/filepath"
 	"sort"
@@ -67,329 +63,10 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 )
 
-// gitOrigin is the sandbox record's "git" object.
-type gitOrigin struct {
-	Head   *string `json:"head"`   // null for an unborn branch
-	Branch *string `json:"branch"` // null for a detached HEAD
-	Dirty  bool    `json:"dirty"`
-	Ref    *string `json:"ref,omitempty"` // create_sandbox git_ref
-	GitDir string  `json:"git_dir"`
-	Prefix string  `json:"prefix"` // the workspace's path below the top level, "" or "dir/"
-}
-
-// gitEnv is the environment of every git command: the supervisor's without
-// GIT_* variables (they would redirect the repository or the index), plus
-// extra.
-func gitEnv(extra []string) []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "GIT_") {
-			continue
-		}
-		out = append(out, kv)
-	}
-	return append(append(out, "LC_ALL=C", "GIT_TERMINAL_PROMPT=0"), extra...)
-}
-
-// runGit runs git in dir and returns its stdout; the error carries stderr.
-func runGit(ctx context.Context, dir string, env []string, stdin io.Reader, args ...string) (string, error) {
-	full := append([]string{"-c", "core.fsmonitor=false", "-c", "core.splitIndex=false", "-c", "core.untrackedCache=false",
-		"-c", "gc.auto=0"}, args...)
-	cmd := exec.CommandContext(ctx, "git", full...)
-	cmd.Dir, cmd.Env, cmd.Stdin = dir, gitEnv(env), stdin
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("git %s: %w: %s", args[0], err, strings.TrimSpace(errb.String()))
-	}
-	return out.String(), nil
-}
-
-// probeGit returns the git origin of a workspace directory, or nil when it
-// is not inside a git work tree (or git is missing).
-func probeGit(ctx context.Context, root string) *gitOrigin {
-	out, err := runGit(ctx, root, nil, nil, "--no-optional-locks", "rev-parse", "--is-inside-work-tree", "--absolute-git-dir", "--show-prefix")
-	if err != nil {
-		return nil
-	}
-	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
-	if len(lines) < 2 || lines[0] != "true" {
-		return nil
-	}
-	g := &gitOrigin{GitDir: lines[1]}
-	if len(lines) > 2 {
-		g.Prefix = lines[2]
-	}
-	if h, err := runGit(ctx, root, nil, nil, "rev-parse", "-q", "--verify", "HEAD^{commit}"); err == nil {
-		h = strings.TrimSpace(h)
-		g.Head = &h
-	}
-	if b, err := runGit(ctx, root, nil, nil, "symbolic-ref", "-q", "--short", "HEAD"); err == nil {
-		b = strings.TrimSpace(b)
-		g.Branch = &b
-	}
-	st, err := runGit(ctx, root, nil, nil, "--no-optional-locks", "status", "--porcelain", "-z", "--untracked-files=normal", "--", ".")
-	g.Dirty = err != nil || st != ""
-	return g
-}
-
-// gitRefSnapshot resolves ref in the repository of root and checks its tree
-// (below root's prefix) out into a new directory under tmpParent, through a
-// temporary index. The caller removes dir.
-func gitRefSnapshot(ctx context.Context, root, ref, tmpParent string) (dir string, origin *gitOrigin, err error) {
-	bad := func(format string, a ...any) error {
-		return catalog.Errorf(catalog.InvalidRequest, format, a...).With("git_ref", ref)
-	}
-	if strings.HasPrefix(ref, "-") {
-		return "", nil, bad("git_ref must not start with -")
-	}
-	g := probeGit(ctx, root)
-	if g == nil {
-		return "", nil, bad("git_ref needs a workspace_root inside a git work tree: %s", root)
-	}
-	commit, err := runGit(ctx, root, nil, nil, "rev-parse", "-q", "--verify", "--end-of-options", ref+"^{commit}")
-	if err != nil {
-		return "", nil, bad("git_ref %q does not name a commit of %s", ref, g.GitDir)
-	}
-	commit = strings.TrimSpace(commit)
-	tmp, err := os.MkdirTemp(tmpParent, ".git-ref-")
-	if err != nil {
-		return "", nil, fmt.Errorf("git_ref %s: %w", ref, err)
-	}
-	defer func() {
-		if err != nil {
-			os.RemoveAll(tmp)
-		}
-	}()
-	tree := filepath.Join(tmp, "tree")
-	if err := os.Mkdir(tree, 0o755); err != nil {
-		return "", nil, fmt.Errorf("git_ref %s: %w", ref, err)
-	}
-	env := []string{"GIT_DIR=" + g.GitDir, "GIT_INDEX_FILE=" + filepath.Join(tmp, "index"), "GIT_WORK_TREE=" + tree}
-	treeish := commit
-	if g.Prefix != "" {
-		treeish = commit + ":" + strings.TrimSuffix(g.Prefix, "/")
-	}
-	if _, err := runGit(ctx, tree, env, nil, "read-tree", treeish); err != nil {
-		return "", nil, bad("git_ref %q has no %s: %v", ref, g.Prefix, err)
-	}
-	if _, err := runGit(ctx, tree, env, nil, "checkout-index", "-a", "-f"); err != nil {
-		return "", nil, fmt.Errorf("git_ref %s: check out: %w", ref, err)
-	}
-	origin = &gitOrigin{Head: &commit, Ref: &ref, GitDir: g.GitDir, Prefix: g.Prefix}
-	if full, err := runGit(ctx, root, nil, nil, "rev-parse", "--symbolic-full-name", ref); err == nil {
-		if b, ok := strings.CutPrefix(strings.TrimSpace(full), "refs/heads/"); ok {
-			origin.Branch = &b
-		}
-	}
-	return tmp, origin, nil
-}
-
-// ---------------------------------------------------------------------------
-// Trees in memory
-
-type gitEntry struct{ mode, oid string }
-
-// gitTree is a flat tree: repository path → entry (blobs, symlinks, gitlinks).
-type gitTree map[string]gitEntry
-
-func (t gitTree) removeUnder(p string) {
-	pre := p + "/"
-	for k := range t {
-		if strings.HasPrefix(k, pre) {
-			delete(t, k)
-		}
-	}
-}
-
-func (t gitTree) clone() gitTree {
-	out := make(gitTree, len(t))
-	for k, v := range t {
-		out[k] = v
-	}
-	return out
-}
-
-func (t gitTree) equal(u gitTree) bool {
-	if len(t) != len(u) {
-		return false
-	}
-	for k, v := range t {
-		if u[k] != v {
-			return false
-		}
-	}
-	return true
-}
-
-// parseLsTree reads `ls-tree -r -z` or `ls-files -s -z` output.
-func parseLsTree(out string, stage bool) gitTree {
-	t := gitTree{}
-	for _, rec := range strings.Split(out, "\x00") {
-		meta, path, ok := strings.Cut(rec, "\t")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(meta)
-		if stage && len(f) == 3 {
-			t[path] = gitEntry{f[0], f[1]}
-		} else if !stage && len(f) == 3 {
-			t[path] = gitEntry{f[0], f[2]}
-		}
-	}
-	return t
-}
-
-// gitPathSkipped reports whether a path must never enter a tree: a ".git"
-// component anywhere (git itself refuses those).
-func gitPathSkipped(p string) bool {
-	for _, c := range strings.Split(p, "/") {
-		if strings.EqualFold(c, ".git") {
-			return true
-		}
-	}
-	return false
-}
-
-// gitRepo is one export's handle on a repository.
-type gitRepo struct {
-	ctx    context.Context
-	gitDir string
-	tmp    string // private scratch directory (temporary indexes)
-}
-
-func (r *gitRepo) run(env []string, stdin io.Reader, args ...string) (string, error) {
-	return runGit(r.ctx, r.tmp, append([]string{"GIT_DIR=" + r.gitDir}, env...), stdin, args...)
-}
-
-func (r *gitRepo) treeOf(rev string) (gitTree, error) {
-	if rev == "" {
-		return gitTree{}, nil
-	}
-	out, err := r.run(nil, nil, "ls-tree", "-r", "-z", "--full-tree", rev)
-	if err != nil {
-		return nil, err
-	}
-	return parseLsTree(out, false), nil
-}
-
-// writeTree writes t as a tree object through a temporary index.
-func (r *gitRepo) writeTree(t gitTree) (string, error) {
-	idx := []string{"GIT_INDEX_FILE=" + filepath.Join(r.tmp, "index")}
-	if _, err := r.run(idx, nil, "read-tree", "--empty"); err != nil {
-		return "", err
-	}
-	var b bytes.Buffer
-	for p, e := range t {
-		fmt.Fprintf(&b, "%s %s\t%s\x00", e.mode, e.oid, p)
-	}
-	if _, err := r.run(idx, &b, "update-index", "-z", "--index-info"); err != nil {
-		return "", err
-	}
-	out, err := r.run(idx, nil, "write-tree")
-	return strings.TrimSpace(out), err
-}
-
-// hashFiles writes the files at host paths as blobs, unfiltered.
-func (r *gitRepo) hashFiles(paths []string) ([]string, error) {
-	if len(paths) == 0 {
-		return nil, nil
-	}
-	var batch []string
-	for _, p := range paths {
-		if strings.ContainsAny(p, "\n\r") {
-			return r.hashEach(paths)
-		}
-		batch = append(batch, p)
-	}
-	out, err := r.run(nil, strings.NewReader(strings.Join(batch, "\n")+"\n"), "hash-object", "-w", "--no-filters", "--stdin-paths")
-	if err != nil {
-		return nil, err
-	}
-	oids := strings.Fields(out)
-	if len(oids) != len(paths) {
-		return nil, fmt.Errorf("git hash-object: %d ids for %d files", len(oids), len(paths))
-	}
-	return oids, nil
-}
-
-func (r *gitRepo) hashEach(paths []string) ([]string, error) {
-	out := make([]string, len(paths))
-	for i, p := range paths {
-		o, err := r.run(nil, nil, "hash-object", "-w", "--no-filters", "--", p)
-		if err != nil {
-			return nil, err
-		}
-		out[i] = strings.TrimSpace(o)
-	}
-	return out, nil
-}
-
-func (r *gitRepo) hashBytes(b []byte) (string, error) {
-	out, err := r.run(nil, bytes.NewReader(b), "hash-object", "-w", "--no-filters", "--stdin")
-	return strings.TrimSpace(out), err
-}
-
-// commitOf parses a commit's trailers (the last paragraph's "Key: value" lines).
-func (r *gitRepo) trailers(commit string) (map[string]string, error) {
-	out, err := r.run(nil, nil, "log", "-1", "--format=%(trailers:only,unfold)", commit)
-	if err != nil {
-		return nil, err
-	}
-	m := map[string]string{}
-	for _, l := range strings.Split(out, "\n") {
-		if k, v, ok := strings.Cut(l, ": "); ok {
-			m[k] = strings.TrimSpace(v)
-		}
-	}
-	return m, nil
-}
-
-func (r *gitRepo) isAncestor(a, b string) bool {
-	_, err := r.run(nil, nil, "merge-base", "--is-ancestor", a, b)
-	return err == nil
-}
-
-// ident is a git identity with its date.
-type ident struct{ name, email, date string }
-
-func (r *gitRepo) committer() ident {
-	get := func(k string) string {
-		out, err := r.run(nil, nil, "config", "--get", k)
-		if err != nil {
-			return ""
-		}
-		return strings.TrimSpace(out)
-	}
-	id := ident{name: get("user.name"), email: get("user.email")}
-	login := "sandbox"
-	if u, err := user.Current(); err == nil && u.Username != "" {
-		login = u.Username
-	}
-	if id.name == "" {
-		id.name = login
-	}
-	if id.email == "" {
-		id.email = login + "@localhost"
-	}
-	return id
-}
-
-func (r *gitRepo) commitTree(tree, parent, msg string, author, committer ident) (string, error) {
-	args := []string{"commit-tree", "--no-gpg-sign", tree}
-	if parent != "" {
-		args = append(args, "-p", parent)
-	}
-	env := []string{"GIT_AUTHOR_NAME=" + author.name, "GIT_AUTHOR_EMAIL=" + author.email, "GIT_AUTHOR_DATE=" + author.date,
-		"GIT_COMMITTER_NAME=" + committer.name, "GIT_COMMITTER_EMAIL=" + committer.email}
-	out, err := r.run(env, strings.NewReader(msg), args...)
-	return strings.TrimSpace(out), err
-}
-
-// ---------------------------------------------------------------------------
 // export_changes format git
 
 type gitCommitResult struct {
@@ -436,8 +113,8 @@ func (s *Supervisor) recordLayerOrigin(ctx context.Context, sb *sandbox, res lay
 	}
 	rec := layerOriginRecord{LayerID: res.LayerID, Owner: owner.Owner, Agent: nullable(owner.Agent),
 		CommandSessionID: nullable(owner.CommandSessionID), TS: nowRFC3339()}
-	if err := s.store.Put(ctx, statedb.KindLayerOrigin, sb.rec.ID+"/"+res.LayerID, sb.rec.ID, rec); err != nil {
-		s.log.Warn("layer origin not recorded", "sandbox", sb.rec.ID, "layer_id", res.LayerID, "err", err)
+	if err := s.store.Put(ctx, statedb.KindLayerOrigin, sb.Rec.ID+"/"+res.LayerID, sb.Rec.ID, rec); err != nil {
+		s.log.Warn("layer origin not recorded", "sandbox", sb.Rec.ID, "layer_id", res.LayerID, "err", err)
 	}
 }
 
@@ -510,9 +187,9 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		return nil, e
 	}
 	defer done()
-	sb.mu.Lock()
-	origin, live := sb.rec.Git, append([]string{}, sb.rec.LiveWorkspaceSessions...)
-	sb.mu.Unlock()
+	sb.Mu.Lock()
+	origin, live := sb.Rec.Git, append([]string{}, sb.Rec.LiveWorkspaceSessions...)
+	sb.Mu.Unlock()
 	if len(live) == 0 {
 		live = nil
 	}
@@ -524,7 +201,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		if !filepath.IsAbs(gd) {
 			return nil, gitBad("git_dir must be an absolute path: %s", gd).With("git_dir", gd)
 		}
-		out, err := runGit(ctx, "/", nil, nil, "-C", gd, "rev-parse", "--absolute-git-dir")
+		out, err := sbx.RunGit(ctx, "/", nil, nil, "-C", gd, "rev-parse", "--absolute-git-dir")
 		if err != nil {
 			return nil, gitBad("git_dir is not a git repository: %s", gd).With("git_dir", gd)
 		}
@@ -534,12 +211,12 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	default:
 		gitDir = origin.GitDir
 	}
-	if _, err := runGit(ctx, "/", nil, nil, "check-ref-format", "refs/heads/"+branch); err != nil || strings.HasPrefix(branch, "-") {
+	if _, err := sbx.RunGit(ctx, "/", nil, nil, "check-ref-format", "refs/heads/"+branch); err != nil || strings.HasPrefix(branch, "-") {
 		return nil, gitBad("invalid branch name: %q", branch).With("branch", branch)
 	}
 	ref := "refs/heads/" + branch
 
-	lease, release, err := s.exportLease(c, sb, id)
+	lease, release, err := s.exporter.Lease(sb, id, c.req.RequestID)
 	if err != nil {
 		return nil, err
 	}
@@ -567,12 +244,12 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		}
 	}
 
-	tmp, err := os.MkdirTemp(sb.dir, ".git-export-")
+	tmp, err := os.MkdirTemp(sb.Dir, ".git-export-")
 	if err != nil {
-		return nil, exportError(err)
+		return nil, sbx.ExportError(err)
 	}
 	defer os.RemoveAll(tmp)
-	r := &gitRepo{ctx: ctx, gitDir: gitDir, tmp: tmp}
+	r := &sbx.GitRepo{Ctx: ctx, GitDir: gitDir, Tmp: tmp}
 	for _, wt := range s.checkedOut(r) {
 		if wt == ref {
 			return nil, gitBad("branch %s is checked out; export to another branch", branch).With("branch", branch)
@@ -581,7 +258,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	var head string
 	if origin != nil && origin.Head != nil {
 		head = *origin.Head
-		if _, err := r.run(nil, nil, "cat-file", "-e", head+"^{commit}"); err != nil {
+		if _, err := r.Run(nil, nil, "cat-file", "-e", head+"^{commit}"); err != nil {
 			return nil, gitBad("the recorded HEAD %s is not in %s", head, gitDir).With("git_dir", gitDir)
 		}
 	}
@@ -590,7 +267,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		prefix = origin.Prefix
 	}
 	var oldTip string
-	if out, err := r.run(nil, nil, "rev-parse", "-q", "--verify", ref+"^{commit}"); err == nil {
+	if out, err := r.Run(nil, nil, "rev-parse", "-q", "--verify", ref+"^{commit}"); err == nil {
 		oldTip = strings.TrimSpace(out)
 	}
 
@@ -598,9 +275,9 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	// up to chain[applied] (and the dirty snapshot when dirtyIn).
 	parent, applied, dirtyIn := head, -1, false
 	if oldTip != "" && !c.args.Bool("force") {
-		tr, err := r.trailers(oldTip)
+		tr, err := r.Trailers(oldTip)
 		if err != nil {
-			return nil, exportError(err)
+			return nil, sbx.ExportError(err)
 		}
 		ours := tr["Sandbox-Id"] == id
 		switch {
@@ -608,7 +285,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 			parent, dirtyIn = oldTip, true
 		case ours && indexOf(tr["Layer"]) >= 0:
 			parent, applied, dirtyIn = oldTip, indexOf(tr["Layer"]), true
-		case oldTip == head, head != "" && r.isAncestor(oldTip, head):
+		case oldTip == head, head != "" && r.IsAncestor(oldTip, head):
 			// a fast-forward from the recorded HEAD
 		default:
 			return nil, gitBad("branch %s (%s) is not an ancestor of the commits to export; use force to move it", branch, oldTip).
@@ -617,11 +294,11 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	}
 	start := max(applied, since) + 1
 
-	tree, err := r.treeOf(parent)
+	tree, err := r.TreeOf(parent)
 	if err != nil {
-		return nil, exportError(err)
+		return nil, sbx.ExportError(err)
 	}
-	committer := r.committer()
+	committer := r.Committer()
 	res := exportGitResult{ManifestVersion: m.Version, Format: "git", Branch: branch, GitDir: gitDir,
 		Commits: []gitCommitResult{}, LayersExported: []string{}, LiveWorkspaceSessions: live}
 	if oldTip != "" {
@@ -636,36 +313,36 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	ts := nowRFC3339()
 
 	if !dirtyIn {
-		bt, err := s.baseGitTree(r, sb.stack.LayerDir(base), head, prefix, tree)
+		bt, err := s.baseGitTree(r, sb.Stack.LayerDir(base), head, prefix, tree)
 		if err != nil {
-			return nil, exportError(err)
+			return nil, sbx.ExportError(err)
 		}
 		if since >= 0 {
 			tree = bt // skipped: the first commit carries it
-		} else if !bt.equal(tree) {
-			oid, err := r.writeTree(bt)
+		} else if !bt.Equal(tree) {
+			oid, err := r.WriteTree(bt)
 			if err != nil {
-				return nil, exportError(err)
+				return nil, sbx.ExportError(err)
 			}
 			msg := fmt.Sprintf("Snapshot of the working tree of %s\n\nThe uncommitted state sandbox %s was created from.\n\nSandbox-Id: %s\nLayer: %s\n",
-				sb.rec.WorkspaceRoot, id, id, layers.BaseLayerID)
+				sb.Rec.WorkspaceRoot, id, id, layers.BaseLayerID)
 			au := committer
-			au.date = sb.rec.CreatedAt
-			commit, err := r.commitTree(oid, parent, msg, au, committer)
+			au.Date = sb.Rec.CreatedAt
+			commit, err := r.CommitTree(oid, parent, msg, au, committer)
 			if err != nil {
-				return nil, exportError(err)
+				return nil, sbx.ExportError(err)
 			}
 			note := s.traceRecord(ctx, sb, commit, ts, map[string]any{"sandbox_id": id, "layer_id": layers.BaseLayerID, "snapshot": true},
 				changedFiles(tree, bt, prefix), layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: 1, Layers: m.Layers[len(m.Layers)-1:]})
 			notes = append(notes, pending{commit, note})
-			res.Commits = append(res.Commits, gitCommitResult{Commit: commit, LayerID: layers.BaseLayerID, Author: au.name + " <" + au.email + ">", Note: true})
+			res.Commits = append(res.Commits, gitCommitResult{Commit: commit, LayerID: layers.BaseLayerID, Author: au.Name + " <" + au.Email + ">", Note: true})
 			parent, tree = commit, bt
 		}
 	}
 
 	// step applies chain[i]'s own delta to tree; lm is head's chain from
 	// that layer down to the base.
-	step := func(i int, tree gitTree) (next gitTree, written []string, fold *layers.Fold, lm layers.Manifest, err error) {
+	step := func(i int, tree sbx.GitTree) (next sbx.GitTree, written []string, fold *layers.Fold, lm layers.Manifest, err error) {
 		l := chain[i]
 		lm = layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: layerVersion(l.LayerID, m.Version)}
 		for j, hl := range m.Layers {
@@ -674,17 +351,17 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 				break
 			}
 		}
-		fold, err = sb.stack.FoldContext(ctx, layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: lm.Version, Layers: []layers.LayerRef{l, base}})
+		fold, err = sb.Stack.FoldContext(ctx, layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: lm.Version, Layers: []layers.LayerRef{l, base}})
 		if err != nil {
 			return nil, nil, nil, lm, err
 		}
-		next, written, err = s.applyLayer(r, sb.stack.View(lm), fold, tree, prefix)
+		next, written, err = s.applyLayer(r, sb.Stack.View(lm), fold, tree, prefix)
 		return next, written, fold, lm, err
 	}
 	for i := applied + 1; i < start; i++ { // skipped by since: carried by the first commit
 		next, _, _, _, err := step(i, tree)
 		if err != nil {
-			return nil, exportError(err)
+			return nil, sbx.ExportError(err)
 		}
 		tree = next
 	}
@@ -693,39 +370,39 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		l := chain[i]
 		next, written, fold, lm, err := step(i, tree)
 		if err != nil {
-			return nil, exportError(err)
+			return nil, sbx.ExportError(err)
 		}
-		oid, err := r.writeTree(next)
+		oid, err := r.WriteTree(next)
 		if err != nil {
-			return nil, exportError(err)
+			return nil, sbx.ExportError(err)
 		}
 		lo, lerr := s.layerOrigin(ctx, id, l.LayerID)
 		if lerr != nil {
 			lo = layerOrigin{owner: lineOwner{Owner: "sandbox:" + id}}
 		}
 		if lo.ts == "" {
-			if fi, err := os.Stat(sb.stack.LayerDir(l)); err == nil {
+			if fi, err := os.Stat(sb.Stack.LayerDir(l)); err == nil {
 				lo.ts = rfc3339ms(fi.ModTime())
 			} else {
 				lo.ts = ts
 			}
 		}
 		au, sessID := authorOf(lo.owner)
-		au.date = lo.ts
+		au.Date = lo.ts
 		msg := s.layerMessage(ctx, sb, l.LayerID, lo, sessID, prevTS[sessID], fold)
 		if sessID != "" {
 			prevTS[sessID] = lo.ts
 		}
-		commit, err := r.commitTree(oid, parent, msg, au, committer)
+		commit, err := r.CommitTree(oid, parent, msg, au, committer)
 		if err != nil {
-			return nil, exportError(err)
+			return nil, sbx.ExportError(err)
 		}
 		meta := map[string]any{"sandbox_id": id, "layer_id": l.LayerID, "manifest_version": lm.Version, "owner": lo.owner.Owner,
 			"workspace_session_id": nullable(sessID), "agent": nullable(lo.owner.Agent)}
 		note := s.traceRecord(ctx, sb, commit, ts, meta, written, lm)
 		notes = append(notes, pending{commit, note})
 		res.Commits = append(res.Commits, gitCommitResult{Commit: commit, LayerID: l.LayerID, WorkspaceSessionID: nullable(sessID),
-			Author: au.name + " <" + au.email + ">", Note: true})
+			Author: au.Name + " <" + au.Email + ">", Note: true})
 		res.LayersExported = append(res.LayersExported, l.LayerID)
 		parent, tree = commit, next
 		c.progress(fmt.Sprintf("export: layer %s → commit %s", l.LayerID, commit))
@@ -737,17 +414,17 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		return res, nil
 	}
 	for _, n := range notes {
-		env := []string{"GIT_COMMITTER_NAME=" + committer.name, "GIT_COMMITTER_EMAIL=" + committer.email,
-			"GIT_AUTHOR_NAME=" + committer.name, "GIT_AUTHOR_EMAIL=" + committer.email}
-		if _, err := r.run(env, bytes.NewReader(n.note), "notes", "--ref=agent-trace", "add", "-f", "-F", "-", n.commit); err != nil {
-			return nil, exportError(err)
+		env := []string{"GIT_COMMITTER_NAME=" + committer.Name, "GIT_COMMITTER_EMAIL=" + committer.Email,
+			"GIT_AUTHOR_NAME=" + committer.Name, "GIT_AUTHOR_EMAIL=" + committer.Email}
+		if _, err := r.Run(env, bytes.NewReader(n.note), "notes", "--ref=agent-trace", "add", "-f", "-F", "-", n.commit); err != nil {
+			return nil, sbx.ExportError(err)
 		}
 	}
 	old := oldTip
 	if old == "" {
 		old = strings.Repeat("0", len(parent))
 	}
-	if _, err := r.run(nil, nil, "update-ref", "-m", "export_changes "+id, ref, parent, old); err != nil {
+	if _, err := r.Run(nil, nil, "update-ref", "-m", "export_changes "+id, ref, parent, old); err != nil {
 		return nil, catalog.Errorf(catalog.OperationFailed, "branch %s changed during the export: %v", branch, err).With("branch", branch)
 	}
 	res.Tip = &parent
@@ -755,12 +432,12 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 }
 
 // checkedOut returns the refs checked out in any work tree of the repository.
-func (s *Supervisor) checkedOut(r *gitRepo) []string {
+func (s *Supervisor) checkedOut(r *sbx.GitRepo) []string {
 	var out []string
-	if h, err := r.run(nil, nil, "symbolic-ref", "-q", "HEAD"); err == nil {
+	if h, err := r.Run(nil, nil, "symbolic-ref", "-q", "HEAD"); err == nil {
 		out = append(out, strings.TrimSpace(h))
 	}
-	if wl, err := r.run(nil, nil, "worktree", "list", "--porcelain"); err == nil {
+	if wl, err := r.Run(nil, nil, "worktree", "list", "--porcelain"); err == nil {
 		for _, l := range strings.Split(wl, "\n") {
 			if b, ok := strings.CutPrefix(l, "branch "); ok {
 				out = append(out, strings.TrimSpace(b))
@@ -772,9 +449,9 @@ func (s *Supervisor) checkedOut(r *gitRepo) []string {
 
 // baseGitTree is the tree of the base snapshot: `git add -A` of the base
 // layer directory onto HEAD's tree below prefix, in a temporary index.
-func (s *Supervisor) baseGitTree(r *gitRepo, baseDir, head, prefix string, headTree gitTree) (gitTree, error) {
-	env := []string{"GIT_INDEX_FILE=" + filepath.Join(r.tmp, "base-index"), "GIT_WORK_TREE=" + baseDir}
-	sub := gitTree{}
+func (s *Supervisor) baseGitTree(r *sbx.GitRepo, baseDir, head, prefix string, headTree sbx.GitTree) (sbx.GitTree, error) {
+	env := []string{"GIT_INDEX_FILE=" + filepath.Join(r.Tmp, "base-index"), "GIT_WORK_TREE=" + baseDir}
+	sub := sbx.GitTree{}
 	if prefix == "" {
 		sub = headTree
 	} else {
@@ -786,27 +463,27 @@ func (s *Supervisor) baseGitTree(r *gitRepo, baseDir, head, prefix string, headT
 	}
 	var b bytes.Buffer
 	for p, e := range sub {
-		fmt.Fprintf(&b, "%s %s\t%s\x00", e.mode, e.oid, p)
+		fmt.Fprintf(&b, "%s %s\t%s\x00", e.Mode, e.OID, p)
 	}
-	if _, err := runGit(r.ctx, baseDir, append([]string{"GIT_DIR=" + r.gitDir}, env...), nil, "read-tree", "--empty"); err != nil {
+	if _, err := sbx.RunGit(r.Ctx, baseDir, append([]string{"GIT_DIR=" + r.GitDir}, env...), nil, "read-tree", "--empty"); err != nil {
 		return nil, err
 	}
-	if _, err := runGit(r.ctx, baseDir, append([]string{"GIT_DIR=" + r.gitDir}, env...), &b, "update-index", "-z", "--index-info"); err != nil {
+	if _, err := sbx.RunGit(r.Ctx, baseDir, append([]string{"GIT_DIR=" + r.GitDir}, env...), &b, "update-index", "-z", "--index-info"); err != nil {
 		return nil, err
 	}
-	if _, err := runGit(r.ctx, baseDir, append([]string{"GIT_DIR=" + r.gitDir}, env...), nil, "add", "-A", "--", "."); err != nil {
+	if _, err := sbx.RunGit(r.Ctx, baseDir, append([]string{"GIT_DIR=" + r.GitDir}, env...), nil, "add", "-A", "--", "."); err != nil {
 		return nil, err
 	}
-	out, err := runGit(r.ctx, baseDir, append([]string{"GIT_DIR=" + r.gitDir}, env...), nil, "ls-files", "-s", "-z")
+	out, err := sbx.RunGit(r.Ctx, baseDir, append([]string{"GIT_DIR=" + r.GitDir}, env...), nil, "ls-files", "-s", "-z")
 	if err != nil {
 		return nil, err
 	}
-	got := parseLsTree(out, true)
+	got := sbx.ParseLsTree(out, true)
 	if prefix == "" {
 		return got, nil
 	}
-	t := headTree.clone()
-	t.removeUnder(strings.TrimSuffix(prefix, "/"))
+	t := headTree.Clone()
+	t.RemoveUnder(strings.TrimSuffix(prefix, "/"))
 	for p, e := range got {
 		t[prefix+p] = e
 	}
@@ -816,14 +493,14 @@ func (s *Supervisor) baseGitTree(r *gitRepo, baseDir, head, prefix string, headT
 // applyLayer applies one layer's own delta to the parent's tree and returns
 // the new tree and the workspace paths of the regular files it wrote.
 // Submodules (gitlinks) are kept as they are: nothing below one is taken.
-func (s *Supervisor) applyLayer(r *gitRepo, v *layers.View, fold *layers.Fold, parent gitTree, prefix string) (gitTree, []string, error) {
-	t := parent.clone()
+func (s *Supervisor) applyLayer(r *sbx.GitRepo, v *layers.View, fold *layers.Fold, parent sbx.GitTree, prefix string) (sbx.GitTree, []string, error) {
+	t := parent.Clone()
 	full := func(p string) string { return prefix + p }
 	// The parent's directories, so a subtree is only scanned for removal
 	// where there is one (a layer may touch many paths of a large tree).
 	dirs, links := map[string]bool{}, map[string]bool{}
 	for p, e := range parent {
-		if e.mode == "160000" {
+		if e.Mode == "160000" {
 			links[p] = true
 		}
 		for d := path.Dir(p); d != "." && d != "/"; d = path.Dir(d) {
@@ -843,29 +520,29 @@ func (s *Supervisor) applyLayer(r *gitRepo, v *layers.View, fold *layers.Fold, p
 	}
 	drop := func(p string) {
 		if dirs[full(p)] {
-			t.removeUnder(full(p))
+			t.RemoveUnder(full(p))
 		}
 	}
 	for _, p := range fold.Deletions {
-		if gitPathSkipped(p) || underLink(p) {
+		if sbx.GitPathSkipped(p) || underLink(p) {
 			continue
 		}
 		delete(t, full(p))
 		drop(p)
 	}
 	for _, p := range fold.OpaqueClears {
-		if !gitPathSkipped(p) && !underLink(p) {
+		if !sbx.GitPathSkipped(p) && !underLink(p) {
 			drop(p)
 		}
 	}
 	for _, d := range fold.Dirs {
-		if !gitPathSkipped(d.Path) && !underLink(d.Path) {
+		if !sbx.GitPathSkipped(d.Path) && !underLink(d.Path) {
 			delete(t, full(d.Path)) // a directory replaces a file
 		}
 	}
 	ig := layers.NewIgnorer(v)
 	keep := func(p string) bool {
-		if gitPathSkipped(p) || underLink(p) {
+		if sbx.GitPathSkipped(p) || underLink(p) {
 			return false
 		}
 		if _, tracked := parent[full(p)]; tracked {
@@ -885,34 +562,34 @@ func (s *Supervisor) applyLayer(r *gitRepo, v *layers.View, fold *layers.Fold, p
 		}
 		modes = append(modes, mode)
 	}
-	oids, err := r.hashFiles(srcs)
+	oids, err := r.HashFiles(srcs)
 	if err != nil {
 		return nil, nil, err
 	}
 	for i, p := range paths {
 		drop(p)
-		t[full(p)] = gitEntry{modes[i], oids[i]}
+		t[full(p)] = sbx.GitEntry{Mode: modes[i], OID: oids[i]}
 	}
 	for _, l := range fold.Symlinks {
 		if !keep(l.Path) {
 			continue
 		}
-		oid, err := r.hashBytes([]byte(l.Target))
+		oid, err := r.HashBytes([]byte(l.Target))
 		if err != nil {
 			return nil, nil, err
 		}
 		drop(l.Path)
-		t[full(l.Path)] = gitEntry{"120000", oid}
+		t[full(l.Path)] = sbx.GitEntry{Mode: "120000", OID: oid}
 	}
 	return t, paths, nil
 }
 
 // changedFiles lists the workspace paths of blobs that differ between two
 // trees (present in next), below prefix.
-func changedFiles(prev, next gitTree, prefix string) []string {
+func changedFiles(prev, next sbx.GitTree, prefix string) []string {
 	var out []string
 	for p, e := range next {
-		if e.mode == "120000" || e.mode == "160000" || prev[p] == e {
+		if e.Mode == "120000" || e.Mode == "160000" || prev[p] == e {
 			continue
 		}
 		if rest, ok := strings.CutPrefix(p, prefix); ok {
@@ -924,7 +601,7 @@ func changedFiles(prev, next gitTree, prefix string) []string {
 }
 
 // authorOf maps a layer owner to a git author and its session ID.
-func authorOf(o lineOwner) (ident, string) {
+func authorOf(o lineOwner) (sbx.Ident, string) {
 	kind, oid, _ := strings.Cut(o.Owner, ":")
 	switch kind {
 	case "workspace_session":
@@ -932,11 +609,11 @@ func authorOf(o lineOwner) (ident, string) {
 		if o.Agent != "" {
 			name = o.Agent + " (" + oid + ")"
 		}
-		return ident{name: name, email: oid + "@sandbox.invalid"}, oid
+		return sbx.Ident{Name: name, Email: oid + "@sandbox.invalid"}, oid
 	case "operation":
-		return ident{name: "operation " + oid, email: "operation@sandbox.invalid"}, ""
+		return sbx.Ident{Name: "operation " + oid, Email: "operation@sandbox.invalid"}, ""
 	}
-	return ident{name: o.Owner, email: "sandbox@sandbox.invalid"}, ""
+	return sbx.Ident{Name: o.Owner, Email: "sandbox@sandbox.invalid"}, ""
 }
 
 // layerMessage summarises a layer: the owner, the session's commands since
@@ -944,7 +621,7 @@ func authorOf(o lineOwner) (ident, string) {
 func (s *Supervisor) layerMessage(ctx context.Context, sb *sandbox, layerID string, lo layerOrigin, sessID, since string, fold *layers.Fold) string {
 	var cmds []commandRecord
 	if sessID != "" {
-		_ = s.store.List(ctx, statedb.KindCommand, sb.rec.ID, func(b []byte) error {
+		_ = s.store.List(ctx, statedb.KindCommand, sb.Rec.ID, func(b []byte) error {
 			var rec commandRecord
 			if json.Unmarshal(b, &rec) == nil && rec.WorkspaceSessionID == sessID &&
 				(lo.ts == "" || rec.StartedAt <= lo.ts) && (since == "" || rec.StartedAt > since) {
@@ -978,7 +655,7 @@ func (s *Supervisor) layerMessage(ctx context.Context, sb *sandbox, layerID stri
 			fmt.Fprintf(&b, "- %s (%s, %s)\n", firstLine(c.Cmd, 200), c.CommandSessionID, exit)
 		}
 	}
-	fmt.Fprintf(&b, "\nSandbox-Id: %s\n", sb.rec.ID)
+	fmt.Fprintf(&b, "\nSandbox-Id: %s\n", sb.Rec.ID)
 	if sessID != "" {
 		fmt.Fprintf(&b, "Workspace-Session: %s\n", sessID)
 	}
@@ -992,120 +669,4 @@ func firstLine(s string, n int) string {
 		return string(r[:n]) + "…"
 	}
 	return l
-}
-
-// ---------------------------------------------------------------------------
-// Agent Trace v0.1
-
-type atRange struct {
-	StartLine   int    `json:"start_line"`
-	EndLine     int    `json:"end_line"`
-	ContentHash string `json:"content_hash,omitempty"`
-}
-
-type atConversation struct {
-	Contributor map[string]string `json:"contributor"`
-	Ranges      []atRange         `json:"ranges"`
-	Metadata    map[string]any    `json:"metadata"`
-}
-
-type atFile struct {
-	Path          string           `json:"path"`
-	Conversations []atConversation `json:"conversations"`
-}
-
-type atRecord struct {
-	Version   string            `json:"version"`
-	ID        string            `json:"id"`
-	Timestamp string            `json:"timestamp"`
-	VCS       map[string]string `json:"vcs"`
-	Tool      map[string]string `json:"tool"`
-	Files     []atFile          `json:"files"`
-	Metadata  map[string]any    `json:"metadata"`
-}
-
-func newUUID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
-}
-
-// contributorType maps an owner to Agent Trace's contributor types: lines
-// of sessions are the agents', original lines the user's.
-func contributorType(owner string) string {
-	switch {
-	case strings.HasPrefix(owner, "workspace_session:"):
-		return "ai"
-	case owner == ownerOriginal:
-		return "human"
-	}
-	return "unknown"
-}
-
-// traceFile groups a file's blame ranges into one conversation per owner
-// key (owner, command, agent, layer), in order of first appearance.
-func traceFile(p string, owners []lineOwner, lines []string, wholesale bool) atFile {
-	f := atFile{Path: p, Conversations: []atConversation{}}
-	at := map[blameKey]int{}
-	for _, rg := range tileRanges(owners, wholesale) {
-		k := rg.Key()
-		i, ok := at[k]
-		if !ok {
-			i = len(f.Conversations)
-			at[k] = i
-			meta := map[string]any{"owner": rg.Owner}
-			if rg.HasMeta() {
-				meta["workspace_session_id"], meta["command_session_id"], meta["agent"], meta["layer_id"] =
-					nullable(strings.TrimPrefix(rg.Owner, "workspace_session:")), nullable(rg.CommandSessionID), nullable(rg.Agent), nullable(rg.LayerID)
-				if !strings.HasPrefix(rg.Owner, "workspace_session:") {
-					meta["workspace_session_id"] = nil
-				}
-			}
-			f.Conversations = append(f.Conversations, atConversation{Contributor: map[string]string{"type": contributorType(rg.Owner)}, Metadata: meta})
-		}
-		r := atRange{StartLine: rg.StartLine, EndLine: rg.StartLine + rg.LineCount - 1}
-		if lines != nil && r.EndLine <= len(lines) {
-			r.ContentHash = contentDigest([]byte(strings.Join(lines[r.StartLine-1:r.EndLine], "\n")))
-		}
-		f.Conversations[i].Ranges = append(f.Conversations[i].Ranges, r)
-	}
-	return f
-}
-
-func newTraceRecord(revision, ts string, meta map[string]any) atRecord {
-	return atRecord{Version: "0.1.0", ID: newUUID(), Timestamp: ts, VCS: map[string]string{"type": "git", "revision": revision},
-		Tool: map[string]string{"name": "ephemeral-sandbox"}, Files: []atFile{}, Metadata: meta}
-}
-
-// traceRecord builds the Agent Trace note of an exported commit: the line
-// owners of each given regular file in the view of m.
-func (s *Supervisor) traceRecord(ctx context.Context, sb *sandbox, commit, ts string, meta map[string]any, paths []string, m layers.Manifest) []byte {
-	rec := newTraceRecord(commit, ts, meta)
-	v := sb.stack.View(m)
-	for _, p := range paths {
-		owners, content, text, wholesale, err := s.viewOwners(ctx, sb, v, m.Version, p)
-		if err != nil {
-			continue // not a regular file at that layer
-		}
-		var lines []string
-		if text {
-			lines = textLines(content)
-		}
-		rec.Files = append(rec.Files, traceFile(p, owners, lines, wholesale))
-	}
-	b, _ := json.MarshalIndent(rec, "", "  ")
-	return append(b, '\n')
-}
-
-// gitHeadRevision is the revision file_blame's Agent Trace record names:
-// the sandbox's recorded HEAD ("" when none).
-func gitHeadRevision(sb *sandbox) string {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	if sb.rec.Git != nil && sb.rec.Git.Head != nil {
-		return *sb.rec.Git.Head
-	}
-	return ""
 }

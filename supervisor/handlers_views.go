@@ -10,14 +10,13 @@ import (
 )
 
 func (s *Supervisor) health(c *call) (any, error) {
-	s.mu.Lock()
-	nSandboxes, failed := len(s.sandboxes), false
-	for _, sb := range s.sandboxes {
-		sb.mu.Lock()
-		failed = failed || sb.rec.State == stateFailed
-		sb.mu.Unlock()
+	all := s.sandboxes.All()
+	nSandboxes, failed := len(all), false
+	for _, sb := range all {
+		sb.Mu.Lock()
+		failed = failed || sb.Rec.State == stateFailed
+		sb.Mu.Unlock()
 	}
-	s.mu.Unlock()
 	cg := views.Cgroup{Reason: s.cgroups.ReasonOr("")}
 	if s.cgroups != nil && s.cgroups.Delegated {
 		cg = views.Cgroup{Delegated: true, Path: s.cgroups.Root}
@@ -48,7 +47,7 @@ func (s *Supervisor) daemon(c *call) (any, error) {
 }
 
 func (s *Supervisor) topology(c *call) (any, error) {
-	return views.Topology("/proc", sessionViews(c.sb.sessionsSorted())), nil
+	return views.Topology("/proc", sessionViews(sessionsSorted(c.sb))), nil
 }
 
 func (s *Supervisor) walkBounds() (nodes, depth int) {
@@ -82,26 +81,26 @@ func (s *Supervisor) layerstack(c *call) (any, error) {
 			return nil, catalog.RangeError("limit", 1, maxL)
 		}
 	}
-	if sb.stack == nil {
-		return nil, catalog.Errorf(catalog.OperationFailed, "sandbox %s has no layer stack", sb.rec.ID).With("sandbox_id", sb.rec.ID)
+	if sb.Stack == nil {
+		return nil, catalog.Errorf(catalog.OperationFailed, "sandbox %s has no layer stack", sb.Rec.ID).With("sandbox_id", sb.Rec.ID)
 	}
 	nodes, depth := s.walkBounds()
 	switch {
 	case c.args.Has("layer_id"):
-		out, err := views.LayerstackLayer(sb.stack, c.args.String("layer_id"), int(limit), depth)
+		out, err := views.LayerstackLayer(sb.Stack, c.args.String("layer_id"), int(limit), depth)
 		if err != nil {
 			return nil, err
 		}
 		return out, nil
 	case c.args.Has("workspace_id"):
 		id := c.args.String("workspace_id")
-		ss, e := sb.lookupSession(id)
+		ss, e := lookupSession(sb, id)
 		if e != nil {
 			return nil, e
 		}
-		return views.LayerstackWorkspace(sb.stack, id, ss.record().Lease.Layers, ss.upper(), nodes, depth), nil
+		return views.LayerstackWorkspace(sb.Stack, id, ss.record().Lease.Layers, ss.upper(), nodes, depth), nil
 	}
-	out, err := views.Layerstack(sb.stack, nodes, depth)
+	out, err := views.Layerstack(sb.Stack, nodes, depth)
 	if err != nil {
 		return nil, err
 	}

@@ -72,7 +72,7 @@ type webCommands struct{ s *Supervisor }
 
 func (c webCommands) Follow(sandboxID, commandID string) (web.Transcript, error) {
 	c.s.mu.Lock()
-	sb := c.s.sandboxes[sandboxID]
+	sb := c.s.sandboxes.Get(sandboxID)
 	c.s.mu.Unlock()
 	if sb == nil {
 		return nil, catalog.Errorf(catalog.NotFound, "sandbox not found: %s", sandboxID).With("sandbox_id", sandboxID)
@@ -91,7 +91,7 @@ func (t cmdTranscript) Rows(cursor, limit int) ([]string, int, int) {
 	return rows, first, end
 }
 
-func (t cmdTranscript) Changed() <-chan struct{} { return t.cmd.tr.changed() }
+func (t cmdTranscript) Changed() <-chan struct{} { return t.cmd.tr.Changed() }
 func (t cmdTranscript) Done() <-chan struct{}    { return t.cmd.done }
 
 func (t cmdTranscript) Result() map[string]any {
@@ -110,13 +110,13 @@ type webForwarder struct{ s *Supervisor }
 // names no sandbox, and session IDs are unique across them.
 func (f webForwarder) session(id string) *session {
 	f.s.mu.Lock()
-	sbs := make([]*sandbox, 0, len(f.s.sandboxes))
-	for _, sb := range f.s.sandboxes {
+	sbs := make([]*sandbox, 0, f.s.sandboxes.Len())
+	for _, sb := range f.s.sandboxes.All() {
 		sbs = append(sbs, sb)
 	}
 	f.s.mu.Unlock()
 	for _, sb := range sbs {
-		if ss, e := sb.lookupSession(id); e == nil {
+		if ss, e := lookupSession(sb, id); e == nil {
 			if ss.isGone() || ss.rec.NetworkProfile != netIsolated {
 				return nil
 			}

@@ -159,16 +159,16 @@ func mergeEnv(base, over []string) []string {
 	return out
 }
 
-// loadImageEnv sets sb.imageEnv from the cache (creation and recovery).
+// loadImageEnv sets sb.ImageEnv from the cache (creation and recovery).
 func (s *Supervisor) loadImageEnv(sb *sandbox) error {
-	if sb.rec.Rootfs == "host" {
+	if sb.Rec.Rootfs == "host" {
 		return nil
 	}
-	img, err := s.images.Lookup(sb.rec.Rootfs)
+	img, err := s.images.Lookup(sb.Rec.Rootfs)
 	if err != nil {
-		return fmt.Errorf("image rootfs %s: %w", sb.rec.Rootfs, err)
+		return fmt.Errorf("image rootfs %s: %w", sb.Rec.Rootfs, err)
 	}
-	sb.imageEnv = img.Env
+	sb.ImageEnv = img.Env
 	return nil
 }
 

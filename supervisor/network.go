@@ -26,18 +26,16 @@ package supervisor
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os/exec"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/doctor"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // Network profiles.
@@ -80,51 +78,6 @@ func (s *Supervisor) netHelperStatus() map[string]any {
 	return out
 }
 
-// forward is one loopback listener relaying into a session.
-type forward struct {
-	target int
-	ln     net.Listener
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{} // both ends of every live relay
-	closed bool
-}
-
-func (f *forward) port() int { return f.ln.Addr().(*net.TCPAddr).Port }
-
-func (f *forward) object() map[string]any {
-	return map[string]any{"target_port": f.target, "host": "127.0.0.1", "port": f.port()}
-}
-
-func (f *forward) track(c net.Conn) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed {
-		return false
-	}
-	f.conns[c] = struct{}{}
-	return true
-}
-
-func (f *forward) untrack(c net.Conn) {
-	f.mu.Lock()
-	delete(f.conns, c)
-	f.mu.Unlock()
-	c.Close()
-}
-
-// close stops accepting, ends every relay and waits for them.
-func (f *forward) close() {
-	f.mu.Lock()
-	f.closed = true
-	for c := range f.conns {
-		c.Close()
-	}
-	f.mu.Unlock()
-	f.ln.Close()
-	f.wg.Wait()
-}
-
 // forwardObjects lists a session's forwards by target port.
 func (ss *session) forwardObjects() []map[string]any {
 	ss.mu.Lock()
@@ -136,7 +89,7 @@ func (ss *session) forwardObjects() []map[string]any {
 	sort.Ints(ports)
 	out := make([]map[string]any, 0, len(ports))
 	for _, p := range ports {
-		out = append(out, ss.forwards[p].object())
+		out = append(out, ss.forwards[p].Object())
 	}
 	return out
 }
@@ -148,8 +101,14 @@ func (ss *session) closeForwards() {
 	ss.forwards = nil
 	ss.mu.Unlock()
 	for _, f := range fs {
-		f.close()
+		f.Close()
 	}
+}
+
+// loopbackDialer reaches 127.0.0.1:port inside a session's own network
+// namespace.
+type loopbackDialer interface {
+	DialLoopback(ctx context.Context, port int, timeout time.Duration) (net.Conn, error)
 }
 
 // dialSession connects to 127.0.0.1:port inside a session with its own
@@ -179,7 +138,7 @@ func (s *Supervisor) forwardPort(c *call) (any, error) {
 		return map[string]any{"workspace_session_id": nil, "network_profile": netShared, "target_port": target,
 			"host": "127.0.0.1", "port": target, "url": s.forwardURL("shared", target)}, nil
 	}
-	ss, e := c.sb.lookupSession(c.args.String("workspace_session_id"))
+	ss, e := lookupSession(c.sb, c.args.String("workspace_session_id"))
 	if e != nil {
 		return nil, e
 	}
@@ -200,10 +159,11 @@ func (s *Supervisor) forwardPort(c *call) (any, error) {
 	if e != nil {
 		return nil, e
 	}
-	res["port"] = f.port()
+	res["port"] = f.Port()
 	if !existed {
-		go s.serveForward(ss, f)
-		s.eventCtx(c.ctx, c.sb, "forward.opened", map[string]any{"workspace_session_id": ss.id(), "target_port": target, "port": f.port()})
+		dial := func(ctx context.Context, port int) (net.Conn, error) { return s.dialSession(ctx, ss, port) }
+		go f.Serve(context.WithoutCancel(c.ctx), dial, s.log.With("workspace_session_id", ss.id()))
+		s.eventCtx(c.ctx, c.sb, "forward.opened", map[string]any{"workspace_session_id": ss.id(), "target_port": target, "port": f.Port()})
 	}
 	return res, nil
 }
@@ -219,7 +179,7 @@ func (s *Supervisor) forwardURL(kind string, port int) any {
 
 // addForward returns the session's forward to target, opening its
 // listener when there is none yet.
-func (ss *session) addForward(target int) (*forward, bool, *catalog.Error) {
+func (ss *session) addForward(target int) (*workspace.Forward, bool, *catalog.Error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.gone {
@@ -232,77 +192,15 @@ func (ss *session) addForward(target int) (*forward, bool, *catalog.Error) {
 		return nil, false, catalog.Errorf(catalog.ServerBusy, "forward limit reached for workspace session %s", ss.id()).
 			With("max_forwards", maxForwards).With("workspace_session_id", ss.id())
 	}
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	f, err := workspace.ListenForward(target)
 	if err != nil {
-		return nil, false, catalog.Errorf(catalog.OperationFailed, "forward_port: listen on loopback: %v", err)
+		return nil, false, catalog.Errorf(catalog.OperationFailed, "forward_port: %v", err)
 	}
-	f := &forward{target: target, ln: ln, conns: map[net.Conn]struct{}{}}
 	if ss.forwards == nil {
-		ss.forwards = map[int]*forward{}
+		ss.forwards = map[int]*workspace.Forward{}
 	}
 	ss.forwards[target] = f
-	f.wg.Add(1) // the accept loop, counted before close can wait for it
 	return f, false, nil
-}
-
-// serveForward accepts until the listener is closed.
-func (s *Supervisor) serveForward(ss *session, f *forward) {
-	defer f.wg.Done()
-	for {
-		c, err := f.ln.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			s.log.Warn("forward accept", "workspace_session_id", ss.id(), "target_port", f.target, "err", err)
-			time.Sleep(50 * time.Millisecond) // EMFILE and the like: do not spin
-			continue
-		}
-		if !f.track(c) {
-			c.Close()
-			return
-		}
-		f.wg.Add(1)
-		go func() {
-			defer f.wg.Done()
-			defer f.untrack(c)
-			inner, err := s.dialSession(context.Background(), ss, f.target)
-			if err != nil {
-				s.log.Debug("forward dial", "workspace_session_id", ss.id(), "target_port", f.target, "err", err)
-				return
-			}
-			if !f.track(inner) {
-				inner.Close()
-				return
-			}
-			defer f.untrack(inner)
-			relay(c, inner)
-		}()
-	}
-}
-
-// relay copies both ways; each direction's EOF half-closes the other side,
-// and the function returns when both directions are done.
-func relay(a, b net.Conn) {
-	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) {
-		// Plain reads and writes through a buffer, not io.Copy's splice:
-		// splice borrows pipes from a runtime pool that is only drained by
-		// the garbage collector, so an idle supervisor would sit on two
-		// descriptors per direction of every past concurrent connection.
-		buf := make([]byte, 32<<10)
-		_, _ = io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, buf)
-		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
-			_ = cw.CloseWrite()
-		} else {
-			_ = dst.Close()
-		}
-		done <- struct{}{}
-	}
-	go pipe(a, b)
-	go pipe(b, a)
-	<-done
-	<-done
 }
 
 // egressFor is the helper of a new isolated session, or the creation's

@@ -45,7 +45,7 @@ func parseResolutions(raw []any) (map[string]layers.Strategy, error) {
 
 func (s *Supervisor) publishWorkspaceSession(c *call) (any, error) {
 	id := c.args.String("workspace_session_id")
-	ss, e := c.sb.lookupSession(id)
+	ss, e := lookupSession(c.sb, id)
 	if e != nil {
 		return nil, e
 	}

@@ -74,7 +74,7 @@ func (s *Supervisor) attachOutcome(ctx context.Context, sb *sandbox, wsID string
 	if len(extra) == 0 {
 		return
 	}
-	for _, cmd := range sb.commands {
+	for _, cmd := range sb.Work.commands {
 		cmd.mu.Lock()
 		hit := cmd.rec.WorkspaceSessionID == wsID && cmd.rec.Interrupted && cmd.rec.InterruptReason == "supervisor_restart"
 		if hit {
@@ -88,7 +88,7 @@ func (s *Supervisor) attachOutcome(ctx context.Context, sb *sandbox, wsID string
 		rec := cmd.rec
 		cmd.mu.Unlock()
 		if hit {
-			if err := s.store.Put(ctx, statedb.KindCommand, rec.CommandSessionID, sb.rec.ID, rec); err != nil {
+			if err := s.store.Put(ctx, statedb.KindCommand, rec.CommandSessionID, sb.Rec.ID, rec); err != nil {
 				s.log.Warn("persist command", "command", rec.CommandSessionID, "err", err)
 			}
 		}
@@ -110,7 +110,7 @@ func (s *Supervisor) persistOutcome(ctx context.Context, sb *sandbox, drain *com
 	for k, v := range extra {
 		rec.Extra[k] = v
 	}
-	if err := s.store.Put(ctx, statedb.KindCommand, rec.CommandSessionID, sb.rec.ID, rec); err != nil {
+	if err := s.store.Put(ctx, statedb.KindCommand, rec.CommandSessionID, sb.Rec.ID, rec); err != nil {
 		s.log.Warn("persist finalization outcome", "command", rec.CommandSessionID, "err", err)
 	}
 }

@@ -37,22 +37,22 @@ func (s *Supervisor) sampleOnce(withStack bool) {
 		// Hold the sandbox's gate like a request does, so destroy never
 		// removes the directory while a sample is being written into it;
 		// a sandbox being destroyed is skipped.
-		if !sb.gate.TryRLock() {
+		if !sb.Gate.TryRLock() {
 			continue
 		}
-		defer sb.gate.RUnlock()
-		sb.mu.Lock()
-		state := sb.rec.State
-		sb.mu.Unlock()
+		defer sb.Gate.RUnlock()
+		sb.Mu.Lock()
+		state := sb.Rec.State
+		sb.Mu.Unlock()
 		if state != stateReady {
 			continue
 		}
-		g := resources.Group{ID: sb.rec.ID, Store: s.obs.Resources(scopeOf(sb))}
-		for _, ss := range sb.sessionsSorted() {
+		g := resources.Group{ID: sb.Rec.ID, Store: s.obs.Resources(scopeOf(sb))}
+		for _, ss := range sessionsSorted(sb) {
 			g.Sessions = append(g.Sessions, &resources.Session{ID: ss.id(), Pid: ss.holderPid()})
 		}
-		if withStack && sb.stack != nil {
-			stack := sb.stack
+		if withStack && sb.Stack != nil {
+			stack := sb.Stack
 			g.Stack = func() (*resources.StackMetrics, error) {
 				nodes, depth := s.walkBounds()
 				sum, err := summarizeStack(stack, nodes, depth)
@@ -107,7 +107,7 @@ func (s *Supervisor) resources(c *call) (any, error) {
 		if len(series) == 0 {
 			availability, errs = "partial", []string{v.NoSamples("sandbox", window)}
 		}
-		return map[string]any{"view": "resources", "scope": "sandbox", "sandbox_id": c.sb.rec.ID, "source": "supervisor_disk",
+		return map[string]any{"view": "resources", "scope": "sandbox", "sandbox_id": c.sb.Rec.ID, "source": "supervisor_disk",
 			"availability": availability, "errors": errs, "series": series}, nil
 	}
 	fleet := map[string]any{}
@@ -125,9 +125,9 @@ func (s *Supervisor) resources(c *call) (any, error) {
 		}
 		if node["availability"] != "available" {
 			availability = "partial"
-			errs = append(errs, sb.rec.ID+": "+node["errors"].([]string)[0])
+			errs = append(errs, sb.Rec.ID+": "+node["errors"].([]string)[0])
 		}
-		fleet[sb.rec.ID] = node
+		fleet[sb.Rec.ID] = node
 	}
 	if len(errs) > 16 {
 		errs = append(errs[:16], fmt.Sprintf("… and %d more", len(errs)-16))
@@ -143,10 +143,10 @@ func (s *Supervisor) cgroupView(c *call) (any, error) {
 		return nil, err
 	}
 	scope := c.args.String("scope")
-	sessions := c.sb.sessionsSorted()
-	cgPath := s.cgroups.SandboxPath(c.sb.rec.ID)
+	sessions := sessionsSorted(c.sb)
+	cgPath := s.cgroups.SandboxPath(c.sb.Rec.ID)
 	if scope != resources.ScopeSandbox {
-		ss, e := c.sb.lookupSession(scope)
+		ss, e := lookupSession(c.sb, scope)
 		if e != nil {
 			return nil, e
 		}
@@ -180,7 +180,7 @@ func (s *Supervisor) cgroupView(c *call) (any, error) {
 // snapshotResources is snapshot's resources blocks: {latest, history} for
 // the sandbox and each session, from the samples of the last minute.
 func (s *Supervisor) snapshotResources(sb *sandbox) (sandboxRes map[string]any, bySession map[string]map[string]any, err error) {
-	sandboxRes, bySession, err = s.resourceView().Snapshot(context.Background(), scopeOf(sb), len(sb.sessionsSorted()))
+	sandboxRes, bySession, err = s.resourceView().Snapshot(context.Background(), scopeOf(sb), len(sessionsSorted(sb)))
 	if err != nil {
 		return nil, nil, storeError(err)
 	}

@@ -3,8 +3,6 @@ package supervisor
 import (
 	"context"
 	"encoding/json"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 	"io"
 	"log/slog"
 	"os"
@@ -12,6 +10,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
+	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
@@ -31,7 +33,8 @@ func obsSupervisor(t *testing.T, mutate func(*config.Config)) *Supervisor {
 	data := t.TempDir()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ids := statedb.NewIDs()
-	return &Supervisor{cfg: cfg, dirs: catalog.Dirs{Data: data}, ids: ids, log: log, obs: newObsRegistry(cfg, data, log, ids)}
+	return &Supervisor{cfg: cfg, dirs: catalog.Dirs{Data: data}, ids: ids, log: log, obs: newObsRegistry(cfg, data, log, ids),
+		sandboxes: sbx.NewRegistry[*occupants]()}
 }
 
 func obsSandbox(t *testing.T, s *Supervisor, id string) *sandbox {
@@ -88,7 +91,7 @@ func TestResourcesWindow(t *testing.T) {
 	if got["availability"] != "partial" || len(got["series"].([]any)) != 0 || len(got["errors"].([]any)) != 1 {
 		t.Fatalf("empty window: %v", got)
 	}
-	s.sandboxes = map[string]*sandbox{"sbx-win": sb}
+	s.sandboxes.Put(sb)
 	fleet := mustQuery(t, s, nil, "resources", map[string]any{"window_ms": 1})
 	if node := fleet["sandboxes"].(map[string]any)["sbx-win"].(map[string]any); node["availability"] != "partial" || node["current"] != nil {
 		t.Fatalf("fleet node of an empty window: %v", node)
@@ -109,7 +112,7 @@ func TestResourcesObservabilityDisabled(t *testing.T) {
 			t.Fatalf("%s: %v", op, m)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(sb.dir, obs.DirName)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(sb.Dir, obs.DirName)); !os.IsNotExist(err) {
 		t.Fatalf("store directory with observability disabled: %v", err)
 	}
 }

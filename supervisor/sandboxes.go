@@ -2,78 +2,35 @@ package supervisor
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
-	"strings"
-	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
+	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
 )
 
-// Sandbox states (§4.1).
+// Sandbox states (§4.1), named here for the files that predate the package.
 const (
-	stateCreating = "creating"
-	stateReady    = "ready"
-	stateStopping = "stopping"
-	stateStopped  = "stopped"
-	stateFailed   = "failed"
+	stateCreating = sbx.StateCreating
+	stateReady    = sbx.StateReady
+	stateStopping = sbx.StateStopping
+	stateStopped  = sbx.StateStopped
+	stateFailed   = sbx.StateFailed
 )
 
-// sandboxRecord is the persisted record; its JSON is the contract's shape (§4.1).
-type sandboxRecord struct {
-	ID                    string             `json:"id"`
-	Name                  *string            `json:"name"`
-	WorkspaceRoot         string             `json:"workspace_root"`
-	Image                 string             `json:"image"`
-	Rootfs                string             `json:"rootfs"`
-	OverlayDriver         string             `json:"overlay_driver"`
-	State                 string             `json:"state"`
-	ActivityRevision      int64              `json:"activity_revision"`
-	CreatedAt             string             `json:"created_at"`
-	LayerCount            int                `json:"layer_count"`
-	LiveWorkspaceSessions []string           `json:"live_workspace_sessions"`
-	SharedBase            sharedBase         `json:"shared_base"`
-	ResourceProfile       resourceProfileRec `json:"resource_profile"`
-	RecoveryArtifacts     []recoveryArtifact `json:"recovery_artifacts"`
-	// Git is where the snapshot came from when the workspace is a git work
-	// tree (A5); absent otherwise.
-	Git   *gitOrigin `json:"git,omitempty"`
-	Error string     `json:"error,omitempty"`
-}
+// The registry's types under the names the rest of the supervisor uses.
+type (
+	sandboxRecord      = sbx.Record
+	resourceProfileRec = sbx.ResourceProfileRec
+	recoveryArtifact   = sbx.RecoveryArtifact
+	// sandbox is a registry entry carrying the workspace's occupants.
+	sandbox = sbx.Sandbox[*occupants]
+)
 
-type sharedBase struct {
-	Source   string `json:"source"`
-	Target   string `json:"target"`
-	RootHash string `json:"root_hash"`
-	Readonly bool   `json:"readonly"`
-}
-
-type resourceProfileRec struct {
-	Name string `json:"name"`
-	config.ResourceProfile
-	Enforced bool `json:"enforced"`
-}
-
-// sandbox is a live registry entry. gate is read-held by every request that
-// works on the sandbox and write-held by destroy, so teardown never races a
-// write; mu guards rec.
-type sandbox struct {
-	gate  sync.RWMutex
-	mu    sync.Mutex
-	rec   sandboxRecord
-	dir   string
-	stack *layers.Stack
-	// imageEnv is the image config's Env (nil for "host"), loaded at
-	// creation and recovery.
-	imageEnv []string
-
+// occupants are a sandbox's live sessions and commands, guarded by the
+// sandbox's Mu.
+type occupants struct {
 	sessions      map[string]*session // live sessions
 	commands      map[string]*command // running and retained terminal commands
 	terminalOrder []string            // retained terminal commands, oldest first
@@ -81,107 +38,23 @@ type sandbox struct {
 	// Admission slots reserved by requests still starting their command
 	// or session (admission.go).
 	pendingCommands, pendingSessions int
+}
 
-	// Background work that writes below dir without holding gate (holder
-	// event loops, implicit finalization): removal waits for it (goBackground).
-	bgMu          sync.Mutex
-	bgClosed      bool
-	bg            sync.WaitGroup
-	squashing     atomic.Bool  // a squash (manual or automatic) runs
-	autoQueued    atomic.Bool  // an autosquash evaluation is queued
-	autoCoalesced atomic.Int64 // notifications folded into the queued one
+func newOccupants() *occupants {
+	return &occupants{sessions: map[string]*session{}, commands: map[string]*command{}, evicted: map[string]bool{}}
 }
 
 func newSandbox(rec sandboxRecord, dir string) *sandbox {
-	return &sandbox{rec: rec, dir: dir, sessions: map[string]*session{}, commands: map[string]*command{}, evicted: map[string]bool{}}
+	return sbx.New(rec, dir, newOccupants())
 }
 
-// goBackground runs f on its own goroutine unless the sandbox is being
-// removed; stopBackground waits for every f started.
-func (sb *sandbox) goBackground(f func()) bool {
-	sb.bgMu.Lock()
-	defer sb.bgMu.Unlock()
-	if sb.bgClosed {
-		return false
-	}
-	sb.bg.Go(f)
-	return true
-}
-
-// stopBackground refuses new background work and waits for the running
-// work to end, so nothing writes below the sandbox's directory while it is
-// removed. The callers have stopped the sessions first (their holders
-// closed, which ends the holder event loops).
-func (sb *sandbox) stopBackground() {
-	sb.bgMu.Lock()
-	sb.bgClosed = true
-	sb.bgMu.Unlock()
-	sb.bg.Wait()
-}
-
-func (sb *sandbox) busyError() *catalog.Error {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	return catalog.Errorf(catalog.OperationConflict, "sandbox %s is %s", sb.rec.ID, sb.rec.State).
-		With("sandbox_id", sb.rec.ID).With("state", sb.rec.State)
-}
-
-// view returns a copy of the record with layer_count read from the head.
-func (sb *sandbox) view() sandboxRecord {
-	sb.mu.Lock()
-	rec := sb.rec
-	sb.mu.Unlock()
-	rec.LiveWorkspaceSessions = append([]string{}, rec.LiveWorkspaceSessions...)
-	if sb.stack != nil {
-		if m, err := sb.stack.Head(); err == nil {
-			rec.LayerCount = len(m.Layers)
-		}
-	}
-	return rec
-}
-
-func nowRFC3339() string { return time.Now().UTC().Format("2006-01-02T15:04:05.000Z") }
+func nowRFC3339() string { return sbx.NowRFC3339() }
 
 func (s *Supervisor) sandboxDir(id string) string { return filepath.Join(s.dirs.Data, "sandboxes", id) }
 
-func notFoundSandbox(id string) *catalog.Error {
-	return catalog.Errorf(catalog.NotFound, "sandbox not found: %s", id).With("sandbox_id", id)
-}
-
 // resolveSandbox is §2.4 step 7. Observability reads also work on failed sandboxes.
 func (s *Supervisor) resolveSandbox(id string, readOnly bool) (*sandbox, *catalog.Error) {
-	if !catalog.ValidID(id) {
-		return nil, catalog.Errorf(catalog.InvalidRequest, "sandbox_id must match [A-Za-z0-9._:-]{1,128}")
-	}
-	s.mu.Lock()
-	sb := s.sandboxes[id]
-	s.mu.Unlock()
-	if sb == nil {
-		return nil, notFoundSandbox(id)
-	}
-	sb.mu.Lock()
-	state := sb.rec.State
-	sb.mu.Unlock()
-	switch state {
-	case stateCreating, stateStopping:
-		return nil, sb.busyError()
-	case stateFailed:
-		if !readOnly {
-			return nil, catalog.Errorf(catalog.OperationFailed, "sandbox %s failed: %s", id, sb.rec.Error).With("sandbox_id", id)
-		}
-	}
-	return sb, nil
-}
-
-// bump records a client-visible change (§4.4).
-func (s *Supervisor) bump(ctx context.Context, sb *sandbox) {
-	sb.mu.Lock()
-	sb.rec.ActivityRevision++
-	rec := sb.rec
-	sb.mu.Unlock()
-	if err := s.store.putSandbox(ctx, &rec); err != nil {
-		s.log.Warn("persist activity revision", "sandbox", rec.ID, "err", err)
-	}
+	return s.sandboxes.Resolve(id, readOnly)
 }
 
 func (s *Supervisor) createSandbox(c *call) (any, error) {
@@ -202,9 +75,7 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 	if derr != nil {
 		return nil, derr
 	}
-	s.mu.Lock()
-	live := len(s.sandboxes)
-	s.mu.Unlock()
+	live := s.sandboxes.Len()
 	if live+int(count) > s.cfg.Manager.MaxSandboxes {
 		return nil, catalog.Errorf(catalog.ServerBusy, "sandbox limit reached").With("max_sandboxes", s.cfg.Manager.MaxSandboxes)
 	}
@@ -216,9 +87,9 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 
 	// The git origin is read before the snapshot: a commit made meanwhile
 	// is then newer than the recorded HEAD, never silently included in it.
-	snapRoot, origin := root, probeGit(c.ctx, root)
+	snapRoot, origin := root, sbx.ProbeGit(c.ctx, root)
 	if c.args.Has("git_ref") {
-		tmp, o, err := gitRefSnapshot(c.ctx, root, c.args.String("git_ref"), s.dirs.Data)
+		tmp, o, err := sbx.GitRefSnapshot(c.ctx, root, c.args.String("git_ref"), s.dirs.Data)
 		if err != nil {
 			return nil, err
 		}
@@ -234,244 +105,42 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 	if img != nil {
 		rootfs, imageEnv = img.ID, img.Env
 	}
-	var created []*sandbox
-	rollback := func() {
-		for i := len(created) - 1; i >= 0; i-- {
-			s.removeSandbox(c.ctx, created[i])
-		}
+	created, err := s.sbm.Create(c.ctx, sbx.CreateSpec{
+		Count: int(count), Name: name, WorkspaceRoot: c.args.String("workspace_root"), Root: root, SnapRoot: snapRoot,
+		Git: origin, Image: image, Rootfs: rootfs, ImageEnv: imageEnv, OverlayDriver: driver,
+		ResourceProfile: resourceProfileRec{Name: s.cfg.Sandbox.ResourceProfile, ResourceLimits: sbx.ResourceLimits(s.cfg.ResourceProfiles[s.cfg.Sandbox.ResourceProfile])},
+		MaxEntries:      s.cfg.Manager.MaxWorkspaceEntries,
+	}, c.progress)
+	if err != nil {
 		releaseImage()
-	}
-	var first *layers.Stack
-	for i := uint64(0); i < count; i++ {
-		id := s.ids.New("sbx-")
-		sb := newSandbox(sandboxRecord{
-			ID: id, Name: name, WorkspaceRoot: c.args.String("workspace_root"), Image: image, Rootfs: rootfs,
-			OverlayDriver: driver, State: stateCreating, CreatedAt: nowRFC3339(),
-			LiveWorkspaceSessions: []string{}, RecoveryArtifacts: []recoveryArtifact{},
-			ResourceProfile: resourceProfileRec{Name: s.cfg.Sandbox.ResourceProfile, ResourceProfile: s.cfg.ResourceProfiles[s.cfg.Sandbox.ResourceProfile]},
-			Git:             origin,
-		}, s.sandboxDir(id))
-		sb.imageEnv = imageEnv
-		// The record is persisted as creating first so a crash mid-snapshot is rolled back at start.
-		if err := s.store.putSandbox(c.ctx, &sb.rec); err != nil {
-			rollback()
-			return nil, err
-		}
-		s.mu.Lock()
-		s.sandboxes[id] = sb
-		s.mu.Unlock()
-		created = append(created, sb)
-		stackDir := filepath.Join(sb.dir, "layerstack")
-		var st *layers.Stack
-		var serr error
-		if first == nil {
-			c.progress(fmt.Sprintf("snapshotting %s into %s", root, id))
-			var stats layers.SnapshotStats
-			sp, _ := s.spanCtx(c.ctx, nil, "", "workspace.snapshot", map[string]any{"sandbox_id": id, "workspace_root": root})
-			st, stats, serr = layers.Create(c.ctx, stackDir, snapRoot, layers.SnapshotOptions{
-				MaxEntries: s.cfg.Manager.MaxWorkspaceEntries,
-				Progress:   throttledProgress(c.progress),
-			})
-			sp.done(serr, map[string]any{"files": stats.Files, "dirs": stats.Dirs, "symlinks": stats.Symlinks, "bytes": stats.Bytes})
-			if serr == nil {
-				c.progress(fmt.Sprintf("snapshot done: %d files, %d directories, %d symlinks, %d bytes", stats.Files, stats.Dirs, stats.Symlinks, stats.Bytes))
-			}
-			first = st
-		} else {
-			c.progress(fmt.Sprintf("linking the base of %s", id))
-			st, serr = layers.CreateSibling(c.ctx, stackDir, first)
-		}
-		if serr != nil {
-			rollback()
-			return nil, fmt.Errorf("snapshot workspace %s: %w", root, serr)
-		}
-		sb.stack = st
-		m, err := st.Head()
-		if err != nil {
-			rollback()
-			return nil, err
-		}
-		base, err := os.ReadFile(filepath.Join(stackDir, ".layer-metadata", "B000001-base.digest"))
-		if err != nil {
-			rollback()
-			return nil, fmt.Errorf("read base root hash: %w", err)
-		}
-		sb.mu.Lock()
-		sb.rec.SharedBase = sharedBase{Source: sb.rec.WorkspaceRoot, Target: "/workspace", RootHash: strings.TrimSpace(string(base)), Readonly: true}
-		sb.rec.LayerCount = len(m.Layers)
-		sb.rec.State = stateReady
-		rec := sb.rec
-		sb.mu.Unlock()
-		if err := s.store.putSandbox(c.ctx, &rec); err != nil {
-			rollback()
-			return nil, err
-		}
+		return nil, err
 	}
 	if count == 1 {
-		return created[0].view(), nil
+		return created[0].View(), nil
 	}
 	out := make([]sandboxRecord, len(created))
 	for i, sb := range created {
-		out[i] = sb.view()
+		out[i] = sb.View()
 	}
 	return map[string]any{"sandboxes": out}, nil
-}
-
-// throttledProgress reports snapshot counts at most about once per second.
-func throttledProgress(progress func(string)) func(files, dirs int) {
-	var last time.Time
-	return func(files, dirs int) {
-		if time.Since(last) < time.Second {
-			return
-		}
-		last = time.Now()
-		progress(fmt.Sprintf("snapshot: %d files, %d directories so far", files, dirs))
-	}
 }
 
 // checkWorkspaceRoot applies create_sandbox's workspace_root rules and returns
 // the path with symlinks resolved.
 func (s *Supervisor) checkWorkspaceRoot(p string) (string, error) {
-	bad := func(format string, a ...any) error {
-		return catalog.Errorf(catalog.InvalidRequest, format, a...).With("workspace_root", p)
-	}
-	if !filepath.IsAbs(p) {
-		return "", bad("workspace_root must be an absolute path: %s", p)
-	}
-	real, err := filepath.EvalSymlinks(p)
-	if err != nil {
-		return "", bad("workspace_root does not exist: %s", p)
-	}
-	st, err := os.Stat(real)
-	if err != nil || !st.IsDir() {
-		return "", bad("workspace_root is not a directory: %s", p)
-	}
-	if real == "/" {
-		return "", bad("workspace_root must not be /")
-	}
-	for _, d := range []string{s.dirs.Data, s.dirs.Config, s.dirs.Runtime} {
-		rd, err := filepath.EvalSymlinks(d)
-		if err != nil {
-			rd = d
-		}
-		if within(real, rd) || within(rd, real) {
-			return "", bad("workspace_root must not be inside, equal to or contain the supervisor's directory %s", d)
-		}
-	}
-	if roots := s.cfg.Manager.WorkspaceRoots; roots != nil && !underAny(real, roots) {
-		return "", bad("workspace_root is not under a configured workspace root")
-	}
-	return real, nil
-}
-
-// within reports whether p is dir or below it.
-func within(p, dir string) bool {
-	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
-}
-
-func underAny(p string, roots []string) bool {
-	for _, r := range roots {
-		rr, err := filepath.EvalSymlinks(r)
-		if err != nil {
-			rr = filepath.Clean(r)
-		}
-		if within(p, rr) {
-			return true
-		}
-	}
-	return false
-}
-
-// removeSandbox deletes everything a sandbox owns: directory, command
-// transcripts, records, registry entry.
-func (s *Supervisor) removeSandbox(ctx context.Context, sb *sandbox) error {
-	s.cgroups.RemoveSandbox(sb.rec.ID)
-	sb.stopBackground()
-	s.obs.Seal(sb.dir)
-	removeTree(sb.dir)
-	if _, err := os.Stat(sb.dir); err == nil {
-		return fmt.Errorf("remove %s: still present", sb.dir)
-	}
-	sb.mu.Lock()
-	ids := make([]string, 0, len(sb.commands))
-	for id := range sb.commands {
-		ids = append(ids, id)
-	}
-	sb.mu.Unlock()
-	for _, id := range ids {
-		os.RemoveAll(filepath.Join(s.dirs.Data, "commands", id))
-	}
-	if err := s.store.deleteSandboxRows(ctx, sb.rec.ID); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	delete(s.sandboxes, sb.rec.ID)
-	s.mu.Unlock()
-	return nil
+	return sbx.CheckWorkspaceRoot(p, []string{s.dirs.Data, s.dirs.Config, s.dirs.Runtime}, s.cfg.Manager.WorkspaceRoots)
 }
 
 func (s *Supervisor) lookupForManagement(id string) (*sandbox, *catalog.Error) {
-	s.mu.Lock()
-	sb := s.sandboxes[id]
-	s.mu.Unlock()
-	if sb == nil {
-		return nil, notFoundSandbox(id)
-	}
-	return sb, nil
-}
-
-func (s *Supervisor) destroySandbox(c *call) (any, error) {
-	sb, e := s.lookupForManagement(c.args.String("sandbox_id"))
-	if e != nil {
-		return nil, e
-	}
-	sb.mu.Lock()
-	state := sb.rec.State
-	if state == stateCreating || state == stateStopping {
-		sb.mu.Unlock()
-		return nil, sb.busyError()
-	}
-	sb.rec.State = stateStopping
-	rec := sb.rec
-	sb.mu.Unlock()
-	if err := s.store.putSandbox(c.ctx, &rec); err != nil {
-		return nil, err
-	}
-	c.progress("waiting for in-flight operations of " + rec.ID)
-	sb.gate.Lock() // new requests already see stopping; wait for the running ones
-	defer sb.gate.Unlock()
-	s.stopSessions(c.ctx, sb, true, c.progress)
-	final := sb.view()
-	c.progress("removing " + sb.dir)
-	if err := s.removeSandbox(c.ctx, sb); err != nil {
-		sb.mu.Lock()
-		sb.rec.State, sb.rec.Error = stateFailed, err.Error()
-		rec := sb.rec
-		sb.mu.Unlock()
-		_ = s.store.putSandbox(c.ctx, &rec)
-		return nil, catalog.Errorf(catalog.OperationFailed, "destroy sandbox %s: %v", rec.ID, err).With("sandbox_id", rec.ID)
-	}
-	if rec.Rootfs != "host" {
-		s.images.Release(rec.Rootfs) // §4.3: the image rootfs reference is released
-	}
-	final.State = stateStopped
-	final.LiveWorkspaceSessions = []string{}
-	final.Error = ""
-	return final, nil
+	return s.sandboxes.Lookup(id)
 }
 
 func (s *Supervisor) listSandboxes(c *call) (any, error) {
-	s.mu.Lock()
-	all := make([]*sandbox, 0, len(s.sandboxes))
-	for _, sb := range s.sandboxes {
-		all = append(all, sb)
-	}
-	s.mu.Unlock()
+	all := s.sandboxes.Sorted()
 	out := make([]sandboxRecord, 0, len(all))
 	for _, sb := range all {
-		out = append(out, sb.view())
+		out = append(out, sb.View())
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return map[string]any{"sandboxes": out}, nil
 }
 
@@ -480,7 +149,7 @@ func (s *Supervisor) inspectSandbox(c *call) (any, error) {
 	if e != nil {
 		return nil, e
 	}
-	return sb.view(), nil
+	return sb.View(), nil
 }
 
 func (s *Supervisor) listWorkspaceDirectories(c *call) (any, error) {
@@ -516,7 +185,7 @@ func (s *Supervisor) listWorkspaceDirectories(c *call) (any, error) {
 		return nil, bad("path is not a directory: %s", p)
 	}
 	configured := s.cfg.Manager.WorkspaceRoots != nil
-	if configured && !underAny(p, roots) {
+	if configured && !sbx.UnderAny(p, roots) {
 		return nil, bad("path is not under a configured workspace root: %s", p)
 	}
 	ents, err := os.ReadDir(p)
@@ -536,19 +205,10 @@ func (s *Supervisor) listWorkspaceDirectories(c *call) (any, error) {
 		dirs = append(dirs, dirEntry{Name: e.Name(), Path: filepath.Join(p, e.Name())})
 	}
 	var parent any = filepath.Dir(p)
-	if p == "/" || (configured && isRoot(p, roots)) {
+	if p == "/" || (configured && sbx.IsRoot(p, roots)) {
 		parent = nil
 	}
 	return map[string]any{"path": p, "parent": parent, "truncated": truncated, "directories": dirs}, nil
-}
-
-func isRoot(p string, roots []string) bool {
-	for _, r := range roots {
-		if filepath.Clean(r) == p {
-			return true
-		}
-	}
-	return false
 }
 
 // recover loads every sandbox record at start (§4.5): creating ones are
@@ -560,55 +220,35 @@ func (s *Supervisor) recover(ctx context.Context) error {
 	}
 	var sum recoverySummary
 	defer func() { s.recovered(&sum) }()
-	for _, rec := range recs {
-		sb := newSandbox(*rec, s.sandboxDir(rec.ID))
-		sb.rec.LiveWorkspaceSessions = []string{} // rebuilt from the session records
-		switch rec.State {
-		case stateCreating, stateStopping, stateStopped:
-			s.log.Info("recovery: removing sandbox", "sandbox", rec.ID, "state", rec.State)
-			if err := s.removeSandbox(ctx, sb); err != nil {
-				s.log.Error("recovery: remove sandbox", "sandbox", rec.ID, "err", err)
-			}
-			sum.removeSandbox(rec.ID, rec.State)
-			continue
-		}
-		st, err := layers.Open(filepath.Join(sb.dir, "layerstack"))
-		if err == nil {
-			if m, herr := st.Head(); herr != nil || len(m.Layers) == 0 {
-				err = fmt.Errorf("layerstack manifest of %s is missing or empty", rec.ID)
-			}
-		}
-		if err == nil {
-			sb.stack = st
-			var res layers.SweepResult
-			res, err = st.Sweep(s.persistedLeases(ctx, sb))
-			if err == nil {
-				s.bootSweepEvent(sb, res)
-				sum.sweep(res)
-			}
-		}
-		if err != nil && !errors.Is(err, context.Canceled) {
-			sb.rec.State, sb.rec.Error = stateFailed, err.Error()
-			_ = s.store.putSandbox(ctx, &sb.rec)
-			s.log.Error("recovery: sandbox failed", "sandbox", rec.ID, "err", err)
-		}
-		s.sandboxes[rec.ID] = sb
-		if sb.rec.Rootfs != "host" {
-			s.images.Hold(sb.rec.Rootfs)
-			if err := s.loadImageEnv(sb); err != nil {
-				s.log.Error("recovery: image of sandbox", "sandbox", rec.ID, "err", err)
-			}
-		}
-		if sb.rec.State == stateFailed {
-			sum.FailedSandboxes = append(sum.FailedSandboxes, rec.ID)
-		}
-		if sb.rec.State == stateReady {
-			sum.InterruptedCommands += s.loadCommands(ctx, sb)
-			sum.RemovedSessionDirs += s.removeOrphanSessionDirs(ctx, sb)
-			s.restoreSessions(ctx, sb, &sum)
-			s.notifyAutosquash(sb, "startup")
-		}
-	}
+	s.sbm.Recover(ctx, recs, sbx.RecoverHooks[*occupants]{
+		Leases:  s.persistedLeases,
+		Removed: sum.removeSandbox,
+		Swept: func(sb *sandbox, res layers.SweepResult) {
+			s.bootSweepEvent(sb, res)
+			sum.sweep(res)
+		},
+		Reopened: func(ctx context.Context, sb *sandbox) { s.reopenSandbox(ctx, sb, &sum) },
+	})
 	s.images.Prune() // every reference is known now
 	return nil
+}
+
+// reopenSandbox restores what lives in a recovered sandbox: its image
+// reference and environment, and when ready its commands and sessions.
+func (s *Supervisor) reopenSandbox(ctx context.Context, sb *sandbox, sum *recoverySummary) {
+	if sb.Rec.Rootfs != "host" {
+		s.images.Hold(sb.Rec.Rootfs)
+		if err := s.loadImageEnv(sb); err != nil {
+			s.log.Error("recovery: image of sandbox", "sandbox", sb.Rec.ID, "err", err)
+		}
+	}
+	if sb.Rec.State == stateFailed {
+		sum.FailedSandboxes = append(sum.FailedSandboxes, sb.Rec.ID)
+	}
+	if sb.Rec.State == stateReady {
+		sum.InterruptedCommands += s.loadCommands(ctx, sb)
+		sum.RemovedSessionDirs += s.removeOrphanSessionDirs(ctx, sb)
+		s.restoreSessions(ctx, sb, sum)
+		s.notifyAutosquash(sb, "startup")
+	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/doctor"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/images"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/rpc"
+	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/web"
 )
@@ -63,11 +64,13 @@ type Supervisor struct {
 
 	mu        sync.Mutex
 	admitMu   sync.Mutex // admission's check-and-reserve (admission.go)
-	sandboxes map[string]*sandbox
-	exports   exportGate       // serializes export_changes per sandbox
-	protected *layers.Patterns // runtime.publish.protected_paths, compiled once
-	images    *images.Cache    // image → rootfs cache (§4.2 step 2)
-	docker    dockerProbe      // Docker Engine reachability at start (health)
+	sandboxes *sbx.Registry[*occupants]
+	squasher  *sbx.Squasher[*occupants]
+	sbm       *sbx.Manager[*occupants]
+	exporter  *sbx.Exporter[*occupants] // export_changes dir/tar; serializes exports per sandbox
+	protected *layers.Patterns          // runtime.publish.protected_paths, compiled once
+	images    *images.Cache             // image → rootfs cache (§4.2 step 2)
+	docker    dockerProbe               // Docker Engine reachability at start (health)
 
 	draining atomic.Bool
 	inflight sync.WaitGroup
@@ -132,13 +135,16 @@ func Serve(ctx context.Context, opt Options) error {
 
 	s := &Supervisor{
 		cfg: cfg, dirs: dirs, log: log, ids: statedb.NewIDs(), store: st, version: opt.Version,
-		started: time.Now(), self: self, sandboxes: map[string]*sandbox{},
+		started: time.Now(), self: self, sandboxes: sbx.NewRegistry[*occupants](),
 		conns: make(chan struct{}, cfg.Supervisor.MaxConcurrentConnections),
 	}
 	if s.mux, err = s.newMux(); err != nil {
 		return catalog.Errorf(catalog.InternalError, "%w", err)
 	}
 	s.protected = layers.CompilePatterns(cfg.Runtime.Publish.ProtectedPaths)
+	s.squasher = s.newSquasher()
+	s.sbm = s.newSandboxManager()
+	s.exporter = &sbx.Exporter[*occupants]{Reg: s.sandboxes, Log: log}
 	s.obs = newObsRegistry(cfg, dirs.Data, log, s.ids) // stores are created on first append
 	s.shimPath = execShim(self)
 	s.probes = doctor.RunProbes(ctx, self, dirs.Data, log)

@@ -17,6 +17,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/attribution"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // Session states (§5.5).
@@ -52,6 +53,18 @@ type leaseRecord struct {
 	Layers  []layers.LayerRef `json:"layers"`
 }
 
+// holder is what a session uses of its holder process (*nsholder.Client):
+// its life, its command runner, its file operations and its loopback dial.
+type holder interface {
+	Pid() int
+	Done() <-chan struct{}
+	Events() <-chan nsholder.Event
+	Close(grace time.Duration) error
+	commandRunner
+	fileHolder
+	loopbackDialer
+}
+
 // session is a live workspace session. gate is its admission gate (§5.5):
 // starting commands, file operations, publish and destroy are serialized on
 // it, so a file operation never races a finalization. mu guards the rest.
@@ -62,13 +75,13 @@ type session struct {
 	mu     sync.Mutex
 	rec    sessionRecord
 	dir    string
-	holder nsholder.Holder
+	holder holder
 	lease  *layers.Lease
 	ledger map[string]*command // running commands
 	gone   bool                // destroyed: whoever waited at the gate finds it gone
 	// forwards are the session's forward_port listeners by target port
 	// (network.go); they end with the session.
-	forwards map[int]*forward
+	forwards map[int]*workspace.Forward
 }
 
 func (ss *session) isGone() bool {
@@ -115,10 +128,10 @@ func notFoundSession(id string) *catalog.Error {
 }
 
 // lookupSession finds a live session of the sandbox.
-func (sb *sandbox) lookupSession(id string) (*session, *catalog.Error) {
-	sb.mu.Lock()
-	ss := sb.sessions[id]
-	sb.mu.Unlock()
+func lookupSession(sb *sandbox, id string) (*session, *catalog.Error) {
+	sb.Mu.Lock()
+	ss := sb.Work.sessions[id]
+	sb.Mu.Unlock()
 	if ss == nil {
 		return nil, notFoundSession(id)
 	}
@@ -144,16 +157,16 @@ func (ss *session) admit() *catalog.Error {
 
 func (s *Supervisor) sessionCount() int {
 	s.mu.Lock()
-	all := make([]*sandbox, 0, len(s.sandboxes))
-	for _, sb := range s.sandboxes {
+	all := make([]*sandbox, 0, s.sandboxes.Len())
+	for _, sb := range s.sandboxes.All() {
 		all = append(all, sb)
 	}
 	s.mu.Unlock()
 	n := 0
 	for _, sb := range all {
-		sb.mu.Lock()
-		n += len(sb.sessions)
-		sb.mu.Unlock()
+		sb.Mu.Lock()
+		n += len(sb.Work.sessions)
+		sb.Mu.Unlock()
 	}
 	return n
 }
@@ -178,9 +191,9 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 	if e != nil {
 		return nil, e
 	}
-	defer sl.release() // a no-op once the session is in sb.sessions
+	defer sl.release() // a no-op once the session is in sb.Work.sessions
 	id := s.ids.New("ws-")
-	lease, err := sb.stack.Acquire("workspace-session:" + id)
+	lease, err := sb.Stack.Acquire("workspace-session:" + id)
 	if err != nil {
 		return nil, fmt.Errorf("lease head: %w", err)
 	}
@@ -191,14 +204,14 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 			With("layer_count", len(m.Layers)).With("max_chain_depth", s.cfg.Runtime.Workspace.MaxChainDepth)
 	}
 	ss := &session{
-		dir:    filepath.Join(sb.dir, "sessions", id),
+		dir:    filepath.Join(sb.Dir, "sessions", id),
 		lease:  lease,
 		ledger: map[string]*command{},
 		rec: sessionRecord{
-			WorkspaceSessionID: id, SandboxID: sb.rec.ID, Agent: agent, NetworkProfile: network, FinalizePolicy: policy,
+			WorkspaceSessionID: id, SandboxID: sb.Rec.ID, Agent: agent, NetworkProfile: network, FinalizePolicy: policy,
 			State: sessActive, CreatedAt: nowRFC3339(), BaseRevision: m.Revision(),
 			Lease:         leaseRecord{LeaseID: lease.ID(), Layers: m.Layers},
-			OverlayDriver: sb.rec.OverlayDriver,
+			OverlayDriver: sb.Rec.OverlayDriver,
 		},
 	}
 	rollback := func() {
@@ -215,16 +228,16 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 		rollback()
 		return nil, err
 	}
-	if err := s.store.Put(ctx, statedb.KindSession, id, sb.rec.ID, ss.rec); err != nil {
+	if err := s.store.Put(ctx, statedb.KindSession, id, sb.Rec.ID, ss.rec); err != nil {
 		_ = ss.holder.Close(0)
 		rollback()
 		return nil, err
 	}
-	sb.mu.Lock()
-	sb.sessions[id] = ss
+	sb.Mu.Lock()
+	sb.Work.sessions[id] = ss
 	sl.releaseLocked()
-	sb.rec.LiveWorkspaceSessions = append(sb.rec.LiveWorkspaceSessions, id)
-	sb.mu.Unlock()
+	sb.Rec.LiveWorkspaceSessions = append(sb.Rec.LiveWorkspaceSessions, id)
+	sb.Mu.Unlock()
 	s.eventCtx(ctx, sb, "lease.acquired", map[string]any{"workspace_session_id": id, "revision": ss.rec.BaseRevision})
 	return ss, nil
 }
@@ -240,7 +253,7 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 	m := ss.base()
 	cfg := nsholder.Config{
 		SessionID:       ss.id(),
-		Lowers:          sb.stack.LayerDirs(m),
+		Lowers:          sb.Stack.LayerDirs(m),
 		Upper:           ss.upper(),
 		Work:            work,
 		Scratch:         filepath.Join(ss.dir, "scratch"),
@@ -260,14 +273,14 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 	if egress != nil {
 		cfg.Egress, cfg.ResolvConf = egress, nsholder.ResolvConf
 	}
-	if sb.rec.Rootfs != "host" {
+	if sb.Rec.Rootfs != "host" {
 		if s.shimPath == "" {
 			// The fallback shim is this binary, dynamically linked: an image need not have its loader.
 			return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at spawn: an image sandbox needs sandbox-exec-shim next to %s", s.self).With("stage", "spawn")
 		}
-		img, err := s.images.Lookup(sb.rec.Rootfs)
+		img, err := s.images.Lookup(sb.Rec.Rootfs)
 		if err != nil {
-			return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at mount_root: image rootfs %s: %v", sb.rec.Rootfs, err).With("stage", "mount_root")
+			return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at mount_root: image rootfs %s: %v", sb.Rec.Rootfs, err).With("stage", "mount_root")
 		}
 		cfg.HostPaths = nil
 		cfg.Image = &nsholder.ImageRoot{Rootfs: img.Rootfs, Files: imageFiles(ss.id(), ss.rec.NetworkProfile)}
@@ -280,7 +293,7 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 	h, err := nsholder.Start(hctx, s.self, cfg)
 	if err == nil {
 		// Measured by the holder during its setup, which ended just now.
-		sp.measured("holder.mount_overlay", nsholder.OverlayMountTime(h), map[string]any{"workspace_session_id": ss.id(),
+		sp.measured("holder.mount_overlay", h.OverlayMountTime(), map[string]any{"workspace_session_id": ss.id(),
 			"driver": ss.rec.OverlayDriver, "lowers": len(cfg.Lowers)})
 		sp.done(nil, map[string]any{"pid": h.Pid()})
 	} else {
@@ -296,22 +309,22 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 	ss.mu.Lock()
 	ss.holder = h
 	ss.mu.Unlock()
-	if err := s.cgroups.Attach(sb.rec.ID, ss.id(), h.Pid()); err != nil {
+	if err := s.cgroups.Attach(sb.Rec.ID, ss.id(), h.Pid()); err != nil {
 		// Samples then come from /proc; nothing else depends on the cgroup.
 		s.log.Warn("attach holder to its cgroup", "workspace_session_id", ss.id(), "err", err)
 	}
-	if !sb.goBackground(func() { s.watchHolder(sb, ss, h) }) {
+	if !sb.GoBackground(func() { s.watchHolder(sb, ss, h) }) {
 		ss.mu.Lock()
 		ss.holder = nil
 		ss.mu.Unlock()
 		_ = h.Close(0)
-		return catalog.Errorf(catalog.OperationConflict, "sandbox %s is being destroyed", sb.rec.ID).With("sandbox_id", sb.rec.ID)
+		return catalog.Errorf(catalog.OperationConflict, "sandbox %s is being destroyed", sb.Rec.ID).With("sandbox_id", sb.Rec.ID)
 	}
 	return nil
 }
 
 // watchHolder routes the holder's command events and notices its death.
-func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h nsholder.Holder) {
+func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h holder) {
 	events := h.Events()
 	for ev := range events {
 		if ev.FS == nil {
@@ -412,7 +425,7 @@ func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
 	ss.mu.Lock()
 	rec := ss.rec
 	ss.mu.Unlock()
-	_ = s.store.Put(ctx, statedb.KindSession, rec.WorkspaceSessionID, sb.rec.ID, rec)
+	_ = s.store.Put(ctx, statedb.KindSession, rec.WorkspaceSessionID, sb.Rec.ID, rec)
 }
 
 // destroySession tears a session down (§5.7) inside a
@@ -430,7 +443,7 @@ const sessionTrashDir = "trash"
 
 // closeSession tears a session down: holder, lease, directory, record.
 func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session, grace time.Duration) (int64, error) {
-	upperBytes := dirBytes(ss.upper())
+	upperBytes := dirBytes(ctx, ss.upper())
 	ss.mu.Lock()
 	h := ss.holder
 	ss.holder = nil
@@ -460,31 +473,31 @@ func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session,
 	// than publishing it. sessions/ only ever holds live sessions; a crash
 	// before the removal ends leaves trash that the next start empties
 	// (removeOrphanSessionDirs).
-	trash := filepath.Join(sb.dir, sessionTrashDir)
+	trash := filepath.Join(sb.Dir, sessionTrashDir)
 	gone := filepath.Join(trash, ss.id())
 	if err := os.MkdirAll(trash, 0o700); err != nil {
 		removeTree(ss.dir)
 	} else if err := os.Rename(ss.dir, gone); err != nil {
 		removeTree(ss.dir)
-	} else if !sb.goBackground(func() { removeTree(gone) }) {
+	} else if !sb.GoBackground(func() { removeTree(gone) }) {
 		removeTree(gone)
 	}
-	sb.mu.Lock()
-	delete(sb.sessions, ss.id())
-	live := sb.rec.LiveWorkspaceSessions[:0]
-	for _, id := range sb.rec.LiveWorkspaceSessions {
+	sb.Mu.Lock()
+	delete(sb.Work.sessions, ss.id())
+	live := sb.Rec.LiveWorkspaceSessions[:0]
+	for _, id := range sb.Rec.LiveWorkspaceSessions {
 		if id != ss.id() {
 			live = append(live, id)
 		}
 	}
-	sb.rec.LiveWorkspaceSessions = live
-	sb.mu.Unlock()
+	sb.Rec.LiveWorkspaceSessions = live
+	sb.Mu.Unlock()
 	s.eventCtx(ctx, sb, "lease.released", map[string]any{"workspace_session_id": ss.id(), "revision": ss.rec.BaseRevision})
 	return upperBytes, nil
 }
 
 // sessionObject is the contract's session object (§3.5).
-func (ss *session) object() map[string]any {
+func (ss *session) object(ctx context.Context) map[string]any {
 	ss.mu.Lock()
 	rec := ss.rec
 	var pid any
@@ -496,7 +509,7 @@ func (ss *session) object() map[string]any {
 		"workspace_session_id": rec.WorkspaceSessionID, "agent": rec.Agent, "network_profile": rec.NetworkProfile,
 		"finalize_policy": rec.FinalizePolicy, "state": rec.State, "created_at": rec.CreatedAt,
 		"base_revision": rec.BaseRevision, "overlay_driver": rec.OverlayDriver,
-		"active_command_session_ids": ss.running(), "upper_bytes": dirBytes(ss.upper()), "holder_pid": pid,
+		"active_command_session_ids": ss.running(), "upper_bytes": dirBytes(ctx, ss.upper()), "holder_pid": pid,
 		"forwards": ss.forwardObjects(),
 	}
 }
@@ -520,7 +533,7 @@ func (s *Supervisor) createWorkspaceSession(c *call) (any, error) {
 }
 
 func (s *Supervisor) destroyWorkspaceSession(c *call) (any, error) {
-	ss, e := c.sb.lookupSession(c.args.String("workspace_session_id"))
+	ss, e := lookupSession(c.sb, c.args.String("workspace_session_id"))
 	if e != nil {
 		return nil, e
 	}
@@ -547,20 +560,20 @@ func (s *Supervisor) destroyWorkspaceSession(c *call) (any, error) {
 	}
 	s.bump(c.ctx, c.sb)
 	return map[string]any{"workspace_session_id": ss.id(), "destroyed": true, "evicted_upperdir_bytes": bytes,
-		"active_leases_after": len(c.sb.stack.Leases())}, nil
+		"active_leases_after": len(c.sb.Stack.Leases())}, nil
 }
 
 func (s *Supervisor) listWorkspaceSessions(c *call) (any, error) {
-	c.sb.mu.Lock()
-	all := make([]*session, 0, len(c.sb.sessions))
-	for _, ss := range c.sb.sessions {
+	c.sb.Mu.Lock()
+	all := make([]*session, 0, len(c.sb.Work.sessions))
+	for _, ss := range c.sb.Work.sessions {
 		all = append(all, ss)
 	}
-	c.sb.mu.Unlock()
+	c.sb.Mu.Unlock()
 	sort.Slice(all, func(i, j int) bool { return all[i].id() < all[j].id() }) // IDs sort by creation time
 	out := make([]map[string]any, 0, len(all))
 	for _, ss := range all {
-		out = append(out, ss.object())
+		out = append(out, ss.object(c.ctx))
 	}
 	return map[string]any{"workspace_sessions": out}, nil
 }
@@ -570,7 +583,7 @@ func (s *Supervisor) listWorkspaceSessions(c *call) (any, error) {
 // implicit ones are finalized from their upper dir.
 func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox, sum *recoverySummary) {
 	var recs []sessionRecord
-	_ = s.store.List(ctx, statedb.KindSession, sb.rec.ID, func(b []byte) error {
+	_ = s.store.List(ctx, statedb.KindSession, sb.Rec.ID, func(b []byte) error {
 		var r sessionRecord
 		if err := json.Unmarshal(b, &r); err != nil {
 			return err
@@ -583,12 +596,12 @@ func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox, sum *reco
 	slots := make(chan struct{}, 4)
 	for _, rec := range recs {
 		m := layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: rec.Lease.Layers}
-		ss := &session{rec: rec, dir: filepath.Join(sb.dir, "sessions", rec.WorkspaceSessionID), ledger: map[string]*command{},
-			lease: sb.stack.Restore(rec.Lease.LeaseID, m, "workspace-session:"+rec.WorkspaceSessionID)}
-		sb.mu.Lock()
-		sb.sessions[rec.WorkspaceSessionID] = ss
-		sb.rec.LiveWorkspaceSessions = append(sb.rec.LiveWorkspaceSessions, rec.WorkspaceSessionID)
-		sb.mu.Unlock()
+		ss := &session{rec: rec, dir: filepath.Join(sb.Dir, "sessions", rec.WorkspaceSessionID), ledger: map[string]*command{},
+			lease: sb.Stack.Restore(rec.Lease.LeaseID, m, "workspace-session:"+rec.WorkspaceSessionID)}
+		sb.Mu.Lock()
+		sb.Work.sessions[rec.WorkspaceSessionID] = ss
+		sb.Rec.LiveWorkspaceSessions = append(sb.Rec.LiveWorkspaceSessions, rec.WorkspaceSessionID)
+		sb.Mu.Unlock()
 		if ss.implicit() {
 			s.attachOutcome(ctx, sb, rec.WorkspaceSessionID, s.finalizeImplicit(ctx, sb, ss, nil))
 			sum.FinalizedSessions = append(sum.FinalizedSessions, rec.WorkspaceSessionID)
@@ -633,7 +646,7 @@ func (s *Supervisor) restoreHolder(ctx context.Context, sb *sandbox, ss *session
 	ss.mu.Lock()
 	r := ss.rec
 	ss.mu.Unlock()
-	_ = s.store.Put(ctx, statedb.KindSession, r.WorkspaceSessionID, sb.rec.ID, r)
+	_ = s.store.Put(ctx, statedb.KindSession, r.WorkspaceSessionID, sb.Rec.ID, r)
 }
 
 // removeTree deletes a directory that may contain the mode-000 work dir the
@@ -646,9 +659,9 @@ func removeTree(dir string) {
 
 // dirBytes sums the sizes of the regular files below dir, a tree a session
 // controls (best effort; symlinks are never followed, see walkUpperTree).
-func dirBytes(dir string) int64 {
+func dirBytes(ctx context.Context, dir string) int64 {
 	var n int64
-	_ = walkUpperTree(context.Background(), dir, func(_ string, fi fs.FileInfo) error {
+	_ = walkUpperTree(ctx, dir, func(_ string, fi fs.FileInfo) error {
 		if fi.Mode().IsRegular() {
 			n += fi.Size()
 		}

@@ -18,12 +18,12 @@ import (
 // sessions are finalized and explicit ones left persisted with their holder
 // stopped (supervisor shutdown, §4.5).
 func (s *Supervisor) stopSessions(ctx context.Context, sb *sandbox, destroy bool, progress func(string)) {
-	sb.mu.Lock()
-	all := make([]*session, 0, len(sb.sessions))
-	for _, ss := range sb.sessions {
+	sb.Mu.Lock()
+	all := make([]*session, 0, len(sb.Work.sessions))
+	for _, ss := range sb.Work.sessions {
 		all = append(all, ss)
 	}
-	sb.mu.Unlock()
+	sb.Mu.Unlock()
 	grace := time.Duration(s.cfg.Runtime.Workspace.ExitGraceS * float64(time.Second))
 	for _, ss := range all {
 		progress("stopping workspace session " + ss.id())
@@ -81,8 +81,8 @@ func (s *Supervisor) interrupt(sb *sandbox, ss *session, cmd *command, grace tim
 // shutdown stops every sandbox's sessions when the supervisor exits.
 func (s *Supervisor) shutdown(ctx context.Context) {
 	s.mu.Lock()
-	all := make([]*sandbox, 0, len(s.sandboxes))
-	for _, sb := range s.sandboxes {
+	all := make([]*sandbox, 0, s.sandboxes.Len())
+	for _, sb := range s.sandboxes.All() {
 		all = append(all, sb)
 	}
 	s.mu.Unlock()
@@ -95,7 +95,7 @@ func (s *Supervisor) shutdown(ctx context.Context) {
 // boot sweep must keep them (§8.7).
 func (s *Supervisor) persistedLeases(ctx context.Context, sb *sandbox) [][]layers.LayerRef {
 	var out [][]layers.LayerRef
-	_ = s.store.List(ctx, statedb.KindSession, sb.rec.ID, func(b []byte) error {
+	_ = s.store.List(ctx, statedb.KindSession, sb.Rec.ID, func(b []byte) error {
 		var r sessionRecord
 		if json.Unmarshal(b, &r) == nil {
 			out = append(out, r.Lease.Layers)
@@ -109,15 +109,15 @@ func (s *Supervisor) persistedLeases(ctx context.Context, sb *sandbox) [][]layer
 // (a crash during session creation) and empties the trash of closed
 // sessions a crash left behind (closeSession).
 func (s *Supervisor) removeOrphanSessionDirs(ctx context.Context, sb *sandbox) (removed int) {
-	removeTree(filepath.Join(sb.dir, sessionTrashDir))
-	ents, err := os.ReadDir(filepath.Join(sb.dir, "sessions"))
+	removeTree(filepath.Join(sb.Dir, sessionTrashDir))
+	ents, err := os.ReadDir(filepath.Join(sb.Dir, "sessions"))
 	if err != nil {
 		return 0
 	}
 	for _, e := range ents {
 		if ok, err := s.store.Exists(ctx, statedb.KindSession, e.Name()); err == nil && !ok {
-			s.log.Info("recovery: removing orphan session directory", "sandbox", sb.rec.ID, "dir", e.Name())
-			removeTree(filepath.Join(sb.dir, "sessions", e.Name()))
+			s.log.Info("recovery: removing orphan session directory", "sandbox", sb.Rec.ID, "dir", e.Name())
+			removeTree(filepath.Join(sb.Dir, "sessions", e.Name()))
 			removed++
 		}
 	}

@@ -3,11 +3,12 @@ package supervisor
 import (
 	"context"
 	"errors"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 	"log/slog"
 	"math"
 	"time"
+
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
@@ -59,7 +60,7 @@ func scopeOf(sb *sandbox) obs.Scope {
 	if sb == nil {
 		return obs.Scope{}
 	}
-	return obs.Scope{ID: sb.rec.ID, Dir: sb.dir}
+	return obs.Scope{ID: sb.Rec.ID, Dir: sb.Dir}
 }
 
 func (sp *span) o() *obs.Span { return (*obs.Span)(sp) }
@@ -212,21 +213,18 @@ func (e webEvents) Subscribe(buf int) (<-chan web.Record, func()) {
 func (e webEvents) Replay(sandboxID string, after uint64, maxRecs int) ([]web.Record, int, error) {
 	s := e.s
 	var scopes []obs.Scope
-	s.mu.Lock()
 	if sandboxID != "" {
-		sb := s.sandboxes[sandboxID]
+		sb := s.sandboxes.Get(sandboxID)
 		if sb == nil {
-			s.mu.Unlock()
 			return nil, 0, catalog.Errorf(catalog.NotFound, "sandbox not found: %s", sandboxID).With("sandbox_id", sandboxID)
 		}
 		scopes = append(scopes, scopeOf(sb))
 	} else {
 		scopes = append(scopes, obs.Scope{})
-		for _, sb := range s.sandboxes {
+		for _, sb := range s.sandboxes.All() {
 			scopes = append(scopes, scopeOf(sb))
 		}
 	}
-	s.mu.Unlock()
 	// The stream's interface has no context yet; a replay reads at most
 	// two bounded segments per store.
 	recs, skipped, err := s.obs.Replay(context.Background(), scopes, after, maxRecs)

@@ -14,25 +14,16 @@ import (
 )
 
 // sandboxesSorted returns the registered sandboxes ordered by ID.
-func (s *Supervisor) sandboxesSorted() []*sandbox {
-	s.mu.Lock()
-	all := make([]*sandbox, 0, len(s.sandboxes))
-	for _, sb := range s.sandboxes {
-		all = append(all, sb)
-	}
-	s.mu.Unlock()
-	sort.Slice(all, func(i, j int) bool { return all[i].rec.ID < all[j].rec.ID })
-	return all
-}
+func (s *Supervisor) sandboxesSorted() []*sandbox { return s.sandboxes.Sorted() }
 
 // sessionsSorted returns the sandbox's live sessions ordered by ID.
-func (sb *sandbox) sessionsSorted() []*session {
-	sb.mu.Lock()
-	all := make([]*session, 0, len(sb.sessions))
-	for _, ss := range sb.sessions {
+func sessionsSorted(sb *sandbox) []*session {
+	sb.Mu.Lock()
+	all := make([]*session, 0, len(sb.Work.sessions))
+	for _, ss := range sb.Work.sessions {
 		all = append(all, ss)
 	}
-	sb.mu.Unlock()
+	sb.Mu.Unlock()
 	sort.Slice(all, func(i, j int) bool { return all[i].rec.WorkspaceSessionID < all[j].rec.WorkspaceSessionID })
 	return all
 }
@@ -72,9 +63,9 @@ func sessionViews(sessions []*session) []views.Session {
 func holderViews(sbs []*sandbox) []views.Holder {
 	var out []views.Holder
 	for _, sb := range sbs {
-		for _, ss := range sb.sessionsSorted() {
+		for _, ss := range sessionsSorted(sb) {
 			if pid := ss.holderPid(); pid > 0 {
-				out = append(out, views.Holder{SandboxID: sb.rec.ID, WorkspaceID: ss.id(), Pid: pid})
+				out = append(out, views.Holder{SandboxID: sb.Rec.ID, WorkspaceID: ss.id(), Pid: pid})
 			}
 		}
 	}
@@ -89,15 +80,15 @@ type snapshotSource struct {
 
 func (src snapshotSource) Sandbox() views.Sandbox {
 	sb := src.sb
-	sb.mu.Lock()
-	rec := sb.rec
-	cmds := make([]*command, 0, len(sb.commands))
-	for _, cmd := range sb.commands {
+	sb.Mu.Lock()
+	rec := sb.Rec
+	cmds := make([]*command, 0, len(sb.Work.commands))
+	for _, cmd := range sb.Work.commands {
 		cmds = append(cmds, cmd)
 	}
-	sb.mu.Unlock()
+	sb.Mu.Unlock()
 	out := views.Sandbox{ID: rec.ID, State: rec.State, Failed: rec.State == stateFailed, Error: rec.Error,
-		RuntimeDir: sb.dir, Stack: sb.stack, Sessions: sessionViews(sb.sessionsSorted())}
+		RuntimeDir: sb.Dir, Stack: sb.Stack, Sessions: sessionViews(sessionsSorted(sb))}
 	for _, cmd := range cmds {
 		cmd.mu.Lock()
 		cr := cmd.rec

@@ -1,4 +1,4 @@
-package supervisor
+package workspace
 
 import (
 	"bytes"
@@ -45,14 +45,14 @@ const (
 
 // transcriptOptions configure a transcript; zero values take the defaults
 // (64 MiB, 1 MiB, 100 ms, time.Now).
-type transcriptOptions struct {
+type TranscriptOptions struct {
 	MaxBytes    int64         // runtime.command.max_transcript_bytes: beyond it the oldest half of the file is discarded
 	WindowBytes int64         // runtime.command.max_transcript_window_bytes: responses carry only rows inside the last WindowBytes of the file
 	IdleCommit  time.Duration // a partial line idle this long is committed as its own row
 	Now         func() time.Time
 }
 
-func (o transcriptOptions) withDefaults() transcriptOptions {
+func (o TranscriptOptions) withDefaults() TranscriptOptions {
 	if o.MaxBytes <= 0 {
 		o.MaxBytes = defaultTranscriptMaxBytes
 	}
@@ -76,9 +76,9 @@ func (o transcriptOptions) withDefaults() transcriptOptions {
 // "[YYYY-MM-DDTHH:MM:SS.mmmZ] ". All methods are safe for concurrent use.
 // Rows stay readable after Close (each read then opens the file briefly, so a
 // terminal transcript holds no descriptor).
-type transcript struct {
+type Transcript struct {
 	path   string
-	opt    transcriptOptions
+	opt    TranscriptOptions
 	rowCap int // longest row in bytes; longer lines are split like an idle commit
 
 	mu     sync.Mutex
@@ -111,7 +111,7 @@ type transcript struct {
 
 // changed returns a channel closed when a row is committed after this
 // call, or when the transcript is closed.
-func (t *transcript) changed() <-chan struct{} {
+func (t *Transcript) Changed() <-chan struct{} {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.notify == nil {
@@ -121,24 +121,24 @@ func (t *transcript) changed() <-chan struct{} {
 }
 
 // wake releases the followers; t.mu is held.
-func (t *transcript) wake() {
+func (t *Transcript) wake() {
 	if t.notify != nil {
 		close(t.notify)
 		t.notify = nil
 	}
 }
 
-func newTranscriptStruct(path string, opt transcriptOptions) *transcript {
+func newTranscriptStruct(path string, opt TranscriptOptions) *Transcript {
 	opt = opt.withDefaults()
 	rowCap := int(min(opt.WindowBytes, opt.MaxBytes/2)) - prefixLen - 1
 	if rowCap < utf8.UTFMax {
 		rowCap = utf8.UTFMax
 	}
-	return &transcript{path: path, opt: opt, rowCap: rowCap}
+	return &Transcript{path: path, opt: opt, rowCap: rowCap}
 }
 
 // newTranscript creates (or truncates) the transcript file at path.
-func newTranscript(path string, opt transcriptOptions) (*transcript, error) {
+func NewTranscript(path string, opt TranscriptOptions) (*Transcript, error) {
 	t := newTranscriptStruct(path, opt)
 	for _, p := range []string{path + ".first", path + ".new", path + ".first.new"} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -156,7 +156,7 @@ func newTranscript(path string, opt transcriptOptions) (*transcript, error) {
 // openTranscript reopens a transcript written earlier (a terminal command
 // after a supervisor restart) read-only, rebuilding the row index from the
 // file. A last line without its newline counts as a row.
-func openTranscript(path string, opt transcriptOptions) (*transcript, error) {
+func OpenTranscript(path string, opt TranscriptOptions) (*Transcript, error) {
 	t := newTranscriptStruct(path, opt)
 	if err := recoverRotation(path); err != nil {
 		return nil, err
@@ -224,7 +224,7 @@ func recoverRotation(path string) error {
 
 // Write feeds raw PTY bytes in any chunking. It always consumes p; after a
 // file error it keeps returning that error and records into memory only.
-func (t *transcript) Write(p []byte) (int, error) {
+func (t *Transcript) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.f == nil {
@@ -241,7 +241,7 @@ func (t *transcript) Write(p []byte) (int, error) {
 }
 
 // feed applies the row rules of §6.3 to p.
-func (t *transcript) feed(p []byte, now time.Time) {
+func (t *Transcript) feed(p []byte, now time.Time) {
 	for len(p) > 0 {
 		if t.cr {
 			t.cr = false
@@ -267,7 +267,7 @@ func (t *transcript) feed(p []byte, now time.Time) {
 	}
 }
 
-func (t *transcript) appendText(b []byte, now time.Time) {
+func (t *Transcript) appendText(b []byte, now time.Time) {
 	for len(b) > 0 {
 		t.absorb = false
 		room := t.rowCap - len(t.line)
@@ -282,7 +282,7 @@ func (t *transcript) appendText(b []byte, now time.Time) {
 }
 
 // terminate ends the pending row at a line terminator.
-func (t *transcript) terminate(now time.Time) {
+func (t *Transcript) terminate(now time.Time) {
 	if t.absorb && len(t.line) == 0 {
 		t.absorb = false // the row was already committed by a cut
 		return
@@ -294,7 +294,7 @@ func (t *transcript) terminate(now time.Time) {
 
 // cut commits the pending partial line as its own row (idle or too long),
 // holding back an incomplete trailing UTF-8 sequence for the next row.
-func (t *transcript) cut(ts time.Time) {
+func (t *Transcript) cut(ts time.Time) {
 	keep := incompleteUTF8Tail(t.line)
 	if len(t.line) == keep {
 		return
@@ -322,7 +322,7 @@ func incompleteUTF8Tail(b []byte) int {
 // commit appends one row to the write buffer, rotating the file first when
 // the row would take it past MaxBytes (or, once the file failed, making
 // room in memory).
-func (t *transcript) commit(row []byte, ts time.Time) {
+func (t *Transcript) commit(row []byte, ts time.Time) {
 	n := int64(prefixLen + len(row) + 1)
 	if t.err == nil && t.size+int64(len(t.buf))+n > t.opt.MaxBytes {
 		t.flush()
@@ -346,14 +346,14 @@ func (t *transcript) commit(row []byte, ts time.Time) {
 
 // memCap bounds the rows held in memory after a write error: what one
 // response can carry (no row is longer, see rowCap).
-func (t *transcript) memCap() int64 {
+func (t *Transcript) memCap() int64 {
 	return min(t.opt.WindowBytes, t.opt.MaxBytes/2)
 }
 
 // shed makes room for a row of need bytes in memory: the rows in the file
 // go first (they lie before the newest WindowBytes anyway), then the oldest
 // rows in memory; both count as discarded from then on, like a rotation.
-func (t *transcript) shed(need int64) {
+func (t *Transcript) shed(need int64) {
 	fileRows := len(t.starts) - t.bufRows
 	k, cut := fileRows, int64(0) // rows dropped, bytes of buf dropped
 	for k < len(t.starts) && int64(len(t.buf))-cut+need > t.memCap() {
@@ -376,7 +376,7 @@ func (t *transcript) shed(need int64) {
 
 // flush writes the buffered rows. On failure they stay in buf (and in the
 // index): from then on the transcript lives in memory.
-func (t *transcript) flush() {
+func (t *Transcript) flush() {
 	if len(t.buf) == 0 || t.err != nil {
 		return
 	}
@@ -390,7 +390,7 @@ func (t *transcript) flush() {
 
 // Err is the error that stopped the transcript file, nil while every row
 // is stored.
-func (t *transcript) Err() error {
+func (t *Transcript) Err() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.err
@@ -398,7 +398,7 @@ func (t *transcript) Err() error {
 
 // rotate keeps the rows inside the newest MaxBytes/2 bytes of the file
 // (temp file + rename); row numbers stay, the first retained row moves on.
-func (t *transcript) rotate() {
+func (t *Transcript) rotate() {
 	if t.err != nil {
 		return
 	}
@@ -426,7 +426,7 @@ func (t *transcript) rotate() {
 	t.size -= off
 }
 
-func (t *transcript) writeRotated(off int64, first int) (*os.File, error) {
+func (t *Transcript) writeRotated(off int64, first int) (*os.File, error) {
 	nf, err := os.OpenFile(t.path+".new", os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, err
@@ -471,7 +471,7 @@ func writeFileSync(path string, b []byte) error {
 }
 
 // arm schedules an idle check; the timer goroutine calls onIdle.
-func (t *transcript) arm(d time.Duration) {
+func (t *Transcript) arm(d time.Duration) {
 	t.armed = true
 	if t.timer == nil {
 		t.timer = time.AfterFunc(d, t.onIdle)
@@ -480,7 +480,7 @@ func (t *transcript) arm(d time.Duration) {
 	}
 }
 
-func (t *transcript) onIdle() {
+func (t *Transcript) onIdle() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.armed = false
@@ -494,7 +494,7 @@ func (t *transcript) onIdle() {
 
 // tick commits the pending partial line if it has been idle for IdleCommit
 // at now (the idle timer calls it; tests call it with a fake clock).
-func (t *transcript) tick(now time.Time) {
+func (t *Transcript) tick(now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.f != nil {
@@ -503,7 +503,7 @@ func (t *transcript) tick(now time.Time) {
 }
 
 // tickLocked returns how much longer the pending line must stay idle, or 0.
-func (t *transcript) tickLocked(now time.Time) time.Duration {
+func (t *Transcript) tickLocked(now time.Time) time.Duration {
 	if len(t.line) == 0 {
 		return 0
 	}
@@ -517,7 +517,7 @@ func (t *transcript) tickLocked(now time.Time) time.Duration {
 
 // Close commits a pending partial row, stops the idle timer and closes the
 // file. The transcript stays readable; further writes fail.
-func (t *transcript) Close() error {
+func (t *Transcript) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.f == nil {
@@ -542,7 +542,7 @@ func (t *transcript) Close() error {
 }
 
 // Total returns the number of rows recorded so far.
-func (t *transcript) Total() int {
+func (t *Transcript) Total() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.first + len(t.starts)
@@ -553,7 +553,7 @@ func (t *transcript) Total() int {
 // the last WindowBytes of the file) begins at that row, and truncatedBefore
 // counts the requested rows skipped (first - start). A start past the end
 // gives first == end == Total(). On a read error no rows are returned.
-func (t *transcript) Rows(start, limit int) (rows []string, first, end, truncatedBefore int) {
+func (t *Transcript) Rows(start, limit int) (rows []string, first, end, truncatedBefore int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.rowsLocked(start, limit)
@@ -561,13 +561,13 @@ func (t *transcript) Rows(start, limit int) (rows []string, first, end, truncate
 
 // Since returns the rows from cursor to the current end, bounded by
 // WindowBytes like Rows.
-func (t *transcript) Since(cursor int) (rows []string, first, end, truncatedBefore int) {
+func (t *Transcript) Since(cursor int) (rows []string, first, end, truncatedBefore int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.rowsLocked(cursor, math.MaxInt)
 }
 
-func (t *transcript) rowsLocked(start, limit int) (rows []string, first, end, truncatedBefore int) {
+func (t *Transcript) rowsLocked(start, limit int) (rows []string, first, end, truncatedBefore int) {
 	total := t.first + len(t.starts)
 	// First row inside the last WindowBytes of the file (and memory).
 	size := t.size + int64(len(t.buf))
@@ -591,7 +591,7 @@ func (t *transcript) rowsLocked(start, limit int) (rows []string, first, end, tr
 
 // read returns the retained rows with indexes [i, j) into starts: from the
 // file, and from buf for rows not written (after a write error).
-func (t *transcript) read(i, j int) ([]string, error) {
+func (t *Transcript) read(i, j int) ([]string, error) {
 	off := int64(t.starts[i])
 	stop := t.size + int64(len(t.buf))
 	if j < len(t.starts) {
@@ -637,6 +637,6 @@ func stripPrefix(line string) string {
 
 // tokenCount is ceil(characters / 4), characters being runes (an invalid
 // UTF-8 byte counts as one).
-func tokenCount(s string) int {
+func TokenCount(s string) int {
 	return (utf8.RuneCountInString(s) + 3) / 4
 }

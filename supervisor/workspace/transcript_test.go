@@ -1,4 +1,4 @@
-package supervisor
+package workspace
 
 import (
 	"fmt"
@@ -34,7 +34,7 @@ func (c *fakeClock) advance(d time.Duration) time.Time {
 
 const idleStep = "\x00IDLE" // a step that lets the pending line go idle
 
-func newTestTranscript(t *testing.T, opt transcriptOptions) (*transcript, *fakeClock, string) {
+func newTestTranscript(t *testing.T, opt TranscriptOptions) (*Transcript, *fakeClock, string) {
 	t.Helper()
 	clk := &fakeClock{now: time.Date(2024, 3, 5, 6, 7, 8, 9e6, time.UTC)}
 	if opt.IdleCommit == 0 {
@@ -44,7 +44,7 @@ func newTestTranscript(t *testing.T, opt transcriptOptions) (*transcript, *fakeC
 		opt.Now = clk.Now
 	}
 	path := filepath.Join(t.TempDir(), "transcript.log")
-	tr, err := newTranscript(path, opt)
+	tr, err := NewTranscript(path, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func newTestTranscript(t *testing.T, opt transcriptOptions) (*transcript, *fakeC
 	return tr, clk, path
 }
 
-func feedSteps(t *testing.T, tr *transcript, clk *fakeClock, steps []string) {
+func feedSteps(t *testing.T, tr *Transcript, clk *fakeClock, steps []string) {
 	t.Helper()
 	for _, s := range steps {
 		if s == idleStep {
@@ -66,7 +66,7 @@ func feedSteps(t *testing.T, tr *transcript, clk *fakeClock, steps []string) {
 	}
 }
 
-func allRows(tr *transcript) []string {
+func allRows(tr *Transcript) []string {
 	rows, _, _, _ := tr.Rows(0, 1<<30)
 	return rows
 }
@@ -99,7 +99,7 @@ func TestTranscriptSplitting(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			tr, clk, path := newTestTranscript(t, transcriptOptions{})
+			tr, clk, path := newTestTranscript(t, TranscriptOptions{})
 			feedSteps(t, tr, clk, tc.steps)
 			if got := allRows(tr); !reflect.DeepEqual(got, tc.want) {
 				t.Fatalf("rows = %q, want %q", got, tc.want)
@@ -117,7 +117,7 @@ func TestTranscriptSplitting(t *testing.T) {
 			if got := allRows(tr); !reflect.DeepEqual(got, final) {
 				t.Fatalf("rows after Close = %q, want %q", got, final)
 			}
-			re, err := openTranscript(path, transcriptOptions{})
+			re, err := OpenTranscript(path, TranscriptOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -130,7 +130,7 @@ func TestTranscriptSplitting(t *testing.T) {
 
 func TestTranscriptIdleNeedsQuiet(t *testing.T) {
 	// The real timer may fire too, but on the fake clock it never sees idle time.
-	tr, clk, _ := newTestTranscript(t, transcriptOptions{IdleCommit: 100 * time.Millisecond})
+	tr, clk, _ := newTestTranscript(t, TranscriptOptions{IdleCommit: 100 * time.Millisecond})
 	t0 := clk.Now()
 	tr.Write([]byte("ab"))
 	tr.tick(t0.Add(50 * time.Millisecond))
@@ -148,7 +148,7 @@ func TestTranscriptIdleNeedsQuiet(t *testing.T) {
 
 func TestTranscriptIdleTimer(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "transcript.log")
-	tr, err := newTranscript(path, transcriptOptions{IdleCommit: 10 * time.Millisecond})
+	tr, err := NewTranscript(path, TranscriptOptions{IdleCommit: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func TestTranscriptIdleTimer(t *testing.T) {
 
 func TestTranscriptLongRowsSplit(t *testing.T) {
 	// WindowBytes leaves room for 10-byte rows.
-	tr, clk, path := newTestTranscript(t, transcriptOptions{WindowBytes: int64(prefixLen + 1 + 10)})
+	tr, clk, path := newTestTranscript(t, TranscriptOptions{WindowBytes: int64(prefixLen + 1 + 10)})
 	feedSteps(t, tr, clk, []string{strings.Repeat("x", 25) + "\n", "aaaaaaaaa€b\n", strings.Repeat("y", 10), "\n"})
 	// The window holds one such row, so read the rows from the file.
 	b, err := os.ReadFile(path)
@@ -190,7 +190,7 @@ func TestTranscriptLongRowsSplit(t *testing.T) {
 }
 
 func TestTranscriptTimestamps(t *testing.T) {
-	tr, clk, path := newTestTranscript(t, transcriptOptions{})
+	tr, clk, path := newTestTranscript(t, TranscriptOptions{})
 	clk.now = time.Date(2024, 3, 5, 6, 7, 8, 9_999_999, time.FixedZone("X", 5*3600))
 	tr.Write([]byte("hello\n[not a prefix] x\n"))
 	tr.Write([]byte("prompt"))
@@ -231,7 +231,7 @@ func rowNames(from, to int) []string {
 const rowFileBytes = prefixLen + 8
 
 func TestTranscriptRowsWindow(t *testing.T) {
-	tr, _, _ := newTestTranscript(t, transcriptOptions{})
+	tr, _, _ := newTestTranscript(t, TranscriptOptions{})
 	tr.Write([]byte(numbered(0, 10)))
 	type res struct{ first, end, trunc int }
 	cases := []struct {
@@ -256,7 +256,7 @@ func TestTranscriptRowsWindow(t *testing.T) {
 }
 
 func TestTranscriptSinceCursor(t *testing.T) {
-	tr, _, _ := newTestTranscript(t, transcriptOptions{})
+	tr, _, _ := newTestTranscript(t, TranscriptOptions{})
 	cursor := 0
 	step := func(out string, want []string) {
 		t.Helper()
@@ -278,7 +278,7 @@ func TestTranscriptSinceCursor(t *testing.T) {
 }
 
 func TestTranscriptWindowBytes(t *testing.T) {
-	tr, _, _ := newTestTranscript(t, transcriptOptions{WindowBytes: int64(3*rowFileBytes + 5)})
+	tr, _, _ := newTestTranscript(t, TranscriptOptions{WindowBytes: int64(3*rowFileBytes + 5)})
 	tr.Write([]byte(numbered(0, 10)))
 	type res struct{ first, end, trunc int }
 	check := func(name string, rows []string, first, end, trunc int, wantRows []string, want res) {
@@ -301,7 +301,7 @@ func TestTranscriptWindowBytes(t *testing.T) {
 
 func TestTranscriptRotation(t *testing.T) {
 	max := int64(10 * rowFileBytes)
-	tr, _, path := newTestTranscript(t, transcriptOptions{MaxBytes: max})
+	tr, _, path := newTestTranscript(t, TranscriptOptions{MaxBytes: max})
 	tr.Write([]byte(numbered(0, 10))) // exactly MaxBytes: no rotation yet
 	if rows, first, _, tb := tr.Rows(0, 100); first != 0 || tb != 0 || len(rows) != 10 {
 		t.Fatalf("before rotation: first %d trunc %d rows %d", first, tb, len(rows))
@@ -328,7 +328,7 @@ func TestTranscriptRotation(t *testing.T) {
 		t.Fatalf("file size %d > MaxBytes %d", fi.Size(), max)
 	}
 
-	re, err := openTranscript(path, transcriptOptions{MaxBytes: max})
+	re, err := OpenTranscript(path, TranscriptOptions{MaxBytes: max})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,7 +354,7 @@ func TestTranscriptRotationRecovery(t *testing.T) {
 		write(t, path+".first", "3\n")
 		write(t, path+".new", line("b"))
 		write(t, path+".first.new", "4\n")
-		re, err := openTranscript(path, transcriptOptions{})
+		re, err := OpenTranscript(path, TranscriptOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -367,7 +367,7 @@ func TestTranscriptRotationRecovery(t *testing.T) {
 		write(t, path, line("b"))
 		write(t, path+".first", "3\n")
 		write(t, path+".first.new", "4\n")
-		re, err := openTranscript(path, transcriptOptions{})
+		re, err := OpenTranscript(path, TranscriptOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -378,7 +378,7 @@ func TestTranscriptRotationRecovery(t *testing.T) {
 	t.Run("torn last line", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "transcript.log")
 		write(t, path, line("a")+"[2024-03-05T01:07:08.009Z] par")
-		re, err := openTranscript(path, transcriptOptions{})
+		re, err := OpenTranscript(path, TranscriptOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -389,11 +389,11 @@ func TestTranscriptRotationRecovery(t *testing.T) {
 }
 
 func TestTranscriptReopen(t *testing.T) {
-	tr, clk, path := newTestTranscript(t, transcriptOptions{})
+	tr, clk, path := newTestTranscript(t, TranscriptOptions{})
 	feedSteps(t, tr, clk, []string{"one\r\ntwo\n\nthree\rTHREE\n", "prompt> ", idleStep, "four"})
 	tr.Close()
 	want := []string{"one", "two", "", "THREE", "prompt> ", "four"}
-	re, err := openTranscript(path, transcriptOptions{})
+	re, err := OpenTranscript(path, TranscriptOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -409,7 +409,7 @@ func TestTranscriptReopen(t *testing.T) {
 func TestTranscriptConcurrent(t *testing.T) {
 	const n = 3000
 	path := filepath.Join(t.TempDir(), "transcript.log")
-	tr, err := newTranscript(path, transcriptOptions{MaxBytes: int64(200 * rowFileBytes), WindowBytes: int64(50 * rowFileBytes), IdleCommit: time.Hour})
+	tr, err := NewTranscript(path, TranscriptOptions{MaxBytes: int64(200 * rowFileBytes), WindowBytes: int64(50 * rowFileBytes), IdleCommit: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,7 +474,7 @@ func TestTranscriptTokenCount(t *testing.T) {
 		want int
 	}{{"", 0}, {"a", 1}, {"abcd", 1}, {"abcde", 2}, {"ééé€", 1}, {"ééé€x", 2}, {"a\xffbc", 1}}
 	for _, c := range cases {
-		if got := tokenCount(c.s); got != c.want {
+		if got := TokenCount(c.s); got != c.want {
 			t.Errorf("tokenCount(%q) = %d, want %d", c.s, got, c.want)
 		}
 	}
@@ -487,7 +487,7 @@ func TestTranscriptTokenCount(t *testing.T) {
 // item 3: the rows were dropped and the command's output came back empty).
 func TestTranscriptDiskFull(t *testing.T) {
 	window := int64(10 * rowFileBytes)
-	tr, _, path := newTestTranscript(t, transcriptOptions{WindowBytes: window, MaxBytes: 100 * window})
+	tr, _, path := newTestTranscript(t, TranscriptOptions{WindowBytes: window, MaxBytes: 100 * window})
 	tr.Write([]byte(numbered(0, 3)))
 	full, err := os.OpenFile("/dev/full", os.O_RDWR, 0)
 	if err != nil {
@@ -529,7 +529,7 @@ func TestTranscriptDiskFull(t *testing.T) {
 // within the window; older ones count as truncated, like a rotation.
 func TestTranscriptMemoryBound(t *testing.T) {
 	window := int64(10 * rowFileBytes)
-	tr, _, _ := newTestTranscript(t, transcriptOptions{WindowBytes: window, MaxBytes: 100 * window})
+	tr, _, _ := newTestTranscript(t, TranscriptOptions{WindowBytes: window, MaxBytes: 100 * window})
 	tr.Write([]byte(numbered(0, 3)))
 	full, err := os.OpenFile("/dev/full", os.O_RDWR, 0)
 	if err != nil {

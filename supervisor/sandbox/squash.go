@@ -1,4 +1,4 @@
-package supervisor
+package sandbox
 
 // squash_layerstacks (§3.2, §8.6): fold runs of layers into S layers, then
 // the remount sweep over the sandbox's live sessions.
@@ -24,85 +24,121 @@ package supervisor
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/layers"
 )
 
-type squashedBlock struct {
+type SquashedBlock struct {
 	SquashedLayerID  string   `json:"squashed_layer_id"`
 	ReplacedLayerIDs []string `json:"replaced_layer_ids"`
 	ReplacedLayers   string   `json:"replaced_layers"` // reclaimed | leased
 	BlockedReasons   []string `json:"blocked_reasons,omitempty"`
 }
 
-type sweptSession struct {
+type SweptSession struct {
 	SessionID   string `json:"session_id"`
 	Disposition string `json:"disposition"` // session_gone | identity | migrated | leased | faulty
 	Reason      string `json:"reason,omitempty"`
 }
 
-type squashResult struct {
+type SquashResult struct {
 	ManifestVersion int             `json:"manifest_version"`
-	SquashedBlocks  []squashedBlock `json:"squashed_blocks"`
-	SweptSessions   []sweptSession  `json:"swept_sessions"`
+	SquashedBlocks  []SquashedBlock `json:"squashed_blocks"`
+	SweptSessions   []SweptSession  `json:"swept_sessions"`
 }
 
-func (s *Supervisor) squashLayerstacks(c *call) (any, error) {
-	id := c.args.String("sandbox_id")
-	sb, done, e := s.readStack(id)
+// Span is one traced step of a squash, as the supervisor's span store
+// records it.
+type Span interface {
+	Done(err error, attrs map[string]any)
+	Event(name string, attrs map[string]any)
+}
+
+// Occupant is a live session as the remount sweep sees it.
+type Occupant interface {
+	ID() string
+	// Base is the manifest the session's view was frozen at.
+	Base() layers.Manifest
+	Gone() bool
+}
+
+// Squasher runs manual and automatic squashes (§8.6) of the sandboxes of
+// one registry. Its function fields are the supervisor's services it uses.
+type Squasher[W any] struct {
+	Log *slog.Logger
+	// Span opens a span of sb (a child when ctx carries one).
+	Span func(ctx context.Context, sb *Sandbox[W], origin, name string, attrs map[string]any) (Span, context.Context)
+	// Bump records a client-visible change of sb.
+	Bump func(ctx context.Context, sb *Sandbox[W])
+	// Occupants are sb's live sessions; the caller holds nothing.
+	Occupants func(sb *Sandbox[W]) []Occupant
+	// Threshold is runtime.layerstack.autosquash.squash_at_n_layers (nil:
+	// autosquash off).
+	Threshold *int
+	// Draining reports a supervisor shutdown: no new autosquash starts.
+	Draining func() bool
+	// Track registers background work shutdown waits for; the returned
+	// function ends it.
+	Track func() (done func())
+	// Bounded shortens an error text for an event attribute.
+	Bounded func(string) string
+}
+
+// Run is squash_layerstacks on the ready sandbox id.
+func (q *Squasher[W]) Run(ctx context.Context, reg *Registry[W], id string, progress func(string)) (SquashResult, error) {
+	sb, done, e := reg.ReadStack(id)
 	if e != nil {
-		return nil, e
+		return SquashResult{}, e
 	}
 	defer done()
 	if !sb.squashing.CompareAndSwap(false, true) {
-		return nil, catalog.Errorf(catalog.OperationConflict, "layerstack squash already in flight").
+		return SquashResult{}, catalog.Errorf(catalog.OperationConflict, "layerstack squash already in flight").
 			With("sandbox_id", id).With("conflict", "squash_in_flight")
 	}
 	defer sb.squashing.Store(false)
 
-	out, err := s.squash(c.ctx, sb, c.progress)
+	out, err := q.squash(ctx, sb, progress)
 	if err != nil {
-		return nil, catalog.Errorf(catalog.OperationFailed, "squash %s: %v", id, err).With("sandbox_id", id)
+		return SquashResult{}, catalog.Errorf(catalog.OperationFailed, "squash %s: %v", id, err).With("sandbox_id", id)
 	}
 	return out, nil
 }
 
 // squash runs §8.6 on a ready sandbox whose squash flag the caller holds.
-func (s *Supervisor) squash(ctx context.Context, sb *sandbox, progress func(string)) (squashResult, error) {
-	before, err := sb.stack.Head()
+func (q *Squasher[W]) squash(ctx context.Context, sb *Sandbox[W], progress func(string)) (SquashResult, error) {
+	before, err := sb.Stack.Head()
 	if err != nil {
-		return squashResult{}, err
+		return SquashResult{}, err
 	}
 	progress("squash: planning over " + strconv.Itoa(len(before.Layers)) + " layers")
-	sp, fctx := s.spanCtx(ctx, sb, "squash", "layerstack.squash.flatten", map[string]any{"layers": len(before.Layers)})
-	res, err := sb.stack.Squash(fctx)
-	sp.done(err, map[string]any{"blocks": len(res.Blocks)})
+	sp, fctx := q.Span(ctx, sb, "squash", "layerstack.squash.flatten", map[string]any{"layers": len(before.Layers)})
+	res, err := sb.Stack.Squash(fctx)
+	sp.Done(err, map[string]any{"blocks": len(res.Blocks)})
 	if err != nil {
-		return squashResult{}, err
+		return SquashResult{}, err
 	}
-	out := squashResult{ManifestVersion: res.Manifest.Version, SquashedBlocks: []squashedBlock{}, SweptSessions: []sweptSession{}}
+	out := SquashResult{ManifestVersion: res.Manifest.Version, SquashedBlocks: []SquashedBlock{}, SweptSessions: []SweptSession{}}
 	if len(res.Blocks) == 0 {
 		return out, nil
 	}
 	progress("squash: committed manifest version " + strconv.Itoa(res.Manifest.Version) + ", " + strconv.Itoa(len(res.Blocks)) + " blocks")
 
-	sweep, _ := s.spanCtx(ctx, sb, "squash", "layerstack.squash.remount_sweep", nil)
-	sb.mu.Lock()
-	sessions := make([]*session, 0, len(sb.sessions))
-	for _, ss := range sb.sessions {
-		sessions = append(sessions, ss)
-	}
-	driver := sb.rec.OverlayDriver
-	sb.mu.Unlock()
-	slices.SortFunc(sessions, func(a, b *session) int { return strings.Compare(a.id(), b.id()) })
+	sweep, _ := q.Span(ctx, sb, "squash", "layerstack.squash.remount_sweep", nil)
+	sessions := q.Occupants(sb)
+	sb.Mu.Lock()
+	driver := sb.Rec.OverlayDriver
+	sb.Mu.Unlock()
+	slices.SortFunc(sessions, func(a, b Occupant) int { return strings.Compare(a.ID(), b.ID()) })
 	for _, ss := range sessions {
-		sw := sweptSession{SessionID: ss.id()}
-		switch _, changed := res.Substitute(ss.base()); {
-		case ss.isGone():
+		sw := SweptSession{SessionID: ss.ID()}
+		switch _, changed := res.Substitute(ss.Base()); {
+		case ss.Gone():
 			sw.Disposition = "session_gone"
 		case !changed:
 			sw.Disposition = "identity"
@@ -113,11 +149,11 @@ func (s *Supervisor) squash(ctx context.Context, sb *sandbox, progress func(stri
 		}
 		out.SweptSessions = append(out.SweptSessions, sw)
 	}
-	sweep.done(nil, map[string]any{"sessions": len(out.SweptSessions)})
+	sweep.Done(nil, map[string]any{"sessions": len(out.SweptSessions)})
 
-	sb.stack.LeasedBy(&res)
+	sb.Stack.LeasedBy(&res)
 	for _, b := range res.Blocks {
-		sq := squashedBlock{SquashedLayerID: b.SquashedLayerID, ReplacedLayerIDs: b.ReplacedLayerIDs, ReplacedLayers: "reclaimed"}
+		sq := SquashedBlock{SquashedLayerID: b.SquashedLayerID, ReplacedLayerIDs: b.ReplacedLayerIDs, ReplacedLayers: "reclaimed"}
 		if len(b.Leased) > 0 {
 			sq.ReplacedLayers = "leased"
 			for _, o := range b.Leased {
@@ -126,15 +162,15 @@ func (s *Supervisor) squash(ctx context.Context, sb *sandbox, progress func(stri
 		}
 		out.SquashedBlocks = append(out.SquashedBlocks, sq)
 	}
-	s.bump(ctx, sb)
+	q.Bump(ctx, sb)
 	return out, nil
 }
 
-// notifyAutosquash queues an autosquash evaluation of sb (§8.6): at start
+// Notify queues an autosquash evaluation of sb (§8.6): at start
 // and after every committed layer.
-func (s *Supervisor) notifyAutosquash(sb *sandbox, reason string) {
-	n := s.cfg.Runtime.Layerstack.Autosquash.SquashAtNLayers
-	if n == nil || sb.stack == nil || s.draining.Load() {
+func (q *Squasher[W]) Notify(sb *Sandbox[W], reason string) {
+	n := q.Threshold
+	if n == nil || sb.Stack == nil || q.Draining() {
 		return
 	}
 	if !sb.autoQueued.CompareAndSwap(false, true) {
@@ -142,46 +178,48 @@ func (s *Supervisor) notifyAutosquash(sb *sandbox, reason string) {
 		return
 	}
 	queued := time.Now()
-	s.inflight.Add(1) // shutdown waits for a running autosquash
+	track := q.Track() // shutdown waits for a running autosquash
 	go func() {
-		defer s.inflight.Done()
+		defer track()
 		time.Sleep(250 * time.Millisecond)
 		sb.autoQueued.Store(false)
-		s.autosquash(sb, *n, reason, queued, sb.autoCoalesced.Swap(0))
+		q.autosquash(sb, *n, reason, queued, sb.autoCoalesced.Swap(0))
 	}()
 }
 
-func (s *Supervisor) autosquash(sb *sandbox, threshold int, reason string, queued time.Time, coalesced int64) {
+func (q *Squasher[W]) autosquash(sb *Sandbox[W], threshold int, reason string, queued time.Time, coalesced int64) {
+	// Nothing waits on an autosquash: it runs on its own context, and
+	// shutdown waits for it through Track.
 	ctx := context.Background()
-	sb.mu.Lock()
-	stopping := sb.rec.State == stateStopping
-	sb.mu.Unlock()
+	sb.Mu.Lock()
+	stopping := sb.Rec.State == StateStopping
+	sb.Mu.Unlock()
 	if stopping {
 		return // destroyed meanwhile: its layer stack is (being) removed
 	}
-	head, err := sb.stack.Head()
+	head, err := sb.Stack.Head()
 	if err != nil {
-		s.log.Warn("autosquash: read head", "sandbox", sb.rec.ID, "err", err)
+		q.Log.Warn("autosquash: read head", "sandbox", sb.Rec.ID, "err", err)
 		return
 	}
 	decision := "below_threshold"
 	if len(head.Layers) >= threshold {
 		decision = "squash"
 	}
-	sp, ctx := s.spanCtx(ctx, sb, "autosquash", "layerstack.autosquash.evaluate",
+	sp, ctx := q.Span(ctx, sb, "autosquash", "layerstack.autosquash.evaluate",
 		map[string]any{"observed_layers": len(head.Layers), "threshold": threshold})
-	defer func() { sp.done(nil, map[string]any{"decision": decision}) }()
+	defer func() { sp.Done(nil, map[string]any{"decision": decision}) }()
 	if decision != "squash" {
 		return
 	}
-	if !sb.gate.TryRLock() {
+	if !sb.Gate.TryRLock() {
 		decision = "sandbox_busy"
 		return
 	}
-	defer sb.gate.RUnlock()
-	sb.mu.Lock()
-	ready := sb.rec.State == stateReady
-	sb.mu.Unlock()
+	defer sb.Gate.RUnlock()
+	sb.Mu.Lock()
+	ready := sb.Rec.State == StateReady
+	sb.Mu.Unlock()
 	if !ready {
 		decision = "sandbox_busy"
 		return
@@ -194,19 +232,19 @@ func (s *Supervisor) autosquash(sb *sandbox, threshold int, reason string, queue
 	attrs := map[string]any{"policy": "squash_at_n_layers", "threshold": threshold, "observed_layers": len(head.Layers),
 		"decision": decision, "trigger_reason": reason, "queue_delay_ms": time.Since(queued).Milliseconds(),
 		"coalesced_notifications": coalesced}
-	sp.event("layerstack.autosquash.triggered", attrs)
+	sp.Event("layerstack.autosquash.triggered", attrs)
 	start := time.Now()
-	out, err := s.squash(ctx, sb, func(string) {})
+	out, err := q.squash(ctx, sb, func(string) {})
 	if err != nil {
-		attrs["error"] = boundedError(err.Error())
-		sp.event("layerstack.autosquash.failed", attrs)
+		attrs["error"] = q.Bounded(err.Error())
+		sp.Event("layerstack.autosquash.failed", attrs)
 		return
 	}
-	after, _ := sb.stack.Head()
+	after, _ := sb.Stack.Head()
 	attrs["before_layers"], attrs["after_layers"] = len(head.Layers), len(after.Layers)
 	attrs["blocks_committed"] = len(out.SquashedBlocks)
 	attrs["squash_duration_ms"] = time.Since(start).Milliseconds()
 	attrs["total_convergence_ms"] = time.Since(queued).Milliseconds()
 	attrs["status"] = "completed"
-	sp.event("layerstack.autosquash.completed", attrs)
+	sp.Event("layerstack.autosquash.completed", attrs)
 }

@@ -1,11 +1,13 @@
-package supervisor
+package sandbox
 
 import (
 	"bufio"
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -101,91 +103,68 @@ type exportTarResult struct {
 	LiveWorkspaceSessions []string `json:"live_workspace_sessions,omitempty"`
 }
 
-// readStack resolves a ready sandbox for an operation that works on its
-// layer stack (export, squash) and read-holds its gate, so destroy waits;
-// done releases it.
-func (s *Supervisor) readStack(id string) (sb *sandbox, done func(), e *catalog.Error) {
-	sb, e = s.lookupForManagement(id)
-	if e != nil {
-		return nil, nil, e
-	}
-	if !sb.gate.TryRLock() {
-		return nil, nil, sb.busyError()
-	}
-	sb.mu.Lock()
-	state, failure := sb.rec.State, sb.rec.Error
-	sb.mu.Unlock()
-	switch {
-	case state == stateFailed:
-		e = catalog.Errorf(catalog.OperationFailed, "sandbox %s failed: %s", id, failure).With("sandbox_id", id)
-	case state != stateReady:
-		e = sb.busyError()
-	case sb.stack == nil:
-		e = catalog.Errorf(catalog.OperationFailed, "sandbox %s has no layer stack", id).With("sandbox_id", id)
-	}
-	if e != nil {
-		sb.gate.RUnlock()
-		return nil, nil, e
-	}
-	return sb, sb.gate.RUnlock, nil
+// Exporter runs export_changes in the dir and tar formats and serializes
+// the exports of each sandbox.
+type Exporter[W any] struct {
+	Reg     *Registry[W]
+	Log     *slog.Logger
+	exports exportGate
 }
 
-func (s *Supervisor) exportChanges(c *call) (any, error) {
-	id := c.args.String("sandbox_id")
-	format := c.args.String("format")
-	if format == "" {
-		format = "dir"
-	}
-	if format == "git" {
-		return s.exportGit(c)
-	}
-	if !c.args.Has("dest") {
-		return nil, catalog.Errorf(catalog.InvalidRequest, "format %s needs dest", format).With("argument", "dest")
-	}
-	dest, err := s.checkExportDest(c.args.String("dest"), format)
-	if err != nil {
-		return nil, err
-	}
-	sb, done, e := s.readStack(id)
+// ExportSpec is one export_changes request in a file format.
+type ExportSpec struct {
+	SandboxID string
+	Format    string // dir, tar, tar-zst
+	// Dest was checked by CheckExportDest.
+	Dest      string
+	RequestID string
+	Caps      layers.ExportCaps
+	ZstdLevel int // runtime.layerstack.spool_zstd_level, for tar-zst
+}
+
+// Export writes head's changes (every layer above the base, folded) to
+// spec.Dest.
+func (x *Exporter[W]) Export(ctx context.Context, spec ExportSpec, progress func(string)) (any, error) {
+	id, format, dest := spec.SandboxID, spec.Format, spec.Dest
+	sb, done, e := x.Reg.ReadStack(id)
 	if e != nil {
 		return nil, e
 	}
 	defer done()
-	sb.mu.Lock()
-	live := append([]string{}, sb.rec.LiveWorkspaceSessions...)
-	sb.mu.Unlock()
+	sb.Mu.Lock()
+	live := append([]string{}, sb.Rec.LiveWorkspaceSessions...)
+	sb.Mu.Unlock()
 
-	lease, release, err := s.exportLease(c, sb, id)
+	lease, release, err := x.Lease(sb, id, spec.RequestID)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
 	m := lease.Manifest()
-	c.progress(fmt.Sprintf("export %s: folding %d layers of manifest version %d", id, max(len(m.Layers)-1, 0), m.Version))
-	fold, err := sb.stack.FoldContext(c.ctx, m)
+	progress(fmt.Sprintf("export %s: folding %d layers of manifest version %d", id, max(len(m.Layers)-1, 0), m.Version))
+	fold, err := sb.Stack.FoldContext(ctx, m)
 	if err != nil {
-		return nil, exportError(err)
+		return nil, ExportError(err)
 	}
-	c.progress(fmt.Sprintf("export: %d entries (%d files, %d directories, %d symlinks, %d deletions, %d opaque directories)",
+	progress(fmt.Sprintf("export: %d entries (%d files, %d directories, %d symlinks, %d deletions, %d opaque directories)",
 		fold.Entries(), len(fold.Files), len(fold.Dirs), len(fold.Symlinks), len(fold.Deletions), len(fold.OpaqueClears)))
-	ex := s.cfg.Manager.Export
-	caps := layers.ExportCaps{MaxStreamBytes: ex.MaxStreamBytes, MaxDecompressedBytes: ex.MaxDecompressedBytes, MaxApplyEntries: ex.MaxApplyEntries}
+	caps := spec.Caps
 	if len(live) == 0 {
 		live = nil
 	}
 
 	if format == "dir" {
 		if err := fold.CheckDirCaps(caps); err != nil {
-			return nil, exportError(err)
+			return nil, ExportError(err)
 		}
 		if err := os.MkdirAll(dest, 0o755); err != nil {
-			return nil, exportError(err)
+			return nil, ExportError(err)
 		}
-		st, err := fold.ExportDir(c.ctx, dest, caps, c.progress)
+		st, err := fold.ExportDir(ctx, dest, caps, progress)
 		if err != nil {
-			return nil, exportError(err)
+			return nil, ExportError(err)
 		}
-		c.progress("export: applied to " + dest)
+		progress("export: applied to " + dest)
 		return exportDirResult{
 			ManifestVersion: m.Version, Format: format, LayersExported: fold.LayerIDs,
 			FilesWritten: st.FilesWritten, DirectoriesWritten: st.DirectoriesWritten, SymlinksWritten: st.SymlinksWritten,
@@ -196,16 +175,16 @@ func (s *Supervisor) exportChanges(c *call) (any, error) {
 
 	level := 0
 	if format == "tar-zst" {
-		level = s.cfg.Runtime.Layerstack.SpoolZstdLevel
+		level = spec.ZstdLevel
 	}
 	if err := fold.CheckTarCaps(caps, level != 0); err != nil {
-		return nil, exportError(err)
+		return nil, ExportError(err)
 	}
-	st, err := writeArchive(c, fold, dest, level, caps)
+	st, err := writeArchive(ctx, fold, dest, level, caps, progress)
 	if err != nil {
-		return nil, exportError(err)
+		return nil, ExportError(err)
 	}
-	c.progress("export: wrote " + dest)
+	progress("export: wrote " + dest)
 	return exportTarResult{
 		ManifestVersion: m.Version, Format: format, LayersExported: fold.LayerIDs,
 		FilesWritten: st.FilesWritten, DirectoriesWritten: st.DirectoriesWritten, SymlinksWritten: st.SymlinksWritten,
@@ -214,7 +193,7 @@ func (s *Supervisor) exportChanges(c *call) (any, error) {
 }
 
 // writeArchive writes the archive to a temp file beside dest and renames it.
-func writeArchive(c *call, fold *layers.Fold, dest string, level int, caps layers.ExportCaps) (st layers.TarStats, err error) {
+func writeArchive(ctx context.Context, fold *layers.Fold, dest string, level int, caps layers.ExportCaps, progress func(string)) (st layers.TarStats, err error) {
 	dir := filepath.Dir(dest)
 	tmp := filepath.Join(dir, ".esbx-export.tmp-"+strings.ToLower(rand.Text()))
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o644)
@@ -229,7 +208,7 @@ func writeArchive(c *call, fold *layers.Fold, dest string, level int, caps layer
 		}
 	}()
 	bw := bufio.NewWriterSize(f, 1<<20)
-	st, err = fold.ExportTar(c.ctx, bw, level, caps, c.progress)
+	st, err = fold.ExportTar(ctx, bw, level, caps, progress)
 	if err != nil {
 		return st, err
 	}
@@ -253,25 +232,25 @@ func writeArchive(c *call, fold *layers.Fold, dest string, level int, caps layer
 	return st, nil
 }
 
-// exportError maps export failures to the contract's kinds.
-// exportLease serializes exports of one sandbox and pins head's layers for
+// Lease serializes exports of one sandbox and pins head's layers for
 // the export; release undoes both.
-func (s *Supervisor) exportLease(c *call, sb *sandbox, id string) (*layers.Lease, func(), error) {
-	unlock := s.exports.lock(id)
-	lease, err := sb.stack.Acquire("export:" + c.req.RequestID)
+func (x *Exporter[W]) Lease(sb *Sandbox[W], id, requestID string) (*layers.Lease, func(), error) {
+	unlock := x.exports.lock(id)
+	lease, err := sb.Stack.Acquire("export:" + requestID)
 	if err != nil {
 		unlock()
-		return nil, nil, exportError(err)
+		return nil, nil, ExportError(err)
 	}
 	return lease, func() {
 		if _, err := lease.Release(); err != nil {
-			s.log.Warn("export: release lease", "sandbox", id, "err", err)
+			x.Log.Warn("export: release lease", "sandbox", id, "err", err)
 		}
 		unlock()
 	}, nil
 }
 
-func exportError(err error) error {
+// ExportError maps export failures to the contract's kinds.
+func ExportError(err error) error {
 	var ce *catalog.Error
 	if errors.As(err, &ce) {
 		return ce
@@ -288,9 +267,10 @@ func exportError(err error) error {
 	return catalog.Errorf(catalog.OperationFailed, "export_changes failed: %v", err)
 }
 
-// checkExportDest applies §8.9's dest rules and returns the path to write
+// CheckExportDest applies §8.9's dest rules and returns the path to write
 // (the existing ancestors' symlinks resolved).
-func (s *Supervisor) checkExportDest(dest, format string) (string, error) {
+// own are the supervisor's directories (data, config, runtime).
+func CheckExportDest(dest, format string, own []string) (string, error) {
 	bad := func(format string, a ...any) error {
 		return catalog.Errorf(catalog.InvalidRequest, format, a...).With("dest", dest)
 	}
@@ -321,7 +301,7 @@ func (s *Supervisor) checkExportDest(dest, format string) (string, error) {
 			return "", bad("dest must not be $HOME itself")
 		}
 	}
-	for _, d := range []string{s.dirs.Data, s.dirs.Config, s.dirs.Runtime} {
+	for _, d := range own {
 		if d == "" {
 			continue
 		}
@@ -331,7 +311,7 @@ func (s *Supervisor) checkExportDest(dest, format string) (string, error) {
 		}
 		for _, dd := range cands {
 			for _, p := range []string{clean, resolved} {
-				if within(p, dd) || within(dd, p) {
+				if Within(p, dd) || Within(dd, p) {
 					return "", bad("dest must not be inside, equal to or contain the supervisor's directory %s", d)
 				}
 			}

@@ -1,0 +1,161 @@
+package supervisor
+
+import (
+	"context"
+
+	"os"
+	"path/filepath"
+
+	"github.com/ephemeral-ai-lab/sandbox/catalog"
+
+	"github.com/ephemeral-ai-lab/sandbox/layers"
+
+	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
+)
+
+// Thin handlers and wiring of the sandbox package.
+
+func (s *Supervisor) squashLayerstacks(c *call) (any, error) {
+	return s.squasher.Run(c.ctx, s.sandboxes, c.args.String("sandbox_id"), c.progress)
+}
+
+// notifyAutosquash queues an autosquash evaluation of sb (§8.6): at start
+// and after every committed layer.
+func (s *Supervisor) notifyAutosquash(sb *sandbox, reason string) {
+	s.squasher.Notify(sb, reason)
+}
+
+// newSquasher wires the squash of the sandbox package to the supervisor's
+// spans, state and live sessions.
+func (s *Supervisor) newSquasher() *sbx.Squasher[*occupants] {
+	return &sbx.Squasher[*occupants]{
+		Log:       s.log,
+		Span:      s.sandboxSpan,
+		Bump:      s.bump,
+		Occupants: sweepOccupants,
+		Threshold: s.cfg.Runtime.Layerstack.Autosquash.SquashAtNLayers,
+		Draining:  s.draining.Load,
+		Track: func() func() {
+			s.inflight.Add(1)
+			return s.inflight.Done
+		},
+		Bounded: boundedError,
+	}
+}
+
+// sandboxSpan opens a span for the sandbox package.
+func (s *Supervisor) sandboxSpan(ctx context.Context, sb *sandbox, origin, name string, attrs map[string]any) (sbx.Span, context.Context) {
+	sp, ctx := s.spanCtx(ctx, sb, origin, name, attrs)
+	return stepSpan{sp}, ctx
+}
+
+// stepSpan is a span as the sandbox package records steps.
+type stepSpan struct{ sp *span }
+
+func (q stepSpan) Done(err error, attrs map[string]any)    { q.sp.done(err, attrs) }
+func (q stepSpan) Event(name string, attrs map[string]any) { q.sp.event(name, attrs) }
+
+// sweepOccupants lists sb's live sessions for the squash's remount sweep.
+func sweepOccupants(sb *sandbox) []sbx.Occupant {
+	sb.Mu.Lock()
+	defer sb.Mu.Unlock()
+	out := make([]sbx.Occupant, 0, len(sb.Work.sessions))
+	for _, ss := range sb.Work.sessions {
+		out = append(out, sweptSession{ss})
+	}
+	return out
+}
+
+// sweptSession is a session as the remount sweep sees it.
+type sweptSession struct{ ss *session }
+
+func (o sweptSession) ID() string            { return o.ss.id() }
+func (o sweptSession) Base() layers.Manifest { return o.ss.base() }
+func (o sweptSession) Gone() bool            { return o.ss.isGone() }
+
+func (s *Supervisor) destroySandbox(c *call) (any, error) {
+	return s.sbm.Destroy(c.ctx, c.args.String("sandbox_id"), c.progress)
+}
+
+// bump records a client-visible change (§4.4).
+func (s *Supervisor) bump(ctx context.Context, sb *sandbox) { s.sbm.Bump(ctx, sb) }
+
+// newSandboxManager wires the registry's lifecycle to the state database,
+// the sessions, the cgroups, the observability stores and the image cache.
+// The closures read s's fields when called: some are set after wiring.
+func (s *Supervisor) newSandboxManager() *sbx.Manager[*occupants] {
+	return &sbx.Manager[*occupants]{
+		Reg:          s.sandboxes,
+		Store:        sandboxStore{s.store},
+		Log:          s.log,
+		Occupants:    sandboxOccupants{s},
+		NewID:        s.ids.New,
+		Dir:          s.sandboxDir,
+		NewWork:      newOccupants,
+		Span:         s.sandboxSpan,
+		Detach:       func(id string) { s.cgroups.RemoveSandbox(id) },
+		Seal:         func(dir string) { s.obs.Seal(dir) },
+		ReleaseImage: func(rootfs string) { s.images.Release(rootfs) },
+	}
+}
+
+// sandboxStore is the state database as the sandbox package uses it.
+type sandboxStore struct{ st *store }
+
+func (a sandboxStore) PutSandbox(ctx context.Context, rec *sbx.Record) error {
+	return a.st.putSandbox(ctx, rec)
+}
+
+func (a sandboxStore) DeleteSandboxRows(ctx context.Context, id string) error {
+	return a.st.deleteSandboxRows(ctx, id)
+}
+
+// sandboxOccupants are the sessions and commands of a sandbox as its
+// lifecycle sees them.
+type sandboxOccupants struct{ s *Supervisor }
+
+func (o sandboxOccupants) Stop(ctx context.Context, sb *sandbox, progress func(string)) {
+	o.s.stopSessions(ctx, sb, true, progress)
+}
+
+// Forget removes the transcripts of sb's commands.
+func (o sandboxOccupants) Forget(sb *sandbox) {
+	sb.Mu.Lock()
+	ids := make([]string, 0, len(sb.Work.commands))
+	for id := range sb.Work.commands {
+		ids = append(ids, id)
+	}
+	sb.Mu.Unlock()
+	for _, id := range ids {
+		os.RemoveAll(filepath.Join(o.s.dirs.Data, "commands", id))
+	}
+}
+
+func (s *Supervisor) exportChanges(c *call) (any, error) {
+	format := c.args.String("format")
+	if format == "" {
+		format = "dir"
+	}
+	if format == "git" {
+		return s.exportGit(c)
+	}
+	if !c.args.Has("dest") {
+		return nil, catalog.Errorf(catalog.InvalidRequest, "format %s needs dest", format).With("argument", "dest")
+	}
+	dest, err := sbx.CheckExportDest(c.args.String("dest"), format, []string{s.dirs.Data, s.dirs.Config, s.dirs.Runtime})
+	if err != nil {
+		return nil, err
+	}
+	ex := s.cfg.Manager.Export
+	return s.exporter.Export(c.ctx, sbx.ExportSpec{
+		SandboxID: c.args.String("sandbox_id"), Format: format, Dest: dest, RequestID: c.req.RequestID,
+		Caps:      layers.ExportCaps{MaxStreamBytes: ex.MaxStreamBytes, MaxDecompressedBytes: ex.MaxDecompressedBytes, MaxApplyEntries: ex.MaxApplyEntries},
+		ZstdLevel: s.cfg.Runtime.Layerstack.SpoolZstdLevel,
+	}, c.progress)
+}
+
+// readStack resolves a ready sandbox for an operation that works on its
+// layer stack and read-holds its gate, so destroy waits; done releases it.
+func (s *Supervisor) readStack(id string) (sb *sandbox, done func(), e *catalog.Error) {
+	return s.sandboxes.ReadStack(id)
+}
