@@ -123,6 +123,14 @@ func syncPaths(upper string) (parent, name, staging, journal string, err error) 
 //
 // The session must not write its upper from the capture to the exchange
 // (freeze it): a write in that window is not carried into the new upper.
+// One sync per upper at a time: the caller serializes per session.
+//
+// The wiring: lease Target; SyncUpper; move the holder onto Target's chain
+// (SwapLower, which must then serve the upper at opt.Upper's name: the
+// kernel driver reopens it by name, the FUSE driver holds a descriptor of
+// the old one); on success record the new base, CompleteSync, release the
+// old lease; on failure AbortSync and release Target's lease. At start-up,
+// RecoverSync before mounting says which base the upper has.
 func (s *Stack) SyncUpper(ctx context.Context, opt SyncOptions) (*Plan, SyncResult, error) {
 	parent, name, staging, journal, err := syncPaths(opt.Upper)
 	if err != nil {
