@@ -13,7 +13,12 @@
 //     rule (same digest and same modes as the head layer) and the
 //     fail-next-publish test failpoint;
 //   - leases pinning manifest snapshots, garbage collection on release and the
-//     fail-closed start-up Sweep (§8.5, §8.7).
+//     fail-closed start-up Sweep (§8.5, §8.7);
+//   - the storage steps of live sessions (sync.go, copyupper.go): SyncUpper
+//     rewrites a session's upper for a newer head through the publish
+//     planner, swapped in with one renameat2(RENAME_EXCHANGE) and a journal
+//     (RecoverSync, CompleteSync, AbortSync); CopyUpper copies an upper
+//     exactly for a fork.
 //
 // It imports nothing of this module but the leaf internal/beneath (the
 // module's one resolver beneath a root), needs no privileges and no

@@ -27,6 +27,9 @@ type Stack struct {
 
 	// hook, when set by tests, is consulted at each publish step.
 	hook func(publishStep) hookAction
+	// syncHook, when set by tests, is consulted at each SyncUpper step;
+	// true simulates a crash there (return at once, no cleanup).
+	syncHook func(syncStep) bool
 }
 
 func newStack(dir string) *Stack {
