@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/doctor"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/rpc"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/web"
 )
@@ -31,6 +32,7 @@ func (s *Supervisor) newHTTP(addr, runDir string, tcp net.Listener) (*web.Server
 		fwd.OwnPorts = append(fwd.OwnPorts, tcp.Addr().(*net.TCPAddr).Port)
 	}
 	srv, err := web.New(web.Config{Listener: ln, Token: token, Dispatcher: webDispatcher{s}, Events: webEvents{s}, Commands: webCommands{s},
+		Doctor:  webDoctor{s},
 		Forward: fwd,
 		Logger:  s.log, MaxBodyBytes: s.cfg.Supervisor.MaxRequestBytes,
 		ReadTimeout: time.Duration(s.cfg.Supervisor.RequestReadTimeoutS * float64(time.Second))})
@@ -134,4 +136,12 @@ func (f webForwarder) DialSession(ctx context.Context, id string, port int) (net
 		return nil, fmt.Errorf("dial %s:%d: %w", id, port, catalog.Errorf(catalog.NotFound, "no isolated workspace session %s", id))
 	}
 	return f.s.dialSession(ctx, ss, port)
+}
+
+// webDoctor runs the host diagnosis for the console's Doctor tab with the
+// configuration and data directory this supervisor runs with.
+type webDoctor struct{ s *Supervisor }
+
+func (d webDoctor) Doctor(ctx context.Context) any {
+	return doctor.Run(ctx, doctor.Options{Self: d.s.self, DataDir: d.s.dirs.Data, Config: d.s.cfg})
 }

@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -390,7 +391,7 @@ func TestConsole(t *testing.T) {
 			{"trace", `document.querySelectorAll('.waterfall .span-row').length > 0`},
 			{"resources", `!!document.querySelector('.charts .chart, .charts p')`},
 			{"topology", `document.querySelector('#obs-pane').textContent.length > 0`},
-			{"doctor", `!!document.querySelector('#doctor tr')`},
+			{"doctor", `!!document.querySelector('#doctor tr[data-check="userns"]') && document.querySelector('#doctor tr[data-check="userns"]').textContent.includes('pass')`},
 			{"layers", `document.querySelectorAll('#layers tbody tr').length > 0`},
 		} {
 			b.run(tc.tab, chromedp.Click(chromedp.CSS(`#tab-`+tc.tab)))
@@ -450,5 +451,33 @@ func TestConsolePages(t *testing.T) {
 	resp, _ := w.do("POST", "/api/rpc", `{"op":"health","scope":{"kind":"system"}}`, w.bearer())
 	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "style-src 'self';") || resp.Header.Get("Cache-Control") != "no-store" {
 		t.Errorf("/api/rpc: CSP %q Cache-Control %q", csp, resp.Header.Get("Cache-Control"))
+	}
+
+	// The Doctor tab's host diagnosis: the checks of `sandbox-supervisor
+	// doctor`, each with its fix, behind the token like every page.
+	if resp, _ := w.do("GET", "/api/doctor", "", nil); resp.StatusCode != 401 {
+		t.Errorf("/api/doctor without the token: %d", resp.StatusCode)
+	}
+	resp, body := w.do("GET", "/api/doctor", "", auth)
+	var report struct {
+		OK     bool
+		Checks []struct {
+			ID, Detail, Fix string
+			Required, OK    bool
+		}
+	}
+	if err := json.Unmarshal(body, &report); resp.StatusCode != 200 || err != nil || resp.Header.Get("Cache-Control") != "no-store" {
+		t.Fatalf("/api/doctor: %d %v %s", resp.StatusCode, err, body)
+	}
+	seen := map[string]bool{}
+	for _, c := range report.Checks {
+		seen[c.ID] = c.OK
+		if !c.OK && c.Fix == "" {
+			t.Errorf("/api/doctor: failed check %s without a fix", c.ID)
+		}
+	}
+	// This host runs the suite: user namespaces and the kernel overlay work.
+	if !seen["userns"] || !seen["kernel_overlay"] || len(report.Checks) < 5 {
+		t.Errorf("/api/doctor checks: %s", body)
 	}
 }

@@ -49,6 +49,14 @@ type Dispatcher interface {
 	Dispatch(ctx context.Context, body []byte, progress func(string)) any
 }
 
+// Doctor diagnoses the host the way `sandbox-supervisor doctor` does; its
+// report (checks with their fixes) is JSON as the CLI prints it. It is not
+// a catalog operation: it describes the host, not a sandbox, and runs
+// probes, so only the console (behind the token) asks for it.
+type Doctor interface {
+	Doctor(ctx context.Context) any
+}
+
 // Config is what New needs.
 type Config struct {
 	Listener   net.Listener // loopback, already bound (its address is in http.addr)
@@ -56,6 +64,7 @@ type Config struct {
 	Dispatcher Dispatcher
 	Events     Events
 	Commands   Commands
+	Doctor     Doctor // nil: GET /api/doctor is 404
 	Forward    ForwardConfig
 	Logger     *slog.Logger
 	// MaxBodyBytes bounds a /api/rpc body (the socket's max_request_bytes).
@@ -112,6 +121,11 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("POST /api/rpc", s.authed(s.rpc))
 	mux.HandleFunc("GET /api/events", s.authed(s.events))
 	mux.HandleFunc("GET /api/commands/{id}/stream", s.authed(s.commandStream))
+	if cfg.Doctor != nil {
+		mux.HandleFunc("GET /api/doctor", s.authed(func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, http.StatusOK, cfg.Doctor.Doctor(r.Context()))
+		}))
+	}
 	notFound := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, catalog.Errorf(catalog.NotFound, "no such route: %s %s", r.Method, r.URL.Path))
 	})

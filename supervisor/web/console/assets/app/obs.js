@@ -176,29 +176,24 @@ function layersTab(pane, sandboxId) {
   load();
 }
 
-// Doctor: the supervisor's probe results (the health operation). The full
-// `sandbox-supervisor doctor` runs on the host, not through the API.
+// Doctor: the host diagnosis of `sandbox-supervisor doctor` (GET
+// /api/doctor: every check, required or not, with the exact fix), under the
+// supervisor's health line.
 function doctorTab(pane) {
-  const fixes = {
-    user_namespaces: 'enable unprivileged user namespaces (kernel.unprivileged_userns_clone=1; AppArmor: see `sandbox-supervisor doctor`)',
-    fuse: 'install fuse3 and make /dev/fuse usable (mode 0666)',
-    cgroup: 'delegate a cgroup to the user (systemd user service with Delegate=yes)',
-    docker: 'start Docker and add the user to the docker group (image sandboxes only)',
-  };
-  rpc('health').then((r) => {
-    const checks = [
-      ['user_namespaces', r.user_namespaces?.available, r.user_namespaces?.reason],
-      ['overlay kernel', r.overlay_drivers?.kernel?.available, r.overlay_drivers?.kernel?.reason],
-      ['overlay fuse', r.overlay_drivers?.fuse?.available, r.overlay_drivers?.fuse?.reason, 'fuse'],
-      ['fuse', r.fuse?.available, r.fuse?.reason],
-      ['cgroup', r.cgroup?.delegated, r.cgroup?.reason],
-      ['docker', r.docker?.available, r.docker?.reason],
-      ['store', r.store?.status === 'ok', r.store?.error || `${bytes(r.store?.free_bytes)} free in ${r.store?.data_dir}`],
-    ];
+  const report = fetch('/api/doctor', { credentials: 'same-origin', cache: 'no-store' }).then((resp) => {
+    if (!resp.ok) throw new Error(`doctor: HTTP ${resp.status}`);
+    return resp.json();
+  });
+  Promise.all([rpc('health'), report]).then(([r, d]) => {
     clear(pane, h('p', {}, 'Supervisor ', badge(r.status), ` ${r.version} · up ${Math.round(r.uptime_s)} s · kernel ${r.kernel} · ${r.counts?.sandboxes} sandboxes, ${r.counts?.workspace_sessions} sessions, ${r.counts?.running_commands} commands`),
-      h('table', { class: 'grid small', id: 'doctor' }, h('tbody', {}, checks.map(([name, ok, reason, fixKey]) => h('tr', {},
-        h('td', {}, name), h('td', {}, ok ? h('span', { class: 'ok' }, 'pass') : h('span', { class: 'bad' }, 'fail')),
-        h('td', { class: 'small' }, reason || ''), h('td', { class: 'small muted' }, ok ? '' : fixes[fixKey || name] || ''))))),
-      h('p', { class: 'muted small' }, 'These are the probes taken at start; `sandbox-supervisor doctor` re-checks the host with exact fixes.'));
+      h('p', {}, 'Host ', d.ok ? h('span', { class: 'ok' }, 'ready') : h('span', { class: 'bad' }, 'a required check fails')),
+      h('table', { class: 'grid small', id: 'doctor' },
+        h('thead', {}, h('tr', {}, h('th', {}, 'check'), h('th', {}, ''), h('th', {}, 'detail'), h('th', {}, 'fix'))),
+        h('tbody', {}, (d.checks || []).map((c) => h('tr', { 'data-check': c.id },
+          h('td', {}, c.id + (c.required ? '' : ' (optional)')),
+          h('td', {}, c.ok ? h('span', { class: 'ok' }, 'pass') : h('span', { class: c.required ? 'bad' : 'muted' }, 'fail')),
+          h('td', { class: 'small' }, c.detail || ''),
+          h('td', { class: 'small' }, c.ok ? '' : h('code', {}, c.fix || '')))))));
   }).catch((e) => clear(pane, h('p', { class: 'bad' }, errText(e))));
 }
+
