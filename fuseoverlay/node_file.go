@@ -1,0 +1,183 @@
+package fuseoverlay
+
+import (
+	"context"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// openFlags keeps the open flags that make sense on the backing file.
+// O_APPEND is dropped: the kernel already passes the end-of-file offset for
+// appends, and pwrite on an O_APPEND fd would ignore the offset.
+func openFlags(flags uint32) int {
+	keep := uint32(unix.O_ACCMODE | unix.O_TRUNC | unix.O_SYNC | unix.O_DSYNC)
+	return int(flags&keep) | unix.O_NOFOLLOW | unix.O_CLOEXEC
+}
+
+func writeIntent(flags uint32) bool {
+	return flags&unix.O_ACCMODE != unix.O_RDONLY || flags&unix.O_TRUNC != 0
+}
+
+func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	o := n.o
+	write := writeIntent(flags)
+	var cmd string
+	if write {
+		cmd = o.command(ctx)
+	}
+	o.mu.RLock()
+	if write && n.layer != 0 {
+		// Entries already in the upper (the common case for writes) open
+		// under the shared lock; copy-up copies without it.
+		o.mu.RUnlock()
+		if errno := n.copyUpOpen(); errno != 0 {
+			return nil, 0, errno
+		}
+		o.mu.RLock()
+	}
+	defer o.mu.RUnlock()
+	p, ok := n.path()
+	if !ok {
+		return nil, 0, syscall.ESTALE
+	}
+	fd, err := openat(o.fds[n.layer], p, openFlags(flags), 0)
+	if err != nil {
+		return nil, 0, errnoOf(err)
+	}
+	if flags&unix.O_TRUNC != 0 {
+		o.rec.op(Record{Command: cmd, Op: "truncate", Path: p})
+	}
+	// Lowers never change and the upper changes only through this mount,
+	// so the page cache stays valid across opens. No FLUSH at close: locks
+	// are the kernel's own and writes are synchronous, so it has nothing
+	// to do and would cost a round trip per close.
+	h := o.newHandle(fd, p, cmd, flags)
+	if n.layer != 0 {
+		h.lowerOf = n
+	}
+	return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
+}
+
+func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	o := n.o
+	cmd := o.command(ctx)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if errno := n.copyUpEntry(); errno != 0 {
+		return errno
+	}
+	p, ok := n.path()
+	h, _ := f.(*handle)
+	if !ok && h == nil {
+		return syscall.ESTALE
+	}
+	up := o.fds[0]
+	if m, ok2 := in.GetMode(); ok2 {
+		var err error
+		if h != nil {
+			err = unix.Fchmod(h.fd, m&07777)
+		} else {
+			err = fchmodat(up, rel(p), m&07777, 0)
+		}
+		if err != nil {
+			return errnoOf(err)
+		}
+		o.rec.op(Record{Command: cmd, Op: "chmod", Path: p})
+	}
+	uid, uok := in.GetUID()
+	gid, gok := in.GetGID()
+	if uok || gok {
+		u, g := -1, -1
+		if uok {
+			u = int(uid)
+		}
+		if gok {
+			g = int(gid)
+		}
+		var err error
+		if h != nil {
+			err = unix.Fchown(h.fd, u, g)
+		} else {
+			err = fchownat(up, rel(p), u, g, unix.AT_SYMLINK_NOFOLLOW)
+		}
+		if err != nil {
+			return errnoOf(err)
+		}
+	}
+	if sz, ok2 := in.GetSize(); ok2 {
+		var err error
+		if h != nil && h.writable {
+			err = unix.Ftruncate(h.fd, int64(sz))
+		} else {
+			var fd int
+			fd, err = openat(up, p, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err == nil {
+				err = unix.Ftruncate(fd, int64(sz))
+				unix.Close(fd)
+			}
+		}
+		if err != nil {
+			return errnoOf(err)
+		}
+		rc := cmd
+		if h != nil && h.command != "" {
+			rc = h.command
+		}
+		o.rec.op(Record{Command: rc, Op: "truncate", Path: p, Offset: int64(sz)})
+	}
+	mt, mok := in.GetMTime()
+	at, aok := in.GetATime()
+	if mok || aok {
+		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
+		if aok {
+			ts[0] = unix.NsecToTimespec(at.UnixNano())
+		}
+		if mok {
+			ts[1] = unix.NsecToTimespec(mt.UnixNano())
+		}
+		var err error
+		if h != nil {
+			err = unix.UtimesNanoAt(h.fd, "", ts, unix.AT_EMPTY_PATH)
+		} else {
+			err = utimesNanoAt(up, rel(p), ts, unix.AT_SYMLINK_NOFOLLOW)
+		}
+		if err != nil {
+			return errnoOf(err)
+		}
+	}
+	var st unix.Stat_t
+	var err error
+	if h != nil {
+		err = unix.Fstat(h.fd, &st)
+	} else {
+		err = fstatat(up, rel(p), &st, unix.AT_SYMLINK_NOFOLLOW)
+	}
+	if err != nil {
+		return errnoOf(err)
+	}
+	fillAttr(&st, &out.Attr)
+	return 0
+}
+
+func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	n.o.mu.RLock()
+	defer n.o.mu.RUnlock()
+	p, ok := n.path()
+	if !ok {
+		return nil, syscall.ESTALE
+	}
+	buf := make([]byte, 4096)
+	for {
+		sz, err := readlinkat(n.o.fds[n.layer], p, buf)
+		if err != nil {
+			return nil, errnoOf(err)
+		}
+		if sz < len(buf) {
+			return buf[:sz], 0
+		}
+		buf = make([]byte, len(buf)*4)
+	}
+}
