@@ -6,7 +6,7 @@ import (
 	"slices"
 )
 
-// This file is the publication planner of §9.2–§9.8: it routes a captured
+// The publish*.go files are the publication planner of §9.2–§9.8: it routes a captured
 // changeset, resolves every path against the current head, and commits the
 // result as exactly one layer (through Update, so with the durability order
 // of §8.8) or nothing.
