@@ -31,9 +31,9 @@ type slot struct {
 
 func pendingSlots(sb *sandbox, k slotKind) *int {
 	if k == slotCommand {
-		return &sb.Work.pendingCommands
+		return &sb.Work.PendingCommands
 	}
-	return &sb.Work.pendingSessions
+	return &sb.Work.PendingSessions
 }
 
 // release gives an unused slot back (a failed request); it is a no-op once
@@ -70,9 +70,9 @@ func (s *Supervisor) allSandboxes() []*sandbox {
 func admittedCommands(sb *sandbox) int {
 	sb.Mu.Lock()
 	defer sb.Mu.Unlock()
-	n := sb.Work.pendingCommands
-	for _, c := range sb.Work.commands {
-		if !c.terminal() {
+	n := sb.Work.PendingCommands
+	for _, c := range sb.Work.Commands {
+		if !c.Terminal() {
 			n++
 		}
 	}
@@ -83,7 +83,7 @@ func admittedCommands(sb *sandbox) int {
 func admittedSessions(sb *sandbox) int {
 	sb.Mu.Lock()
 	defer sb.Mu.Unlock()
-	return len(sb.Work.sessions) + sb.Work.pendingSessions
+	return len(sb.Work.Sessions) + sb.Work.PendingSessions
 }
 
 // admitCommand reserves a command slot in sb or says which cap is full.

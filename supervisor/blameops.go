@@ -90,7 +90,7 @@ func (s *Supervisor) blameSession(c *call, p string) (any, error) {
 		return nil, notRegular(p, e.kind)
 	}
 	_, rec := sessionBase(ss)
-	owners, wholesale, err := s.audit(c.sb).SessionBlameOwners(c.ctx, &ss.attr, s.workspace(c.sb, ss), p, e.size, func() ([]byte, error) {
+	owners, wholesale, err := s.audit(c.sb).SessionBlameOwners(c.ctx, &ss.Attr, s.workspace(c.sb, ss), p, e.size, func() ([]byte, error) {
 		b, err := v.readFile(c.ctx, p, attribution.TextMax)
 		if errors.Is(err, nsholder.ErrTooLarge) {
 			return nil, nil
@@ -108,9 +108,9 @@ func (s *Supervisor) blameSession(c *call, p string) (any, error) {
 		if b, err := v.readFile(c.ctx, p, attribution.TextMax); err == nil && attribution.IsText(b) {
 			lines = textLines(b)
 		}
-		return s.blameTrace(c, p, ss.id(), rec.BaseRevision, owners, lines, wholesale), nil
+		return s.blameTrace(c, p, ss.ID(), rec.BaseRevision, owners, lines, wholesale), nil
 	}
-	return blameResult(p, "session", ss.id(), rec.BaseRevision, owners, wholesale), nil
+	return blameResult(p, "session", ss.ID(), rec.BaseRevision, owners, wholesale), nil
 }
 
 // blameTrace is file_blame's Agent Trace form: one record with the file's

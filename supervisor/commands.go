@@ -57,24 +57,24 @@ type commandRecord struct {
 
 // command is a running or retained command. done is closed when it is terminal.
 type command struct {
-	mu      sync.Mutex
-	rec     commandRecord
-	dir     string
-	tr      *workspace.Transcript
-	proc    *nsholder.Process
-	ss      *session
-	cursor  int
-	exit    *syscall.WaitStatus // root process status, from the holder
-	forced  string              // timed_out or cancelled: we ended it
-	final   bool                // finalizing: exited, implicit session being finalized
-	done    chan struct{}
-	readEOF chan struct{} // closed when the PTY reader stopped
-	timer   *time.Timer
+	Mu         sync.Mutex
+	Rec        commandRecord
+	Dir        string
+	Transcript *workspace.Transcript
+	Proc       *nsholder.Process
+	Session    *session
+	Cursor     int
+	Exit       *syscall.WaitStatus // root process status, from the holder
+	Forced     string              // timed_out or cancelled: we ended it
+	Final      bool                // finalizing: exited, implicit session being finalized
+	Done       chan struct{}
+	ReadEOF    chan struct{} // closed when the PTY reader stopped
+	Timer      *time.Timer
 }
 
-func (c *command) terminal() bool {
+func (c *command) Terminal() bool {
 	select {
-	case <-c.done:
+	case <-c.Done:
 		return true
 	default:
 		return false
@@ -136,8 +136,8 @@ func runningCount(sb *sandbox) int {
 	sb.Mu.Lock()
 	defer sb.Mu.Unlock()
 	n := 0
-	for _, c := range sb.Work.commands {
-		if !c.terminal() {
+	for _, c := range sb.Work.Commands {
+		if !c.Terminal() {
 			n++
 		}
 	}
@@ -171,36 +171,36 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 	}
 	cmd, err := s.spawn(c.ctx, sb, ss, c.args.String("cmd"), sl)
 	if err != nil {
-		if ss.implicit() && len(ss.running()) == 0 {
+		if ss.Implicit() && len(ss.Running()) == 0 {
 			_, _ = s.destroySession(context.Background(), sb, ss, 0)
 		}
 		return nil, err
 	}
 	if c.args.Has("timeout_ms") {
 		d := time.Duration(c.args.Uint("timeout_ms")) * time.Millisecond
-		cmd.mu.Lock()
-		cmd.timer = time.AfterFunc(d, func() { s.killCommand(cmd, cmdTimedOut, syscall.SIGTERM, 100*time.Millisecond) })
-		cmd.mu.Unlock()
+		cmd.Mu.Lock()
+		cmd.Timer = time.AfterFunc(d, func() { s.killCommand(cmd, cmdTimedOut, syscall.SIGTERM, 100*time.Millisecond) })
+		cmd.Mu.Unlock()
 	}
 	s.bump(c.ctx, sb)
 	s.waitYield(cmd, s.yield(c.args.Uint("yield_time_ms")))
-	return cmd.yieldOutput(start), nil
+	return cmd.YieldOutput(start), nil
 }
 
 // spawn starts one command in a session through its holder.
 // sl is the command's admission slot, consumed when the command enters
 // sb.Work.commands.
 func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdline string, sl *slot) (*command, error) {
-	ss.gate.Lock()
-	defer ss.gate.Unlock()
-	if e := ss.admit(); e != nil {
+	ss.Gate.Lock()
+	defer ss.Gate.Unlock()
+	if e := ss.Admit(); e != nil {
 		return nil, e
 	}
-	ss.mu.Lock()
-	h := ss.holder
-	ss.mu.Unlock()
+	ss.Mu.Lock()
+	h := ss.Holder
+	ss.Mu.Unlock()
 	if h == nil {
-		return nil, catalog.Errorf(catalog.OperationFailed, "holder exited").With("workspace_session_id", ss.id())
+		return nil, catalog.Errorf(catalog.OperationFailed, "holder exited").With("workspace_session_id", ss.ID())
 	}
 	id := s.ids.New("cmd-")
 	dir := filepath.Join(s.dirs.Data, "commands", id)
@@ -214,41 +214,41 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	}
 	now := time.Now()
 	cmd := &command{
-		dir: dir, tr: tr, ss: ss, done: make(chan struct{}), readEOF: make(chan struct{}),
-		rec: commandRecord{CommandSessionID: id, SandboxID: sb.Rec.ID, Cmd: cmdline, WorkspaceSessionID: ss.id(),
+		Dir: dir, Transcript: tr, Session: ss, Done: make(chan struct{}), ReadEOF: make(chan struct{}),
+		Rec: commandRecord{CommandSessionID: id, SandboxID: sb.Rec.ID, Cmd: cmdline, WorkspaceSessionID: ss.ID(),
 			Status: cmdRunning, StartedAt: now.UTC().Format("2006-01-02T15:04:05.000Z"), StartedUnixMs: now.UnixMilli()},
 	}
 	// The holder may report a fast command's exit right after Spawn returns;
 	// holding ss.mu until the command is in the ledger makes commandEvent
 	// wait for it instead of dropping the event.
-	sp, _ := s.spanCtx(ctx, sb, "holder", "holder.exec", map[string]any{"workspace_session_id": ss.id(), "command_session_id": id})
-	ss.mu.Lock()
+	sp, _ := s.spanCtx(ctx, sb, "holder", "holder.exec", map[string]any{"workspace_session_id": ss.ID(), "command_session_id": id})
+	ss.Mu.Lock()
 	proc, err := h.Spawn(ctx, nsholder.SpawnRequest{
-		Cmd: cmdline, Env: s.commandEnv(sb, ss.id(), id), Dir: "/workspace",
+		Cmd: cmdline, Env: s.commandEnv(sb, ss.ID(), id), Dir: "/workspace",
 		Rows: uint16(s.cfg.Runtime.Command.PtyRows), Cols: uint16(s.cfg.Runtime.Command.PtyCols),
 		Owner: id,
 	})
 	sp.done(err, nil)
 	if err != nil {
-		ss.mu.Unlock()
+		ss.Mu.Unlock()
 		tr.Close()
 		os.RemoveAll(dir)
 		if errors.Is(err, nsholder.ErrNoShell) {
 			return nil, catalog.Errorf(catalog.OperationFailed, "no shell in rootfs")
 		}
-		return nil, catalog.Errorf(catalog.OperationFailed, "spawn command: %w", err).With("workspace_session_id", ss.id())
+		return nil, catalog.Errorf(catalog.OperationFailed, "spawn command: %w", err).With("workspace_session_id", ss.ID())
 	}
-	cmd.proc = proc
-	ss.ledger[id] = cmd
+	cmd.Proc = proc
+	ss.Ledger[id] = cmd
 	// Persist the running record before the holder's exit event can be
 	// handled (it waits for ss.mu): afterwards finishCommand owns the record,
 	// and a later put of "running" would overwrite its terminal state.
-	if err := s.store.Put(ctx, statedb.KindCommand, id, sb.Rec.ID, cmd.rec); err != nil {
+	if err := s.store.Put(ctx, statedb.KindCommand, id, sb.Rec.ID, cmd.Rec); err != nil {
 		s.log.Warn("persist command", "command", id, "err", err)
 	}
-	ss.mu.Unlock()
+	ss.Mu.Unlock()
 	go func() {
-		defer close(cmd.readEOF)
+		defer close(cmd.ReadEOF)
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := proc.PTY.Read(buf)
@@ -261,7 +261,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 		}
 	}()
 	sb.Mu.Lock()
-	sb.Work.commands[id] = cmd
+	sb.Work.Commands[id] = cmd
 	sl.releaseLocked()
 	sb.Mu.Unlock()
 	return cmd, nil
@@ -283,30 +283,30 @@ func (s *Supervisor) waitYield(cmd *command, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-cmd.done:
+	case <-cmd.Done:
 	case <-t.C:
 	}
 }
 
 // commandEvent applies one holder event.
 func (s *Supervisor) commandEvent(sb *sandbox, ss *session, ev nsholder.Event) {
-	ss.mu.Lock()
+	ss.Mu.Lock()
 	var cmd *command
-	for _, c := range ss.ledger {
-		if c.proc.ID == ev.ID {
+	for _, c := range ss.Ledger {
+		if c.Proc.ID == ev.ID {
 			cmd = c
 			break
 		}
 	}
-	ss.mu.Unlock()
+	ss.Mu.Unlock()
 	if cmd == nil {
 		return
 	}
 	if ev.Exited {
 		st := ev.Status
-		cmd.mu.Lock()
-		cmd.exit = &st
-		cmd.mu.Unlock()
+		cmd.Mu.Lock()
+		cmd.Exit = &st
+		cmd.Mu.Unlock()
 	}
 	if ev.Done {
 		s.commandDone(sb, ss, cmd)
@@ -317,28 +317,28 @@ func (s *Supervisor) commandEvent(sb *sandbox, ss *session, ev nsholder.Event) {
 // ledger; the command that drains an implicit session's ledger stays
 // running (finalizing) until the session is published and destroyed (§6.6).
 func (s *Supervisor) commandDone(sb *sandbox, ss *session, cmd *command) {
-	ss.mu.Lock()
-	delete(ss.ledger, cmd.rec.CommandSessionID)
-	others := len(ss.ledger)
-	drained := others == 0 && ss.implicit()
-	ss.mu.Unlock()
-	if ss.rec.OverlayDriver == "fuse" {
+	ss.Mu.Lock()
+	delete(ss.Ledger, cmd.Rec.CommandSessionID)
+	others := len(ss.Ledger)
+	drained := others == 0 && ss.Implicit()
+	ss.Mu.Unlock()
+	if ss.Rec.OverlayDriver == "fuse" {
 		// FUSE driver (§11.3): the writers are known per handle; the files
 		// written since their last checkpoint are checkpointed now.
-		s.fuseCommandEnd(sb, ss, cmd.rec.CommandSessionID)
+		s.fuseCommandEnd(sb, ss, cmd.Rec.CommandSessionID)
 	} else {
 		// Kernel driver attribution (§11.3): what changed is credited to the
 		// command that ended, approximately when others ran meanwhile.
-		s.checkpointSession(context.Background(), sb, ss, cmd.rec.CommandSessionID, others > 0)
-		s.captureActivity(context.Background(), sb, ss, cmd.rec.CommandSessionID, "", "capture")
+		s.checkpointSession(context.Background(), sb, ss, cmd.Rec.CommandSessionID, others > 0)
+		s.captureActivity(context.Background(), sb, ss, cmd.Rec.CommandSessionID, "", "capture")
 	}
 	if !drained {
 		s.finishCommand(sb, cmd, "", nil)
 		return
 	}
-	cmd.mu.Lock()
-	cmd.final = true
-	cmd.mu.Unlock()
+	cmd.Mu.Lock()
+	cmd.Final = true
+	cmd.Mu.Unlock()
 	s.drainOutput(cmd)
 	finalize := func() {
 		extra := s.finalizeImplicit(context.Background(), sb, ss, cmd)
@@ -354,57 +354,57 @@ func (s *Supervisor) commandDone(sb *sandbox, ss *session, cmd *command) {
 // stops it (a background process may keep the terminal open forever).
 func (s *Supervisor) drainOutput(cmd *command) {
 	select {
-	case <-cmd.readEOF:
+	case <-cmd.ReadEOF:
 	case <-time.After(200 * time.Millisecond):
-		_ = cmd.proc.PTY.Close()
-		<-cmd.readEOF
+		_ = cmd.Proc.PTY.Close()
+		<-cmd.ReadEOF
 	}
 }
 
 // finishCommand makes a command terminal: status from its exit or from why
 // we ended it, or interrupted when its holder vanished.
 func (s *Supervisor) finishCommand(sb *sandbox, cmd *command, interrupt string, extra map[string]any) {
-	if cmd.terminal() {
+	if cmd.Terminal() {
 		return
 	}
 	s.drainOutput(cmd)
-	_ = cmd.proc.PTY.Close()
-	_ = cmd.tr.Close()
+	_ = cmd.Proc.PTY.Close()
+	_ = cmd.Transcript.Close()
 	now := time.Now()
-	cmd.mu.Lock()
-	if cmd.timer != nil {
-		cmd.timer.Stop()
+	cmd.Mu.Lock()
+	if cmd.Timer != nil {
+		cmd.Timer.Stop()
 	}
-	r := &cmd.rec
+	r := &cmd.Rec
 	ended := now.UTC().Format("2006-01-02T15:04:05.000Z")
 	r.EndedAt, r.EndedUnixMs = &ended, now.UnixMilli()
 	code := func(n int) *int { return &n }
 	switch {
 	case interrupt != "":
 		r.Status, r.ExitCode, r.Interrupted, r.InterruptReason = cmdError, nil, true, interrupt
-	case cmd.forced == cmdTimedOut:
+	case cmd.Forced == cmdTimedOut:
 		r.Status, r.ExitCode = cmdTimedOut, code(124)
-	case cmd.forced == cmdCancelled:
+	case cmd.Forced == cmdCancelled:
 		r.Status, r.ExitCode = cmdCancelled, code(130)
-	case cmd.exit != nil && cmd.exit.Signaled():
-		r.Status, r.ExitCode = cmdError, code(-int(cmd.exit.Signal()))
-	case cmd.exit != nil && cmd.exit.ExitStatus() == 0:
+	case cmd.Exit != nil && cmd.Exit.Signaled():
+		r.Status, r.ExitCode = cmdError, code(-int(cmd.Exit.Signal()))
+	case cmd.Exit != nil && cmd.Exit.ExitStatus() == 0:
 		r.Status, r.ExitCode = cmdOK, code(0)
-	case cmd.exit != nil:
-		r.Status, r.ExitCode = cmdError, code(cmd.exit.ExitStatus())
+	case cmd.Exit != nil:
+		r.Status, r.ExitCode = cmdError, code(cmd.Exit.ExitStatus())
 	default:
 		r.Status, r.ExitCode = cmdError, nil
 	}
 	if len(extra) > 0 {
 		r.Extra = extra
 	}
-	cmd.final = false
+	cmd.Final = false
 	rec := *r
-	cmd.mu.Unlock()
+	cmd.Mu.Unlock()
 	if err := s.store.Put(context.Background(), statedb.KindCommand, rec.CommandSessionID, sb.Rec.ID, rec); err != nil {
 		s.log.Warn("persist command", "command", rec.CommandSessionID, "err", err)
 	}
-	close(cmd.done)
+	close(cmd.Done)
 	s.retain(sb, cmd)
 	s.bump(context.Background(), sb)
 }
@@ -412,42 +412,42 @@ func (s *Supervisor) finishCommand(sb *sandbox, cmd *command, interrupt string, 
 // killCommand ends a command on our initiative (timeout, cancel): first sig
 // to every process of the command, SIGKILL after grace.
 func (s *Supervisor) killCommand(cmd *command, why string, sig syscall.Signal, grace time.Duration) {
-	cmd.mu.Lock()
-	if cmd.forced == "" {
-		cmd.forced = why
+	cmd.Mu.Lock()
+	if cmd.Forced == "" {
+		cmd.Forced = why
 	}
-	ss := cmd.ss
-	cmd.mu.Unlock()
-	ss.mu.Lock()
-	h := ss.holder
-	ss.mu.Unlock()
-	if h == nil || cmd.terminal() {
+	ss := cmd.Session
+	cmd.Mu.Unlock()
+	ss.Mu.Lock()
+	h := ss.Holder
+	ss.Mu.Unlock()
+	if h == nil || cmd.Terminal() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_ = h.Signal(ctx, cmd.proc.ID, sig)
+	_ = h.Signal(ctx, cmd.Proc.ID, sig)
 	select {
-	case <-cmd.done:
+	case <-cmd.Done:
 		return
 	case <-time.After(grace):
 	}
-	_ = h.Signal(ctx, cmd.proc.ID, syscall.SIGKILL)
+	_ = h.Signal(ctx, cmd.Proc.ID, syscall.SIGKILL)
 }
 
 // retain applies the terminal-record cap (§6.7): FIFO eviction beyond
 // runtime.command.max_terminal_entries, remembering evicted IDs.
 func (s *Supervisor) retain(sb *sandbox, cmd *command) {
 	sb.Mu.Lock()
-	sb.Work.terminalOrder = append(sb.Work.terminalOrder, cmd.rec.CommandSessionID)
+	sb.Work.TerminalOrder = append(sb.Work.TerminalOrder, cmd.Rec.CommandSessionID)
 	var evict []string
-	for len(sb.Work.terminalOrder) > s.cfg.Runtime.Command.MaxTerminalEntries {
-		evict = append(evict, sb.Work.terminalOrder[0])
-		sb.Work.terminalOrder = sb.Work.terminalOrder[1:]
+	for len(sb.Work.TerminalOrder) > s.cfg.Runtime.Command.MaxTerminalEntries {
+		evict = append(evict, sb.Work.TerminalOrder[0])
+		sb.Work.TerminalOrder = sb.Work.TerminalOrder[1:]
 	}
 	for _, id := range evict {
-		delete(sb.Work.commands, id)
-		sb.Work.evicted[id] = true
+		delete(sb.Work.Commands, id)
+		sb.Work.Evicted[id] = true
 	}
 	sb.Mu.Unlock()
 	for _, id := range evict {
@@ -460,8 +460,8 @@ func (s *Supervisor) retain(sb *sandbox, cmd *command) {
 // lookupCommand finds a retained command, or says why not (§3.3).
 func (s *Supervisor) lookupCommand(sb *sandbox, id string) (*command, *catalog.Error) {
 	sb.Mu.Lock()
-	cmd := sb.Work.commands[id]
-	evicted := sb.Work.evicted[id]
+	cmd := sb.Work.Commands[id]
+	evicted := sb.Work.Evicted[id]
 	sb.Mu.Unlock()
 	if cmd != nil {
 		return cmd, nil
@@ -483,29 +483,29 @@ func (s *Supervisor) writeCommandStdin(c *call) (any, error) {
 	if len(text) > s.cfg.Runtime.Command.MaxStdinBytes {
 		return nil, catalog.Errorf(catalog.InvalidRequest, "stdin exceeds %d bytes", s.cfg.Runtime.Command.MaxStdinBytes)
 	}
-	cmd.mu.Lock()
-	final := cmd.final
-	cmd.mu.Unlock()
-	if cmd.terminal() || final {
-		cmd.mu.Lock()
-		st := cmd.rec.Status
-		cmd.mu.Unlock()
+	cmd.Mu.Lock()
+	final := cmd.Final
+	cmd.Mu.Unlock()
+	if cmd.Terminal() || final {
+		cmd.Mu.Lock()
+		st := cmd.Rec.Status
+		cmd.Mu.Unlock()
 		return nil, catalog.Errorf(catalog.OperationFailed, "command already completed").With("status", st)
 	}
 	if strings.ContainsRune(text, '\u0003') {
-		cmd.mu.Lock()
-		ss := cmd.ss
-		cmd.mu.Unlock()
+		cmd.Mu.Lock()
+		ss := cmd.Session
+		cmd.Mu.Unlock()
 		go s.killCommand(cmd, cmdCancelled, syscall.SIGINT, 500*time.Millisecond)
 		_ = ss
 		s.waitYield(cmd, time.Second)
 		s.bump(c.ctx, c.sb)
-		return cmd.yieldOutput(start), nil
+		return cmd.YieldOutput(start), nil
 	}
 	deadline := time.Duration(s.cfg.Runtime.Command.StdinWriteDeadlineS * float64(time.Second))
-	_ = cmd.proc.PTY.SetWriteDeadline(time.Now().Add(deadline))
-	n, err := cmd.proc.PTY.Write([]byte(text))
-	_ = cmd.proc.PTY.SetWriteDeadline(time.Time{})
+	_ = cmd.Proc.PTY.SetWriteDeadline(time.Now().Add(deadline))
+	n, err := cmd.Proc.PTY.Write([]byte(text))
+	_ = cmd.Proc.PTY.SetWriteDeadline(time.Time{})
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			return nil, catalog.Errorf(catalog.OperationFailed, "stdin_backpressure: the command did not read its input within %gs", deadline.Seconds()).
@@ -515,7 +515,7 @@ func (s *Supervisor) writeCommandStdin(c *call) (any, error) {
 	}
 	s.bump(c.ctx, c.sb)
 	s.waitYield(cmd, s.yield(c.args.Uint("yield_time_ms")))
-	return cmd.yieldOutput(start), nil
+	return cmd.YieldOutput(start), nil
 }
 
 func (s *Supervisor) readCommandLines(c *call) (any, error) {
@@ -526,23 +526,23 @@ func (s *Supervisor) readCommandLines(c *call) (any, error) {
 	}
 	limit := min(c.args.Uint("limit"), uint64(s.cfg.Runtime.Command.ReadLinesMax))
 	off := min(c.args.Uint("start_offset"), math.MaxInt32)
-	rows, first, end, trunc := cmd.tr.Rows(int(off), int(limit))
-	return cmd.output(rows, first, end, trunc, start), nil
+	rows, first, end, trunc := cmd.Transcript.Rows(int(off), int(limit))
+	return cmd.Output(rows, first, end, trunc, start), nil
 }
 
 func (s *Supervisor) listCommands(c *call) (any, error) {
 	c.sb.Mu.Lock()
-	all := make([]*command, 0, len(c.sb.Work.commands))
-	for _, cmd := range c.sb.Work.commands {
+	all := make([]*command, 0, len(c.sb.Work.Commands))
+	for _, cmd := range c.sb.Work.Commands {
 		all = append(all, cmd)
 	}
 	c.sb.Mu.Unlock()
 	wantSess, wantStatus := c.args.String("workspace_session_id"), c.args.String("status")
 	var recs []commandRecord
 	for _, cmd := range all {
-		cmd.mu.Lock()
-		r := cmd.rec
-		cmd.mu.Unlock()
+		cmd.Mu.Lock()
+		r := cmd.Rec
+		cmd.Mu.Unlock()
 		if (wantSess != "" && r.WorkspaceSessionID != wantSess) || (wantStatus != "" && r.Status != wantStatus) {
 			continue
 		}
@@ -572,24 +572,24 @@ func (s *Supervisor) listCommands(c *call) (any, error) {
 }
 
 // yieldOutput returns the rows since the yield cursor and advances it.
-func (c *command) yieldOutput(start time.Time) map[string]any {
-	c.mu.Lock()
-	cursor := c.cursor
-	c.mu.Unlock()
-	rows, first, end, trunc := c.tr.Since(cursor)
-	c.mu.Lock()
-	if end > c.cursor {
-		c.cursor = end
+func (c *command) YieldOutput(start time.Time) map[string]any {
+	c.Mu.Lock()
+	cursor := c.Cursor
+	c.Mu.Unlock()
+	rows, first, end, trunc := c.Transcript.Since(cursor)
+	c.Mu.Lock()
+	if end > c.Cursor {
+		c.Cursor = end
 	}
-	c.mu.Unlock()
-	return c.output(rows, first, end, trunc, start)
+	c.Mu.Unlock()
+	return c.Output(rows, first, end, trunc, start)
 }
 
 // output is the command output object (§3.3).
-func (c *command) output(rows []string, first, end, truncBefore int, start time.Time) map[string]any {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	r := c.rec
+func (c *command) Output(rows []string, first, end, truncBefore int, start time.Time) map[string]any {
+	c.Mu.Lock()
+	defer c.Mu.Unlock()
+	r := c.Rec
 	text := strings.Join(rows, "\n")
 	total := time.Since(time.UnixMilli(r.StartedUnixMs)).Seconds()
 	if r.EndedUnixMs != 0 {
@@ -598,26 +598,26 @@ func (c *command) output(rows []string, first, end, truncBefore int, start time.
 	status, exit := r.Status, any(r.ExitCode)
 	if status == cmdRunning {
 		exit = nil
-		if c.final && c.exit != nil {
-			exit = c.exit.ExitStatus()
+		if c.Final && c.Exit != nil {
+			exit = c.Exit.ExitStatus()
 		}
 	}
 	out := map[string]any{
 		"status": status, "exit_code": exit, "wall_time_seconds": time.Since(start).Seconds(),
-		"command_total_time_seconds": total, "start_offset": first, "end_offset": end, "total_lines": c.tr.Total(),
+		"command_total_time_seconds": total, "start_offset": first, "end_offset": end, "total_lines": c.Transcript.Total(),
 		"original_token_count": workspace.TokenCount(text), "output": text,
 		"command_session_id": r.CommandSessionID, "workspace_session_id": r.WorkspaceSessionID,
 	}
 	if truncBefore > 0 {
 		out["truncated_before"] = truncBefore
 	}
-	if c.final && status == cmdRunning {
+	if c.Final && status == cmdRunning {
 		out["finalizing"] = true
 	}
 	if r.Interrupted {
 		out["interrupted"], out["interrupt_reason"] = true, r.InterruptReason
 	}
-	if err := c.tr.Err(); err != nil {
+	if err := c.Transcript.Err(); err != nil {
 		// The rows above are real but live only in memory (transcript.go).
 		out["transcript_lost"], out["transcript_error"] = true, err.Error()
 	}
@@ -659,14 +659,14 @@ func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted
 		}
 		done := make(chan struct{})
 		close(done)
-		cmd := &command{rec: r, dir: dir, tr: tr, done: done}
-		sb.Work.commands[r.CommandSessionID] = cmd
-		sb.Work.terminalOrder = append(sb.Work.terminalOrder, r.CommandSessionID)
+		cmd := &command{Rec: r, Dir: dir, Transcript: tr, Done: done}
+		sb.Work.Commands[r.CommandSessionID] = cmd
+		sb.Work.TerminalOrder = append(sb.Work.TerminalOrder, r.CommandSessionID)
 	}
 	_ = s.store.List(ctx, statedb.KindEvicted, sb.Rec.ID, func(b []byte) error {
 		var m map[string]string
 		if err := json.Unmarshal(b, &m); err == nil {
-			sb.Work.evicted[m["command_session_id"]] = true
+			sb.Work.Evicted[m["command_session_id"]] = true
 		}
 		return nil
 	})

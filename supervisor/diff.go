@@ -114,18 +114,18 @@ func (s *Supervisor) diffWorkspaceSession(c *call) (any, error) {
 	// The gate keeps publish, destroy and file operations from changing or
 	// removing the upper dir under the walk (running commands still may:
 	// a walk that races one is retried).
-	ss.gate.Lock()
-	defer ss.gate.Unlock()
+	ss.Gate.Lock()
+	defer ss.Gate.Unlock()
 	if _, e := lookupSession(c.sb, id); e != nil {
 		return nil, e // destroyed while we waited
 	}
-	if st := ss.state(); st == sessFinalizing {
+	if st := ss.State(); st == sessFinalizing {
 		return nil, catalog.Errorf(catalog.OperationConflict, "workspace session %s is %s", id, st).
 			With("workspace_session_id", id).With("session_state", st)
 	}
-	ss.mu.Lock()
-	rec := ss.rec
-	ss.mu.Unlock()
+	ss.Mu.Lock()
+	rec := ss.Rec
+	ss.Mu.Unlock()
 	baseView := c.sb.Stack.View(layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: rec.Lease.Layers})
 	lease, err := c.sb.Stack.Acquire("workspace-diff:" + id)
 	if err != nil {
@@ -142,7 +142,7 @@ func (s *Supervisor) diffWorkspaceSession(c *call) (any, error) {
 		expansionLimit: s.cfg.Runtime.Publish.ExpansionLimit, budget: maxBytes}
 	var res map[string]any
 	for try := 1; ; try++ {
-		res, err = d.run(ss.upper(), filters, head.RootHash() != rec.BaseRevision.RootHash)
+		res, err = d.run(ss.Upper(), filters, head.RootHash() != rec.BaseRevision.RootHash)
 		if err == nil || !errors.Is(err, errWsDiffUpperChanged) || try == wsDiffCaptureTries {
 			break
 		}

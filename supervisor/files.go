@@ -30,19 +30,19 @@ func (s *Supervisor) fileSession(c *call) (*session, func(), error) {
 	if e != nil {
 		return nil, nil, e
 	}
-	ss.gate.Lock()
-	if e := ss.admit(); e != nil {
-		ss.gate.Unlock()
+	ss.Gate.Lock()
+	if e := ss.Admit(); e != nil {
+		ss.Gate.Unlock()
 		return nil, nil, e
 	}
-	ss.mu.Lock()
-	h := ss.holder
-	ss.mu.Unlock()
+	ss.Mu.Lock()
+	h := ss.Holder
+	ss.Mu.Unlock()
 	if h == nil {
-		ss.gate.Unlock()
-		return nil, nil, catalog.Errorf(catalog.OperationFailed, "holder exited").With("workspace_session_id", ss.id())
+		ss.Gate.Unlock()
+		return nil, nil, catalog.Errorf(catalog.OperationFailed, "holder exited").With("workspace_session_id", ss.ID())
 	}
-	return ss, ss.gate.Unlock, nil
+	return ss, ss.Gate.Unlock, nil
 }
 
 // fileEntry is one entry of whichever view a file operation reads.
@@ -140,9 +140,9 @@ func (s *Supervisor) viewFor(c *call) (fileView, *session, func(), error) {
 		return nil, nil, nil, err
 	}
 	if ss != nil {
-		ss.mu.Lock()
-		h := ss.holder
-		ss.mu.Unlock()
+		ss.Mu.Lock()
+		h := ss.Holder
+		ss.Mu.Unlock()
 		return sessionFiles{h}, ss, release, nil
 	}
 	// A lease, not a bare read of head: a squash may replace head's layers
@@ -462,9 +462,9 @@ func writeType(created bool) string {
 
 // sessionWrite writes through the holder, keeping an existing file's mode.
 func (s *Supervisor) sessionWrite(ctx context.Context, ss *session, p string, data []byte) (bool, error) {
-	ss.mu.Lock()
-	h := ss.holder
-	ss.mu.Unlock()
+	ss.Mu.Lock()
+	h := ss.Holder
+	ss.Mu.Unlock()
 	sp := spanFrom(ctx).child("holder.file_op", map[string]any{"op": "write", "path": p, "bytes": len(data)})
 	created, err := h.WriteFile(ctx, p, data, nil)
 	sp.done(err, nil)

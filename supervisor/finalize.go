@@ -29,9 +29,9 @@ func (s *Supervisor) publishOptions() layers.PublishOptions {
 // committed files' line attribution is recorded (§11.2); drain names the
 // command whose completion published an implicit session.
 func (s *Supervisor) publishSession(ctx context.Context, sb *sandbox, ss *session, opt layers.PublishOptions, drain *command) (*layers.Plan, layers.PublishResult, error) {
-	base := ss.base()
-	sp := spanFrom(ctx).child("workspace_session.capture_changes", map[string]any{"workspace_session_id": ss.id()})
-	cs, err := layers.Capture(ctx, ss.upper(), sb.Stack.View(base))
+	base := ss.Base()
+	sp := spanFrom(ctx).child("workspace_session.capture_changes", map[string]any{"workspace_session_id": ss.ID()})
+	cs, err := layers.Capture(ctx, ss.Upper(), sb.Stack.View(base))
 	sp.done(err, nil)
 	if err != nil {
 		return nil, layers.PublishResult{}, fmt.Errorf("capture: %w", err)
@@ -48,9 +48,9 @@ func (s *Supervisor) publishSession(ctx context.Context, sb *sandbox, ss *sessio
 		return plan, res, err
 	}
 	s.notifyAutosquash(sb, "layer_committed")
-	owner := sessionOwner(ss.id(), ss.rec.Agent)
+	owner := sessionOwner(ss.ID(), ss.Rec.Agent)
 	if drain != nil {
-		owner.CommandSessionID = drain.rec.CommandSessionID
+		owner.CommandSessionID = drain.Rec.CommandSessionID
 	}
 	s.recordLayerOrigin(ctx, sb, res, owner)
 	files := make([]auditFile, 0, len(plan.Committed))
@@ -121,9 +121,9 @@ func publishSummary(o layers.OutcomeSummary, noOp, dryRun, rejected bool) map[st
 // the draining command reports. A rejected publish keeps the upper dir as a
 // recovery artifact so no agent's work vanishes (§9.9).
 func (s *Supervisor) finalizeImplicit(ctx context.Context, sb *sandbox, ss *session, drain *command) map[string]any {
-	attrs := map[string]any{"workspace_session_id": ss.id()}
+	attrs := map[string]any{"workspace_session_id": ss.ID()}
 	if drain != nil {
-		attrs["command_session_id"] = drain.rec.CommandSessionID
+		attrs["command_session_id"] = drain.Rec.CommandSessionID
 	}
 	fsp, ctx := s.spanCtx(ctx, sb, "finalize", "workspace_session.finalize", attrs)
 	extra := s.finalize(ctx, sb, ss, drain)
@@ -139,22 +139,22 @@ func (s *Supervisor) finalizeImplicit(ctx context.Context, sb *sandbox, ss *sess
 func (s *Supervisor) finalize(ctx context.Context, sb *sandbox, ss *session, drain *command) map[string]any {
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(s.cfg.Runtime.Workspace.FinalizeTimeoutS*float64(time.Second)))
 	defer cancel()
-	ss.gate.Lock()
-	defer ss.gate.Unlock()
-	if ss.isGone() {
+	ss.Gate.Lock()
+	defer ss.Gate.Unlock()
+	if ss.IsGone() {
 		return map[string]any{} // destroyed while we waited: nothing left to publish
 	}
-	ss.setState(sessFinalizing)
-	ss.mu.Lock()
-	h := ss.holder
-	ss.holder = nil
-	ss.mu.Unlock()
+	ss.SetState(sessFinalizing)
+	ss.Mu.Lock()
+	h := ss.Holder
+	ss.Holder = nil
+	ss.Mu.Unlock()
 	if h != nil {
 		_ = h.Close(0) // SIGKILL of the whole PID namespace: nothing writes during capture
 	}
 	opt := s.publishOptions()
 	opt.Implicit = true
-	psp, pctx := s.spanCtx(ctx, sb, "", "workspace_session.publish", map[string]any{"workspace_session_id": ss.id(), "dry_run": false})
+	psp, pctx := s.spanCtx(ctx, sb, "", "workspace_session.publish", map[string]any{"workspace_session_id": ss.ID(), "dry_run": false})
 	plan, res, err := s.publishSession(pctx, sb, ss, opt, drain)
 	pattrs := map[string]any{"no_op": res.NoOp, "revision": res.Revision, "committed": err == nil && !res.NoOp, "destroyed": false, "stage": "publish"}
 	if plan != nil {
@@ -176,12 +176,12 @@ func (s *Supervisor) finalize(ctx context.Context, sb *sandbox, ss *session, dra
 			body["recovery_artifact"] = artifact
 		}
 		extra["publish_rejected"], extra["publish_reject_class"], extra["publish_rejection"] = true, rej.Reason, body
-		s.eventCtx(ctx, sb, "workspace_session.finalize.publish_failed", map[string]any{"workspace_session_id": ss.id(),
+		s.eventCtx(ctx, sb, "workspace_session.finalize.publish_failed", map[string]any{"workspace_session_id": ss.ID(),
 			"reject_class": rej.Reason, "detail": err.Error(), "conflict_paths": conflictPaths(rej)})
 	}
 	s.persistOutcome(ctx, sb, drain, extra)
 	if _, err := s.destroySession(ctx, sb, ss, 0); err != nil {
-		ss.setState(sessFinalizeFailed)
+		ss.SetState(sessFinalizeFailed)
 		extra["finalization_failed"], extra["finalization_failure_class"], extra["finalization_attempts"] = true, "holder_finalization_destroy_failed", 1
 	}
 	s.bump(ctx, sb)
@@ -195,18 +195,18 @@ func (s *Supervisor) keepRecoveryArtifact(ctx context.Context, sb *sandbox, ss *
 	if s.cfg.Runtime.Workspace.MaxRecoveryArtifacts == 0 {
 		return ""
 	}
-	dir := filepath.Join(sb.Dir, "workspace_recovery", ss.id())
+	dir := filepath.Join(sb.Dir, "workspace_recovery", ss.ID())
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		s.log.Warn("recovery artifact", "err", err)
 		return ""
 	}
-	bytes, entries := dirBytes(ctx, ss.upper()), countEntries(ctx, ss.upper())
-	if err := os.Rename(ss.upper(), filepath.Join(dir, "upper")); err != nil {
+	bytes, entries := dirBytes(ctx, ss.Upper()), countEntries(ctx, ss.Upper())
+	if err := os.Rename(ss.Upper(), filepath.Join(dir, "upper")); err != nil {
 		s.log.Warn("recovery artifact", "err", err)
 		return ""
 	}
-	art := recoveryArtifact{WorkspaceSessionID: ss.id(), CreatedAt: nowRFC3339(), Reason: reason, Bytes: bytes}
-	man, _ := json.Marshal(map[string]any{"workspace_session_id": ss.id(), "created_at": art.CreatedAt, "reason": reason,
+	art := recoveryArtifact{WorkspaceSessionID: ss.ID(), CreatedAt: nowRFC3339(), Reason: reason, Bytes: bytes}
+	man, _ := json.Marshal(map[string]any{"workspace_session_id": ss.ID(), "created_at": art.CreatedAt, "reason": reason,
 		"publish_rejection": rejection, "bytes": bytes, "entries": entries})
 	_ = os.WriteFile(filepath.Join(dir, "manifest.json"), man, 0o600)
 	sb.Mu.Lock()
@@ -222,7 +222,7 @@ func (s *Supervisor) keepRecoveryArtifact(ctx context.Context, sb *sandbox, ss *
 		removeTree(filepath.Join(sb.Dir, "workspace_recovery", d.WorkspaceSessionID))
 	}
 	_ = s.store.putSandbox(ctx, &rec)
-	return filepath.Join("workspace_recovery", ss.id())
+	return filepath.Join("workspace_recovery", ss.ID())
 }
 
 // rejectionBody is the publish_rejection object as a map, so the recovery

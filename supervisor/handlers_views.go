@@ -98,7 +98,7 @@ func (s *Supervisor) layerstack(c *call) (any, error) {
 		if e != nil {
 			return nil, e
 		}
-		return views.LayerstackWorkspace(sb.Stack, id, ss.record().Lease.Layers, ss.upper(), nodes, depth), nil
+		return views.LayerstackWorkspace(sb.Stack, id, ss.Record().Lease.Layers, ss.Upper(), nodes, depth), nil
 	}
 	out, err := views.Layerstack(sb.Stack, nodes, depth)
 	if err != nil {

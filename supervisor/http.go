@@ -87,19 +87,19 @@ func (c webCommands) Follow(sandboxID, commandID string) (web.Transcript, error)
 type cmdTranscript struct{ cmd *command }
 
 func (t cmdTranscript) Rows(cursor, limit int) ([]string, int, int) {
-	rows, first, end, _ := t.cmd.tr.Rows(cursor, limit)
+	rows, first, end, _ := t.cmd.Transcript.Rows(cursor, limit)
 	return rows, first, end
 }
 
-func (t cmdTranscript) Changed() <-chan struct{} { return t.cmd.tr.Changed() }
-func (t cmdTranscript) Done() <-chan struct{}    { return t.cmd.done }
+func (t cmdTranscript) Changed() <-chan struct{} { return t.cmd.Transcript.Changed() }
+func (t cmdTranscript) Done() <-chan struct{}    { return t.cmd.Done }
 
 func (t cmdTranscript) Result() map[string]any {
-	t.cmd.mu.Lock()
-	defer t.cmd.mu.Unlock()
-	r := t.cmd.rec
+	t.cmd.Mu.Lock()
+	defer t.cmd.Mu.Unlock()
+	r := t.cmd.Rec
 	return map[string]any{"command_session_id": r.CommandSessionID, "workspace_session_id": r.WorkspaceSessionID,
-		"status": r.Status, "exit_code": r.ExitCode, "total_lines": t.cmd.tr.Total()}
+		"status": r.Status, "exit_code": r.ExitCode, "total_lines": t.cmd.Transcript.Total()}
 }
 
 // webForwarder opens /forward/isolated=… connections through the session's
@@ -117,7 +117,7 @@ func (f webForwarder) session(id string) *session {
 	f.s.mu.Unlock()
 	for _, sb := range sbs {
 		if ss, e := lookupSession(sb, id); e == nil {
-			if ss.isGone() || ss.rec.NetworkProfile != netIsolated {
+			if ss.IsGone() || ss.Rec.NetworkProfile != netIsolated {
 				return nil
 			}
 			return ss

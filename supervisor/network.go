@@ -79,27 +79,27 @@ func (s *Supervisor) netHelperStatus() map[string]any {
 }
 
 // forwardObjects lists a session's forwards by target port.
-func (ss *session) forwardObjects() []map[string]any {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	ports := make([]int, 0, len(ss.forwards))
-	for p := range ss.forwards {
+func (ss *session) ForwardObjects() []map[string]any {
+	ss.Mu.Lock()
+	defer ss.Mu.Unlock()
+	ports := make([]int, 0, len(ss.Forwards))
+	for p := range ss.Forwards {
 		ports = append(ports, p)
 	}
 	sort.Ints(ports)
 	out := make([]map[string]any, 0, len(ports))
 	for _, p := range ports {
-		out = append(out, ss.forwards[p].Object())
+		out = append(out, ss.Forwards[p].Object())
 	}
 	return out
 }
 
 // closeForwards ends every forward of a session (§5.7).
-func (ss *session) closeForwards() {
-	ss.mu.Lock()
-	fs := ss.forwards
-	ss.forwards = nil
-	ss.mu.Unlock()
+func (ss *session) CloseForwards() {
+	ss.Mu.Lock()
+	fs := ss.Forwards
+	ss.Forwards = nil
+	ss.Mu.Unlock()
 	for _, f := range fs {
 		f.Close()
 	}
@@ -116,18 +116,18 @@ type loopbackDialer interface {
 // session, for forward_port's listeners and the HTTP /forward/isolated=…
 // routes alike.
 func (s *Supervisor) dialSession(ctx context.Context, ss *session, port int) (net.Conn, error) {
-	ss.mu.Lock()
-	h, gone := ss.holder, ss.gone
-	ss.mu.Unlock()
+	ss.Mu.Lock()
+	h, gone := ss.Holder, ss.Gone
+	ss.Mu.Unlock()
 	if gone || h == nil {
-		return nil, fmt.Errorf("dial %s:%d: %w", ss.id(), port, nsholder.ErrExited)
+		return nil, fmt.Errorf("dial %s:%d: %w", ss.ID(), port, nsholder.ErrExited)
 	}
 	timeout := time.Duration(s.cfg.HTTP.Forward.ConnectTimeoutS * float64(time.Second))
 	ctx, cancel := context.WithTimeout(ctx, timeout+time.Second)
 	defer cancel()
 	c, err := h.DialLoopback(ctx, port, timeout)
 	if err != nil {
-		return nil, fmt.Errorf("dial %s:%d: %w", ss.id(), port, err)
+		return nil, fmt.Errorf("dial %s:%d: %w", ss.ID(), port, err)
 	}
 	return c, nil
 }
@@ -142,28 +142,28 @@ func (s *Supervisor) forwardPort(c *call) (any, error) {
 	if e != nil {
 		return nil, e
 	}
-	if e := ss.admit(); e != nil {
+	if e := ss.Admit(); e != nil {
 		return nil, e
 	}
-	res := map[string]any{"workspace_session_id": ss.id(), "network_profile": ss.rec.NetworkProfile, "target_port": target,
+	res := map[string]any{"workspace_session_id": ss.ID(), "network_profile": ss.Rec.NetworkProfile, "target_port": target,
 		"host": "127.0.0.1", "url": nil}
-	if ss.rec.NetworkProfile == netShared {
+	if ss.Rec.NetworkProfile == netShared {
 		res["port"], res["url"] = target, s.forwardURL("shared", target)
 		return res, nil
 	}
-	if ss.rec.NetworkProfile == netIsolated {
+	if ss.Rec.NetworkProfile == netIsolated {
 		// offline sessions have no /forward route (§2.8): url stays null.
-		res["url"] = s.forwardURL("isolated="+ss.id(), target)
+		res["url"] = s.forwardURL("isolated="+ss.ID(), target)
 	}
-	f, existed, e := ss.addForward(target)
+	f, existed, e := ss.AddForward(target)
 	if e != nil {
 		return nil, e
 	}
 	res["port"] = f.Port()
 	if !existed {
 		dial := func(ctx context.Context, port int) (net.Conn, error) { return s.dialSession(ctx, ss, port) }
-		go f.Serve(context.WithoutCancel(c.ctx), dial, s.log.With("workspace_session_id", ss.id()))
-		s.eventCtx(c.ctx, c.sb, "forward.opened", map[string]any{"workspace_session_id": ss.id(), "target_port": target, "port": f.Port()})
+		go f.Serve(context.WithoutCancel(c.ctx), dial, s.log.With("workspace_session_id", ss.ID()))
+		s.eventCtx(c.ctx, c.sb, "forward.opened", map[string]any{"workspace_session_id": ss.ID(), "target_port": target, "port": f.Port()})
 	}
 	return res, nil
 }
@@ -179,34 +179,34 @@ func (s *Supervisor) forwardURL(kind string, port int) any {
 
 // addForward returns the session's forward to target, opening its
 // listener when there is none yet.
-func (ss *session) addForward(target int) (*workspace.Forward, bool, *catalog.Error) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.gone {
-		return nil, false, notFoundSession(ss.id())
+func (ss *session) AddForward(target int) (*workspace.Forward, bool, *catalog.Error) {
+	ss.Mu.Lock()
+	defer ss.Mu.Unlock()
+	if ss.Gone {
+		return nil, false, notFoundSession(ss.ID())
 	}
-	if f := ss.forwards[target]; f != nil {
+	if f := ss.Forwards[target]; f != nil {
 		return f, true, nil
 	}
-	if len(ss.forwards) >= maxForwards {
-		return nil, false, catalog.Errorf(catalog.ServerBusy, "forward limit reached for workspace session %s", ss.id()).
-			With("max_forwards", maxForwards).With("workspace_session_id", ss.id())
+	if len(ss.Forwards) >= maxForwards {
+		return nil, false, catalog.Errorf(catalog.ServerBusy, "forward limit reached for workspace session %s", ss.ID()).
+			With("max_forwards", maxForwards).With("workspace_session_id", ss.ID())
 	}
 	f, err := workspace.ListenForward(target)
 	if err != nil {
 		return nil, false, catalog.Errorf(catalog.OperationFailed, "forward_port: %v", err)
 	}
-	if ss.forwards == nil {
-		ss.forwards = map[int]*workspace.Forward{}
+	if ss.Forwards == nil {
+		ss.Forwards = map[int]*workspace.Forward{}
 	}
-	ss.forwards[target] = f
+	ss.Forwards[target] = f
 	return f, false, nil
 }
 
 // egressFor is the helper of a new isolated session, or the creation's
 // error naming the missing package.
 func (s *Supervisor) egressFor(ss *session) (*nsholder.Egress, error) {
-	if ss.rec.NetworkProfile != netIsolated {
+	if ss.Rec.NetworkProfile != netIsolated {
 		return nil, nil
 	}
 	e, err := findNetHelper(s.cfg.Network.Isolated.Helper)
@@ -214,6 +214,6 @@ func (s *Supervisor) egressFor(ss *session) (*nsholder.Egress, error) {
 		return nil, catalog.Errorf(catalog.OperationFailed, "workspace setup failed at network: %v", err).
 			With("stage", "network").With("network_profile", netIsolated)
 	}
-	e.StateDir = ss.dir
+	e.StateDir = ss.Dir
 	return &e, nil
 }

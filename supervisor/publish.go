@@ -49,7 +49,7 @@ func (s *Supervisor) publishWorkspaceSession(c *call) (any, error) {
 	if e != nil {
 		return nil, e
 	}
-	if ss.implicit() {
+	if ss.Implicit() {
 		return nil, notFoundSession(id) // implicit sessions publish themselves (§5.1)
 	}
 	resolutions, err := parseResolutions(c.args.Array("resolutions"))
@@ -57,12 +57,12 @@ func (s *Supervisor) publishWorkspaceSession(c *call) (any, error) {
 		return nil, err
 	}
 	dry := c.args.Bool("dry_run")
-	ss.gate.Lock()
-	defer ss.gate.Unlock()
-	if e := ss.admit(); e != nil {
+	ss.Gate.Lock()
+	defer ss.Gate.Unlock()
+	if e := ss.Admit(); e != nil {
 		return nil, e
 	}
-	running := ss.running()
+	running := ss.Running()
 	if !dry && len(running) > 0 {
 		return nil, catalog.Errorf(catalog.OperationFailed, "workspace session has active command sessions").
 			With("workspace_session_id", id).With("active_command_session_ids", running)
@@ -94,7 +94,7 @@ func (s *Supervisor) publishWorkspaceSession(c *call) (any, error) {
 	bytes, derr := s.destroySession(c.ctx, c.sb, ss, grace)
 	s.bump(c.ctx, c.sb)
 	if derr != nil {
-		ss.setState(sessFinalizeFailed)
+		ss.SetState(sessFinalizeFailed)
 		return nil, catalog.Errorf(catalog.OperationFailed, "workspace session was published but could not be closed").
 			With("workspace_session_id", id).With("stage", "destroy").With("publish_completed", true).
 			With("layer_committed", !res.NoOp).With("publish", pub).With("destroyed", false).

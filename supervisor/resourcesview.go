@@ -49,7 +49,7 @@ func (s *Supervisor) sampleOnce(withStack bool) {
 		}
 		g := resources.Group{ID: sb.Rec.ID, Store: s.obs.Resources(scopeOf(sb))}
 		for _, ss := range sessionsSorted(sb) {
-			g.Sessions = append(g.Sessions, &resources.Session{ID: ss.id(), Pid: ss.holderPid()})
+			g.Sessions = append(g.Sessions, &resources.Session{ID: ss.ID(), Pid: ss.HolderPid()})
 		}
 		if withStack && sb.Stack != nil {
 			stack := sb.Stack

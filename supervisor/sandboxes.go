@@ -31,17 +31,17 @@ type (
 // occupants are a sandbox's live sessions and commands, guarded by the
 // sandbox's Mu.
 type occupants struct {
-	sessions      map[string]*session // live sessions
-	commands      map[string]*command // running and retained terminal commands
-	terminalOrder []string            // retained terminal commands, oldest first
-	evicted       map[string]bool     // IDs evicted from retention
+	Sessions      map[string]*session // live sessions
+	Commands      map[string]*command // running and retained terminal commands
+	TerminalOrder []string            // retained terminal commands, oldest first
+	Evicted       map[string]bool     // IDs evicted from retention
 	// Admission slots reserved by requests still starting their command
 	// or session (admission.go).
-	pendingCommands, pendingSessions int
+	PendingCommands, PendingSessions int
 }
 
 func newOccupants() *occupants {
-	return &occupants{sessions: map[string]*session{}, commands: map[string]*command{}, evicted: map[string]bool{}}
+	return &occupants{Sessions: map[string]*session{}, Commands: map[string]*command{}, Evicted: map[string]bool{}}
 }
 
 func newSandbox(rec sandboxRecord, dir string) *sandbox {

@@ -69,54 +69,54 @@ type holder interface {
 // starting commands, file operations, publish and destroy are serialized on
 // it, so a file operation never races a finalization. mu guards the rest.
 type session struct {
-	gate sync.Mutex
-	attr attribution.Tracker // checkpoints, activity captures, FUSE write ranges
+	Gate sync.Mutex
+	Attr attribution.Tracker // checkpoints, activity captures, FUSE write ranges
 
-	mu     sync.Mutex
-	rec    sessionRecord
-	dir    string
-	holder holder
-	lease  *layers.Lease
-	ledger map[string]*command // running commands
-	gone   bool                // destroyed: whoever waited at the gate finds it gone
+	Mu     sync.Mutex
+	Rec    sessionRecord
+	Dir    string
+	Holder holder
+	Lease  *layers.Lease
+	Ledger map[string]*command // running commands
+	Gone   bool                // destroyed: whoever waited at the gate finds it gone
 	// forwards are the session's forward_port listeners by target port
 	// (network.go); they end with the session.
-	forwards map[int]*workspace.Forward
+	Forwards map[int]*workspace.Forward
 }
 
-func (ss *session) isGone() bool {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return ss.gone
+func (ss *session) IsGone() bool {
+	ss.Mu.Lock()
+	defer ss.Mu.Unlock()
+	return ss.Gone
 }
 
-func (ss *session) id() string     { return ss.rec.WorkspaceSessionID }
-func (ss *session) upper() string  { return filepath.Join(ss.dir, "upper") }
-func (ss *session) implicit() bool { return ss.rec.FinalizePolicy == policyPublish }
+func (ss *session) ID() string     { return ss.Rec.WorkspaceSessionID }
+func (ss *session) Upper() string  { return filepath.Join(ss.Dir, "upper") }
+func (ss *session) Implicit() bool { return ss.Rec.FinalizePolicy == policyPublish }
 
 // base is the session's leased manifest: its frozen view (§5.3).
-func (ss *session) base() layers.Manifest {
-	return layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: ss.rec.BaseRevision.ManifestVersion, Layers: ss.rec.Lease.Layers}
+func (ss *session) Base() layers.Manifest {
+	return layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: ss.Rec.BaseRevision.ManifestVersion, Layers: ss.Rec.Lease.Layers}
 }
 
-func (ss *session) state() string {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return ss.rec.State
+func (ss *session) State() string {
+	ss.Mu.Lock()
+	defer ss.Mu.Unlock()
+	return ss.Rec.State
 }
 
-func (ss *session) setState(st string) {
-	ss.mu.Lock()
-	ss.rec.State = st
-	ss.mu.Unlock()
+func (ss *session) SetState(st string) {
+	ss.Mu.Lock()
+	ss.Rec.State = st
+	ss.Mu.Unlock()
 }
 
 // running returns the IDs of the session's running commands, sorted.
-func (ss *session) running() []string {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	ids := make([]string, 0, len(ss.ledger))
-	for id := range ss.ledger {
+func (ss *session) Running() []string {
+	ss.Mu.Lock()
+	defer ss.Mu.Unlock()
+	ids := make([]string, 0, len(ss.Ledger))
+	for id := range ss.Ledger {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
@@ -130,7 +130,7 @@ func notFoundSession(id string) *catalog.Error {
 // lookupSession finds a live session of the sandbox.
 func lookupSession(sb *sandbox, id string) (*session, *catalog.Error) {
 	sb.Mu.Lock()
-	ss := sb.Work.sessions[id]
+	ss := sb.Work.Sessions[id]
 	sb.Mu.Unlock()
 	if ss == nil {
 		return nil, notFoundSession(id)
@@ -139,19 +139,19 @@ func lookupSession(sb *sandbox, id string) (*session, *catalog.Error) {
 }
 
 // admit checks that a session accepts commands and file operations (§5.5).
-func (ss *session) admit() *catalog.Error {
-	if ss.isGone() {
-		return notFoundSession(ss.id())
+func (ss *session) Admit() *catalog.Error {
+	if ss.IsGone() {
+		return notFoundSession(ss.ID())
 	}
-	switch st := ss.state(); st {
+	switch st := ss.State(); st {
 	case sessActive:
 		return nil
 	case sessFinalizing, sessRestoring:
-		return catalog.Errorf(catalog.OperationConflict, "workspace session %s is %s", ss.id(), st).
-			With("workspace_session_id", ss.id()).With("session_state", st)
+		return catalog.Errorf(catalog.OperationConflict, "workspace session %s is %s", ss.ID(), st).
+			With("workspace_session_id", ss.ID()).With("session_state", st)
 	default:
-		return catalog.Errorf(catalog.OperationFailed, "workspace session %s is %s", ss.id(), st).
-			With("workspace_session_id", ss.id()).With("session_state", st)
+		return catalog.Errorf(catalog.OperationFailed, "workspace session %s is %s", ss.ID(), st).
+			With("workspace_session_id", ss.ID()).With("session_state", st)
 	}
 }
 
@@ -165,7 +165,7 @@ func (s *Supervisor) sessionCount() int {
 	n := 0
 	for _, sb := range all {
 		sb.Mu.Lock()
-		n += len(sb.Work.sessions)
+		n += len(sb.Work.Sessions)
 		sb.Mu.Unlock()
 	}
 	return n
@@ -177,7 +177,7 @@ func (s *Supervisor) newSession(ctx context.Context, sb *sandbox, policy, networ
 	ss, err := s.openSession(ctx, sb, policy, network, agent)
 	var attrs map[string]any
 	if ss != nil {
-		attrs = map[string]any{"workspace_session_id": ss.id(), "layer_count": len(ss.rec.Lease.Layers)}
+		attrs = map[string]any{"workspace_session_id": ss.ID(), "layer_count": len(ss.Rec.Lease.Layers)}
 	}
 	sp.done(err, attrs)
 	return ss, err
@@ -204,10 +204,10 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 			With("layer_count", len(m.Layers)).With("max_chain_depth", s.cfg.Runtime.Workspace.MaxChainDepth)
 	}
 	ss := &session{
-		dir:    filepath.Join(sb.Dir, "sessions", id),
-		lease:  lease,
-		ledger: map[string]*command{},
-		rec: sessionRecord{
+		Dir:    filepath.Join(sb.Dir, "sessions", id),
+		Lease:  lease,
+		Ledger: map[string]*command{},
+		Rec: sessionRecord{
 			WorkspaceSessionID: id, SandboxID: sb.Rec.ID, Agent: agent, NetworkProfile: network, FinalizePolicy: policy,
 			State: sessActive, CreatedAt: nowRFC3339(), BaseRevision: m.Revision(),
 			Lease:         leaseRecord{LeaseID: lease.ID(), Layers: m.Layers},
@@ -215,11 +215,11 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 		},
 	}
 	rollback := func() {
-		removeTree(ss.dir)
+		removeTree(ss.Dir)
 		_, _ = lease.Release()
 	}
 	for _, d := range []string{"upper", "scratch", "attribution"} {
-		if err := os.MkdirAll(filepath.Join(ss.dir, d), 0o700); err != nil {
+		if err := os.MkdirAll(filepath.Join(ss.Dir, d), 0o700); err != nil {
 			rollback()
 			return nil, catalog.Errorf(catalog.OperationFailed, "workspace setup failed at directories: %v", err).With("stage", "directories")
 		}
@@ -228,42 +228,42 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 		rollback()
 		return nil, err
 	}
-	if err := s.store.Put(ctx, statedb.KindSession, id, sb.Rec.ID, ss.rec); err != nil {
-		_ = ss.holder.Close(0)
+	if err := s.store.Put(ctx, statedb.KindSession, id, sb.Rec.ID, ss.Rec); err != nil {
+		_ = ss.Holder.Close(0)
 		rollback()
 		return nil, err
 	}
 	sb.Mu.Lock()
-	sb.Work.sessions[id] = ss
+	sb.Work.Sessions[id] = ss
 	sl.releaseLocked()
 	sb.Rec.LiveWorkspaceSessions = append(sb.Rec.LiveWorkspaceSessions, id)
 	sb.Mu.Unlock()
-	s.eventCtx(ctx, sb, "lease.acquired", map[string]any{"workspace_session_id": id, "revision": ss.rec.BaseRevision})
+	s.eventCtx(ctx, sb, "lease.acquired", map[string]any{"workspace_session_id": id, "revision": ss.Rec.BaseRevision})
 	return ss, nil
 }
 
 // startHolder starts the session's holder over its persisted lease and
 // upper dir with a fresh work dir, and watches it.
 func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) error {
-	work := filepath.Join(ss.dir, "work")
+	work := filepath.Join(ss.Dir, "work")
 	removeTree(work) // the kernel wants a fresh, empty work dir per mount
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at directories: %v", err).With("stage", "directories")
 	}
-	m := ss.base()
+	m := ss.Base()
 	cfg := nsholder.Config{
-		SessionID:       ss.id(),
+		SessionID:       ss.ID(),
 		Lowers:          sb.Stack.LayerDirs(m),
-		Upper:           ss.upper(),
+		Upper:           ss.Upper(),
 		Work:            work,
-		Scratch:         filepath.Join(ss.dir, "scratch"),
+		Scratch:         filepath.Join(ss.Dir, "scratch"),
 		HostPaths:       s.cfg.Sandbox.HostPaths,
 		HiddenPaths:     append([]string{s.dirs.Data, s.dirs.Config, s.dirs.Runtime}, s.cfg.Sandbox.HiddenPaths...),
-		IsolatedNetwork: ss.rec.NetworkProfile == netIsolated || ss.rec.NetworkProfile == netOffline,
-		BlockPrivate:    ss.rec.NetworkProfile == netIsolated && !s.cfg.Network.Isolated.AllowPrivate,
+		IsolatedNetwork: ss.Rec.NetworkProfile == netIsolated || ss.Rec.NetworkProfile == netOffline,
+		BlockPrivate:    ss.Rec.NetworkProfile == netIsolated && !s.cfg.Network.Isolated.AllowPrivate,
 		IDMapping:       s.cfg.Sandbox.IDMapping,
 		Shim:            s.shimPath,
-		Overlay:         ss.rec.OverlayDriver,
+		Overlay:         ss.Rec.OverlayDriver,
 		CoalesceMs:      s.cfg.Observability.FileActivity.CoalesceMs,
 	}
 	egress, err := s.egressFor(ss)
@@ -283,18 +283,18 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 			return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at mount_root: image rootfs %s: %v", sb.Rec.Rootfs, err).With("stage", "mount_root")
 		}
 		cfg.HostPaths = nil
-		cfg.Image = &nsholder.ImageRoot{Rootfs: img.Rootfs, Files: imageFiles(ss.id(), ss.rec.NetworkProfile)}
+		cfg.Image = &nsholder.ImageRoot{Rootfs: img.Rootfs, Files: imageFiles(ss.ID(), ss.Rec.NetworkProfile)}
 	}
 	setup := time.Duration(s.cfg.Runtime.Workspace.SetupTimeoutS * float64(time.Second))
 	hctx, cancel := context.WithTimeout(ctx, setup)
 	defer cancel()
-	sp, _ := s.spanCtx(ctx, sb, "holder", "holder.spawn", map[string]any{"workspace_session_id": ss.id(),
-		"overlay_driver": ss.rec.OverlayDriver, "lowers": len(cfg.Lowers), "network_profile": ss.rec.NetworkProfile})
+	sp, _ := s.spanCtx(ctx, sb, "holder", "holder.spawn", map[string]any{"workspace_session_id": ss.ID(),
+		"overlay_driver": ss.Rec.OverlayDriver, "lowers": len(cfg.Lowers), "network_profile": ss.Rec.NetworkProfile})
 	h, err := nsholder.Start(hctx, s.self, cfg)
 	if err == nil {
 		// Measured by the holder during its setup, which ended just now.
-		sp.measured("holder.mount_overlay", h.OverlayMountTime(), map[string]any{"workspace_session_id": ss.id(),
-			"driver": ss.rec.OverlayDriver, "lowers": len(cfg.Lowers)})
+		sp.measured("holder.mount_overlay", h.OverlayMountTime(), map[string]any{"workspace_session_id": ss.ID(),
+			"driver": ss.Rec.OverlayDriver, "lowers": len(cfg.Lowers)})
 		sp.done(nil, map[string]any{"pid": h.Pid()})
 	} else {
 		sp.done(err, nil)
@@ -306,17 +306,17 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 		}
 		return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at spawn: %v", err).With("stage", "spawn")
 	}
-	ss.mu.Lock()
-	ss.holder = h
-	ss.mu.Unlock()
-	if err := s.cgroups.Attach(sb.Rec.ID, ss.id(), h.Pid()); err != nil {
+	ss.Mu.Lock()
+	ss.Holder = h
+	ss.Mu.Unlock()
+	if err := s.cgroups.Attach(sb.Rec.ID, ss.ID(), h.Pid()); err != nil {
 		// Samples then come from /proc; nothing else depends on the cgroup.
-		s.log.Warn("attach holder to its cgroup", "workspace_session_id", ss.id(), "err", err)
+		s.log.Warn("attach holder to its cgroup", "workspace_session_id", ss.ID(), "err", err)
 	}
 	if !sb.GoBackground(func() { s.watchHolder(sb, ss, h) }) {
-		ss.mu.Lock()
-		ss.holder = nil
-		ss.mu.Unlock()
+		ss.Mu.Lock()
+		ss.Holder = nil
+		ss.Mu.Unlock()
 		_ = h.Close(0)
 		return catalog.Errorf(catalog.OperationConflict, "sandbox %s is being destroyed", sb.Rec.ID).With("sandbox_id", sb.Rec.ID)
 	}
@@ -358,9 +358,9 @@ func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h holder) {
 		}
 	}
 	<-h.Done()
-	ss.mu.Lock()
-	current := ss.holder == h
-	ss.mu.Unlock()
+	ss.Mu.Lock()
+	current := ss.Holder == h
+	ss.Mu.Unlock()
 	if !current {
 		return // replaced or closed on purpose
 	}
@@ -377,29 +377,29 @@ func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
 	if s.obs.Store(scopeOf(sb)) != nil {
 		trace = s.syntheticTrace("holder")
 	}
-	s.event(sb, trace, "holder.exited", map[string]any{"workspace_session_id": ss.id(), "pid": ss.holderPid(), "status": "exited_unexpectedly"})
-	ss.mu.Lock()
-	ss.holder = nil // the session refuses new work from here on
-	cmds := make([]*command, 0, len(ss.ledger))
-	for _, c := range ss.ledger {
+	s.event(sb, trace, "holder.exited", map[string]any{"workspace_session_id": ss.ID(), "pid": ss.HolderPid(), "status": "exited_unexpectedly"})
+	ss.Mu.Lock()
+	ss.Holder = nil // the session refuses new work from here on
+	cmds := make([]*command, 0, len(ss.Ledger))
+	for _, c := range ss.Ledger {
 		cmds = append(cmds, c)
 	}
-	ss.ledger = map[string]*command{}
-	ss.mu.Unlock()
+	ss.Ledger = map[string]*command{}
+	ss.Mu.Unlock()
 	for _, c := range cmds {
 		s.finishCommand(sb, c, "holder_exited", nil)
 	}
 	ctx := context.Background()
 	defer s.bump(ctx, sb)
-	ss.gate.Lock()
-	defer ss.gate.Unlock()
-	if ss.isGone() {
+	ss.Gate.Lock()
+	defer ss.Gate.Unlock()
+	if ss.IsGone() {
 		return
 	}
-	if ss.implicit() {
+	if ss.Implicit() {
 		// Its work is kept (a rename of the upper dir), then it is destroyed (§5.6).
 		msg := "the session's holder exited unexpectedly"
-		sp := s.startSpan(sb, trace, "", "workspace_session.finalize", map[string]any{"workspace_session_id": ss.id(), "reason": "holder_exited"})
+		sp := s.startSpan(sb, trace, "", "workspace_session.finalize", map[string]any{"workspace_session_id": ss.ID(), "reason": "holder_exited"})
 		fctx := withSpan(ctx, sp)
 		artifact := s.keepRecoveryArtifact(fctx, sb, ss, "holder_exited", map[string]any{"path": nil, "reason": "holder_exited",
 			"source_conflict": nil, "protected_drop": nil, "message": msg, "conflicts": []any{}})
@@ -407,31 +407,31 @@ func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
 		sp.done(err, map[string]any{"recovery_artifact": artifact})
 		return
 	}
-	if ss.state() == sessActive {
+	if ss.State() == sessActive {
 		// One automatic re-creation over the same lease and upper dir.
-		ss.setState(sessRestoring)
-		sp := s.startSpan(sb, trace, "", "workspace_session.restore", map[string]any{"workspace_session_id": ss.id(), "reason": "holder_exited"})
+		ss.SetState(sessRestoring)
+		sp := s.startSpan(sb, trace, "", "workspace_session.restore", map[string]any{"workspace_session_id": ss.ID(), "reason": "holder_exited"})
 		rctx := withSpan(ctx, sp)
 		err := s.startHolder(rctx, sb, ss)
 		sp.done(err, nil)
 		if err != nil {
-			ss.setState(sessRestoreFailed)
-			s.eventCtx(rctx, sb, "workspace_session.restore_failed", map[string]any{"workspace_session_id": ss.id(), "error": err.Error()})
+			ss.SetState(sessRestoreFailed)
+			s.eventCtx(rctx, sb, "workspace_session.restore_failed", map[string]any{"workspace_session_id": ss.ID(), "error": err.Error()})
 		} else {
-			ss.setState(sessActive)
-			s.eventCtx(rctx, sb, "workspace_session.restored", map[string]any{"workspace_session_id": ss.id()})
+			ss.SetState(sessActive)
+			s.eventCtx(rctx, sb, "workspace_session.restored", map[string]any{"workspace_session_id": ss.ID()})
 		}
 	}
-	ss.mu.Lock()
-	rec := ss.rec
-	ss.mu.Unlock()
+	ss.Mu.Lock()
+	rec := ss.Rec
+	ss.Mu.Unlock()
 	_ = s.store.Put(ctx, statedb.KindSession, rec.WorkspaceSessionID, sb.Rec.ID, rec)
 }
 
 // destroySession tears a session down (§5.7) inside a
 // workspace_session.destroy span.
 func (s *Supervisor) destroySession(ctx context.Context, sb *sandbox, ss *session, grace time.Duration) (int64, error) {
-	sp, ctx := s.spanCtx(ctx, sb, "", "workspace_session.destroy", map[string]any{"workspace_session_id": ss.id()})
+	sp, ctx := s.spanCtx(ctx, sb, "", "workspace_session.destroy", map[string]any{"workspace_session_id": ss.ID()})
 	n, err := s.closeSession(ctx, sb, ss, grace)
 	sp.done(err, map[string]any{"evicted_upperdir_bytes": n})
 	return n, err
@@ -443,29 +443,29 @@ const sessionTrashDir = "trash"
 
 // closeSession tears a session down: holder, lease, directory, record.
 func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session, grace time.Duration) (int64, error) {
-	upperBytes := dirBytes(ctx, ss.upper())
-	ss.mu.Lock()
-	h := ss.holder
-	ss.holder = nil
-	ss.gone = true
-	ss.mu.Unlock()
-	ss.closeForwards()
+	upperBytes := dirBytes(ctx, ss.Upper())
+	ss.Mu.Lock()
+	h := ss.Holder
+	ss.Holder = nil
+	ss.Gone = true
+	ss.Mu.Unlock()
+	ss.CloseForwards()
 	if h != nil {
 		if err := h.Close(grace); err != nil {
-			s.log.Warn("close holder", "workspace_session_id", ss.id(), "err", err)
+			s.log.Warn("close holder", "workspace_session_id", ss.ID(), "err", err)
 		}
 	}
 	// The record goes first: a crash after it leaves only an orphan
 	// directory (removed at the next start) and layers no persisted lease
 	// pins (swept), so a destroy cut short completes at restart instead of
 	// leaving a record whose upper dir is half gone (restore_failed).
-	if err := s.store.Delete(ctx, statedb.KindSession, ss.id()); err != nil {
+	if err := s.store.Delete(ctx, statedb.KindSession, ss.ID()); err != nil {
 		return upperBytes, err
 	}
-	s.cgroups.RemoveSession(ss.id())
-	if ss.lease != nil {
-		if _, err := ss.lease.Release(); err != nil {
-			s.log.Warn("release lease", "workspace_session_id", ss.id(), "err", err)
+	s.cgroups.RemoveSession(ss.ID())
+	if ss.Lease != nil {
+		if _, err := ss.Lease.Release(); err != nil {
+			s.log.Warn("release lease", "workspace_session_id", ss.ID(), "err", err)
 		}
 	}
 	// Moved to the sandbox's trash at once, removed in the background:
@@ -474,43 +474,43 @@ func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session,
 	// before the removal ends leaves trash that the next start empties
 	// (removeOrphanSessionDirs).
 	trash := filepath.Join(sb.Dir, sessionTrashDir)
-	gone := filepath.Join(trash, ss.id())
+	gone := filepath.Join(trash, ss.ID())
 	if err := os.MkdirAll(trash, 0o700); err != nil {
-		removeTree(ss.dir)
-	} else if err := os.Rename(ss.dir, gone); err != nil {
-		removeTree(ss.dir)
+		removeTree(ss.Dir)
+	} else if err := os.Rename(ss.Dir, gone); err != nil {
+		removeTree(ss.Dir)
 	} else if !sb.GoBackground(func() { removeTree(gone) }) {
 		removeTree(gone)
 	}
 	sb.Mu.Lock()
-	delete(sb.Work.sessions, ss.id())
+	delete(sb.Work.Sessions, ss.ID())
 	live := sb.Rec.LiveWorkspaceSessions[:0]
 	for _, id := range sb.Rec.LiveWorkspaceSessions {
-		if id != ss.id() {
+		if id != ss.ID() {
 			live = append(live, id)
 		}
 	}
 	sb.Rec.LiveWorkspaceSessions = live
 	sb.Mu.Unlock()
-	s.eventCtx(ctx, sb, "lease.released", map[string]any{"workspace_session_id": ss.id(), "revision": ss.rec.BaseRevision})
+	s.eventCtx(ctx, sb, "lease.released", map[string]any{"workspace_session_id": ss.ID(), "revision": ss.Rec.BaseRevision})
 	return upperBytes, nil
 }
 
 // sessionObject is the contract's session object (§3.5).
-func (ss *session) object(ctx context.Context) map[string]any {
-	ss.mu.Lock()
-	rec := ss.rec
+func (ss *session) Object(ctx context.Context) map[string]any {
+	ss.Mu.Lock()
+	rec := ss.Rec
 	var pid any
-	if ss.holder != nil {
-		pid = ss.holder.Pid()
+	if ss.Holder != nil {
+		pid = ss.Holder.Pid()
 	}
-	ss.mu.Unlock()
+	ss.Mu.Unlock()
 	return map[string]any{
 		"workspace_session_id": rec.WorkspaceSessionID, "agent": rec.Agent, "network_profile": rec.NetworkProfile,
 		"finalize_policy": rec.FinalizePolicy, "state": rec.State, "created_at": rec.CreatedAt,
 		"base_revision": rec.BaseRevision, "overlay_driver": rec.OverlayDriver,
-		"active_command_session_ids": ss.running(), "upper_bytes": dirBytes(ctx, ss.upper()), "holder_pid": pid,
-		"forwards": ss.forwardObjects(),
+		"active_command_session_ids": ss.Running(), "upper_bytes": dirBytes(ctx, ss.Upper()), "holder_pid": pid,
+		"forwards": ss.ForwardObjects(),
 	}
 }
 
@@ -525,7 +525,7 @@ func (s *Supervisor) createWorkspaceSession(c *call) (any, error) {
 		return nil, err
 	}
 	s.bump(c.ctx, c.sb)
-	rec := ss.rec
+	rec := ss.Rec
 	return map[string]any{
 		"workspace_session_id": rec.WorkspaceSessionID, "network_profile": rec.NetworkProfile, "finalize_policy": rec.FinalizePolicy,
 		"agent": rec.Agent, "created_at": rec.CreatedAt, "base_revision": rec.BaseRevision, "overlay_driver": rec.OverlayDriver,
@@ -537,21 +537,21 @@ func (s *Supervisor) destroyWorkspaceSession(c *call) (any, error) {
 	if e != nil {
 		return nil, e
 	}
-	ss.gate.Lock()
-	defer ss.gate.Unlock()
-	if ss.isGone() {
-		return nil, notFoundSession(ss.id()) // published or destroyed while we waited
+	ss.Gate.Lock()
+	defer ss.Gate.Unlock()
+	if ss.IsGone() {
+		return nil, notFoundSession(ss.ID()) // published or destroyed while we waited
 	}
-	if st := ss.state(); st == sessFinalizing || st == sessRestoring {
-		return nil, catalog.Errorf(catalog.OperationConflict, "workspace session %s is %s", ss.id(), st).
-			With("workspace_session_id", ss.id()).With("session_state", st)
+	if st := ss.State(); st == sessFinalizing || st == sessRestoring {
+		return nil, catalog.Errorf(catalog.OperationConflict, "workspace session %s is %s", ss.ID(), st).
+			With("workspace_session_id", ss.ID()).With("session_state", st)
 	}
-	ss.mu.Lock()
-	alive := ss.holder != nil
-	ss.mu.Unlock()
-	if running := ss.running(); alive && len(running) > 0 {
+	ss.Mu.Lock()
+	alive := ss.Holder != nil
+	ss.Mu.Unlock()
+	if running := ss.Running(); alive && len(running) > 0 {
 		return nil, catalog.Errorf(catalog.OperationFailed, "workspace session has active command sessions").
-			With("workspace_session_id", ss.id()).With("active_command_session_ids", running)
+			With("workspace_session_id", ss.ID()).With("active_command_session_ids", running)
 	}
 	grace := time.Duration(c.args.Float("grace_s") * float64(time.Second))
 	bytes, err := s.destroySession(c.ctx, c.sb, ss, grace)
@@ -559,21 +559,21 @@ func (s *Supervisor) destroyWorkspaceSession(c *call) (any, error) {
 		return nil, err
 	}
 	s.bump(c.ctx, c.sb)
-	return map[string]any{"workspace_session_id": ss.id(), "destroyed": true, "evicted_upperdir_bytes": bytes,
+	return map[string]any{"workspace_session_id": ss.ID(), "destroyed": true, "evicted_upperdir_bytes": bytes,
 		"active_leases_after": len(c.sb.Stack.Leases())}, nil
 }
 
 func (s *Supervisor) listWorkspaceSessions(c *call) (any, error) {
 	c.sb.Mu.Lock()
-	all := make([]*session, 0, len(c.sb.Work.sessions))
-	for _, ss := range c.sb.Work.sessions {
+	all := make([]*session, 0, len(c.sb.Work.Sessions))
+	for _, ss := range c.sb.Work.Sessions {
 		all = append(all, ss)
 	}
 	c.sb.Mu.Unlock()
-	sort.Slice(all, func(i, j int) bool { return all[i].id() < all[j].id() }) // IDs sort by creation time
+	sort.Slice(all, func(i, j int) bool { return all[i].ID() < all[j].ID() }) // IDs sort by creation time
 	out := make([]map[string]any, 0, len(all))
 	for _, ss := range all {
-		out = append(out, ss.object(c.ctx))
+		out = append(out, ss.Object(c.ctx))
 	}
 	return map[string]any{"workspace_sessions": out}, nil
 }
@@ -596,13 +596,13 @@ func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox, sum *reco
 	slots := make(chan struct{}, 4)
 	for _, rec := range recs {
 		m := layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: rec.Lease.Layers}
-		ss := &session{rec: rec, dir: filepath.Join(sb.Dir, "sessions", rec.WorkspaceSessionID), ledger: map[string]*command{},
-			lease: sb.Stack.Restore(rec.Lease.LeaseID, m, "workspace-session:"+rec.WorkspaceSessionID)}
+		ss := &session{Rec: rec, Dir: filepath.Join(sb.Dir, "sessions", rec.WorkspaceSessionID), Ledger: map[string]*command{},
+			Lease: sb.Stack.Restore(rec.Lease.LeaseID, m, "workspace-session:"+rec.WorkspaceSessionID)}
 		sb.Mu.Lock()
-		sb.Work.sessions[rec.WorkspaceSessionID] = ss
+		sb.Work.Sessions[rec.WorkspaceSessionID] = ss
 		sb.Rec.LiveWorkspaceSessions = append(sb.Rec.LiveWorkspaceSessions, rec.WorkspaceSessionID)
 		sb.Mu.Unlock()
-		if ss.implicit() {
+		if ss.Implicit() {
 			s.attachOutcome(ctx, sb, rec.WorkspaceSessionID, s.finalizeImplicit(ctx, sb, ss, nil))
 			sum.FinalizedSessions = append(sum.FinalizedSessions, rec.WorkspaceSessionID)
 			continue
@@ -611,7 +611,7 @@ func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox, sum *reco
 			sum.KeptFailedSessions = append(sum.KeptFailedSessions, rec.WorkspaceSessionID)
 			continue // data stays until destroyed
 		}
-		ss.setState(sessRestoring)
+		ss.SetState(sessRestoring)
 		restoring.Go(func() {
 			slots <- struct{}{}
 			defer func() { <-slots }()
@@ -625,16 +625,16 @@ func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox, sum *reco
 // persisted lease and upper dir; several run at once (holder set-up is
 // mostly waiting on the kernel), so a restart with many sessions is quick.
 func (s *Supervisor) restoreHolder(ctx context.Context, sb *sandbox, ss *session, sum *recoverySummary, sumMu *sync.Mutex) {
-	id := ss.id()
+	id := ss.ID()
 	sp, rctx := s.spanCtx(ctx, sb, "recovery", "workspace_session.restore", map[string]any{"workspace_session_id": id, "reason": "supervisor_start"})
 	err := s.startHolder(rctx, sb, ss)
 	sp.done(err, nil)
 	sumMu.Lock()
 	if err != nil {
-		ss.setState(sessRestoreFailed)
+		ss.SetState(sessRestoreFailed)
 		sum.RestoreFailedSessions = append(sum.RestoreFailedSessions, id)
 	} else {
-		ss.setState(sessActive)
+		ss.SetState(sessActive)
 		sum.RestoredSessions = append(sum.RestoredSessions, id)
 	}
 	sumMu.Unlock()
@@ -643,9 +643,9 @@ func (s *Supervisor) restoreHolder(ctx context.Context, sb *sandbox, ss *session
 	} else {
 		s.eventCtx(ctx, sb, "workspace_session.restored", map[string]any{"workspace_session_id": id})
 	}
-	ss.mu.Lock()
-	r := ss.rec
-	ss.mu.Unlock()
+	ss.Mu.Lock()
+	r := ss.Rec
+	ss.Mu.Unlock()
 	_ = s.store.Put(ctx, statedb.KindSession, r.WorkspaceSessionID, sb.Rec.ID, r)
 }
 

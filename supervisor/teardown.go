@@ -19,18 +19,18 @@ import (
 // stopped (supervisor shutdown, §4.5).
 func (s *Supervisor) stopSessions(ctx context.Context, sb *sandbox, destroy bool, progress func(string)) {
 	sb.Mu.Lock()
-	all := make([]*session, 0, len(sb.Work.sessions))
-	for _, ss := range sb.Work.sessions {
+	all := make([]*session, 0, len(sb.Work.Sessions))
+	for _, ss := range sb.Work.Sessions {
 		all = append(all, ss)
 	}
 	sb.Mu.Unlock()
 	grace := time.Duration(s.cfg.Runtime.Workspace.ExitGraceS * float64(time.Second))
 	for _, ss := range all {
-		progress("stopping workspace session " + ss.id())
-		for _, id := range ss.running() {
-			ss.mu.Lock()
-			cmd := ss.ledger[id]
-			ss.mu.Unlock()
+		progress("stopping workspace session " + ss.ID())
+		for _, id := range ss.Running() {
+			ss.Mu.Lock()
+			cmd := ss.Ledger[id]
+			ss.Mu.Unlock()
 			if cmd != nil {
 				s.interrupt(sb, ss, cmd, grace)
 			}
@@ -39,18 +39,18 @@ func (s *Supervisor) stopSessions(ctx context.Context, sb *sandbox, destroy bool
 		case destroy:
 			// The gate waits for a background finalization of this
 			// session to end; then there is nothing left to destroy.
-			ss.gate.Lock()
-			if !ss.isGone() {
+			ss.Gate.Lock()
+			if !ss.IsGone() {
 				_, _ = s.destroySession(ctx, sb, ss, grace)
 			}
-			ss.gate.Unlock()
-		case ss.implicit():
+			ss.Gate.Unlock()
+		case ss.Implicit():
 			s.finalizeImplicit(ctx, sb, ss, nil)
 		default:
-			ss.mu.Lock()
-			h := ss.holder
-			ss.holder = nil
-			ss.mu.Unlock()
+			ss.Mu.Lock()
+			h := ss.Holder
+			ss.Holder = nil
+			ss.Mu.Unlock()
 			if h != nil {
 				_ = h.Close(grace)
 			}
@@ -61,17 +61,17 @@ func (s *Supervisor) stopSessions(ctx context.Context, sb *sandbox, destroy bool
 // interrupt ends a running command because its session is going away: it
 // is reported with interrupted:true (supervisor_restart).
 func (s *Supervisor) interrupt(sb *sandbox, ss *session, cmd *command, grace time.Duration) {
-	ss.mu.Lock()
-	h := ss.holder
-	delete(ss.ledger, cmd.rec.CommandSessionID)
-	ss.mu.Unlock()
+	ss.Mu.Lock()
+	h := ss.Holder
+	delete(ss.Ledger, cmd.Rec.CommandSessionID)
+	ss.Mu.Unlock()
 	if h != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = h.Signal(ctx, cmd.proc.ID, syscall.SIGTERM)
+		_ = h.Signal(ctx, cmd.Proc.ID, syscall.SIGTERM)
 		select {
-		case <-cmd.done:
+		case <-cmd.Done:
 		case <-time.After(grace):
-			_ = h.Signal(ctx, cmd.proc.ID, syscall.SIGKILL)
+			_ = h.Signal(ctx, cmd.Proc.ID, syscall.SIGKILL)
 		}
 		cancel()
 	}
