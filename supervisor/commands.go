@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -19,67 +18,6 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
-
-// Command statuses (§3.3).
-const (
-	cmdRunning   = "running"
-	cmdOK        = "ok"
-	cmdError     = "error"
-	cmdTimedOut  = "timed_out"
-	cmdCancelled = "cancelled"
-)
-
-// commandRunner starts and signals a session's commands in its holder.
-type commandRunner interface {
-	Spawn(ctx context.Context, req nsholder.SpawnRequest) (*nsholder.Process, error)
-	// Signal sends sig to every process of command id.
-	Signal(ctx context.Context, id uint64, sig syscall.Signal) error
-}
-
-// commandRecord is the persisted command (§6.7). Extra holds the optional
-// terminal fields (publish, publish_rejected, finalization_failed, …) that
-// are copied into every output object.
-type commandRecord struct {
-	CommandSessionID   string         `json:"command_session_id"`
-	SandboxID          string         `json:"sandbox_id"`
-	Cmd                string         `json:"cmd"`
-	WorkspaceSessionID string         `json:"workspace_session_id"`
-	Status             string         `json:"status"`
-	ExitCode           *int           `json:"exit_code"`
-	StartedAt          string         `json:"started_at"`
-	EndedAt            *string        `json:"ended_at"`
-	Interrupted        bool           `json:"interrupted"`
-	InterruptReason    string         `json:"interrupt_reason,omitempty"`
-	Extra              map[string]any `json:"extra,omitempty"`
-	StartedUnixMs      int64          `json:"started_unix_ms"`
-	EndedUnixMs        int64          `json:"ended_unix_ms,omitempty"`
-}
-
-// command is a running or retained command. done is closed when it is terminal.
-type command struct {
-	Mu         sync.Mutex
-	Rec        commandRecord
-	Dir        string
-	Transcript *workspace.Transcript
-	Proc       *nsholder.Process
-	Session    *session
-	Cursor     int
-	Exit       *syscall.WaitStatus // root process status, from the holder
-	Forced     string              // timed_out or cancelled: we ended it
-	Final      bool                // finalizing: exited, implicit session being finalized
-	Done       chan struct{}
-	ReadEOF    chan struct{} // closed when the PTY reader stopped
-	Timer      *time.Timer
-}
-
-func (c *command) Terminal() bool {
-	select {
-	case <-c.Done:
-		return true
-	default:
-		return false
-	}
-}
 
 // commandEnv builds the environment from scratch (§6.1).
 // An image sandbox starts from the image's Env (§5.4), whose PATH replaces
@@ -160,12 +98,12 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 	var ss *session
 	if c.args.Has("workspace_session_id") {
 		var e *catalog.Error
-		if ss, e = lookupSession(sb, c.args.String("workspace_session_id")); e != nil {
+		if ss, e = workspace.LookupSession(sb, c.args.String("workspace_session_id")); e != nil {
 			return nil, e
 		}
 	} else {
 		var err error
-		if ss, err = s.newSession(c.ctx, sb, policyPublish, "shared", nil); err != nil {
+		if ss, err = s.newSession(c.ctx, sb, workspace.PolicyPublish, "shared", nil); err != nil {
 			return nil, err
 		}
 	}
@@ -179,7 +117,7 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 	if c.args.Has("timeout_ms") {
 		d := time.Duration(c.args.Uint("timeout_ms")) * time.Millisecond
 		cmd.Mu.Lock()
-		cmd.Timer = time.AfterFunc(d, func() { s.killCommand(cmd, cmdTimedOut, syscall.SIGTERM, 100*time.Millisecond) })
+		cmd.Timer = time.AfterFunc(d, func() { s.killCommand(cmd, workspace.CmdTimedOut, syscall.SIGTERM, 100*time.Millisecond) })
 		cmd.Mu.Unlock()
 	}
 	s.bump(c.ctx, sb)
@@ -216,7 +154,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	cmd := &command{
 		Dir: dir, Transcript: tr, Session: ss, Done: make(chan struct{}), ReadEOF: make(chan struct{}),
 		Rec: commandRecord{CommandSessionID: id, SandboxID: sb.Rec.ID, Cmd: cmdline, WorkspaceSessionID: ss.ID(),
-			Status: cmdRunning, StartedAt: now.UTC().Format("2006-01-02T15:04:05.000Z"), StartedUnixMs: now.UnixMilli()},
+			Status: workspace.CmdRunning, StartedAt: now.UTC().Format("2006-01-02T15:04:05.000Z"), StartedUnixMs: now.UnixMilli()},
 	}
 	// The holder may report a fast command's exit right after Spawn returns;
 	// holding ss.mu until the command is in the ledger makes commandEvent
@@ -381,19 +319,19 @@ func (s *Supervisor) finishCommand(sb *sandbox, cmd *command, interrupt string, 
 	code := func(n int) *int { return &n }
 	switch {
 	case interrupt != "":
-		r.Status, r.ExitCode, r.Interrupted, r.InterruptReason = cmdError, nil, true, interrupt
-	case cmd.Forced == cmdTimedOut:
-		r.Status, r.ExitCode = cmdTimedOut, code(124)
-	case cmd.Forced == cmdCancelled:
-		r.Status, r.ExitCode = cmdCancelled, code(130)
+		r.Status, r.ExitCode, r.Interrupted, r.InterruptReason = workspace.CmdError, nil, true, interrupt
+	case cmd.Forced == workspace.CmdTimedOut:
+		r.Status, r.ExitCode = workspace.CmdTimedOut, code(124)
+	case cmd.Forced == workspace.CmdCancelled:
+		r.Status, r.ExitCode = workspace.CmdCancelled, code(130)
 	case cmd.Exit != nil && cmd.Exit.Signaled():
-		r.Status, r.ExitCode = cmdError, code(-int(cmd.Exit.Signal()))
+		r.Status, r.ExitCode = workspace.CmdError, code(-int(cmd.Exit.Signal()))
 	case cmd.Exit != nil && cmd.Exit.ExitStatus() == 0:
-		r.Status, r.ExitCode = cmdOK, code(0)
+		r.Status, r.ExitCode = workspace.CmdOK, code(0)
 	case cmd.Exit != nil:
-		r.Status, r.ExitCode = cmdError, code(cmd.Exit.ExitStatus())
+		r.Status, r.ExitCode = workspace.CmdError, code(cmd.Exit.ExitStatus())
 	default:
-		r.Status, r.ExitCode = cmdError, nil
+		r.Status, r.ExitCode = workspace.CmdError, nil
 	}
 	if len(extra) > 0 {
 		r.Extra = extra
@@ -496,7 +434,7 @@ func (s *Supervisor) writeCommandStdin(c *call) (any, error) {
 		cmd.Mu.Lock()
 		ss := cmd.Session
 		cmd.Mu.Unlock()
-		go s.killCommand(cmd, cmdCancelled, syscall.SIGINT, 500*time.Millisecond)
+		go s.killCommand(cmd, workspace.CmdCancelled, syscall.SIGINT, 500*time.Millisecond)
 		_ = ss
 		s.waitYield(cmd, time.Second)
 		s.bump(c.ctx, c.sb)
@@ -571,62 +509,6 @@ func (s *Supervisor) listCommands(c *call) (any, error) {
 	return map[string]any{"commands": out, "truncated": truncated}, nil
 }
 
-// yieldOutput returns the rows since the yield cursor and advances it.
-func (c *command) YieldOutput(start time.Time) map[string]any {
-	c.Mu.Lock()
-	cursor := c.Cursor
-	c.Mu.Unlock()
-	rows, first, end, trunc := c.Transcript.Since(cursor)
-	c.Mu.Lock()
-	if end > c.Cursor {
-		c.Cursor = end
-	}
-	c.Mu.Unlock()
-	return c.Output(rows, first, end, trunc, start)
-}
-
-// output is the command output object (§3.3).
-func (c *command) Output(rows []string, first, end, truncBefore int, start time.Time) map[string]any {
-	c.Mu.Lock()
-	defer c.Mu.Unlock()
-	r := c.Rec
-	text := strings.Join(rows, "\n")
-	total := time.Since(time.UnixMilli(r.StartedUnixMs)).Seconds()
-	if r.EndedUnixMs != 0 {
-		total = float64(r.EndedUnixMs-r.StartedUnixMs) / 1000
-	}
-	status, exit := r.Status, any(r.ExitCode)
-	if status == cmdRunning {
-		exit = nil
-		if c.Final && c.Exit != nil {
-			exit = c.Exit.ExitStatus()
-		}
-	}
-	out := map[string]any{
-		"status": status, "exit_code": exit, "wall_time_seconds": time.Since(start).Seconds(),
-		"command_total_time_seconds": total, "start_offset": first, "end_offset": end, "total_lines": c.Transcript.Total(),
-		"original_token_count": workspace.TokenCount(text), "output": text,
-		"command_session_id": r.CommandSessionID, "workspace_session_id": r.WorkspaceSessionID,
-	}
-	if truncBefore > 0 {
-		out["truncated_before"] = truncBefore
-	}
-	if c.Final && status == cmdRunning {
-		out["finalizing"] = true
-	}
-	if r.Interrupted {
-		out["interrupted"], out["interrupt_reason"] = true, r.InterruptReason
-	}
-	if err := c.Transcript.Err(); err != nil {
-		// The rows above are real but live only in memory (transcript.go).
-		out["transcript_lost"], out["transcript_error"] = true, err.Error()
-	}
-	for k, v := range r.Extra {
-		out[k] = v
-	}
-	return out
-}
-
 // loadCommands restores a sandbox's command records at start: commands that
 // were running become terminal with interrupted:true (§4.5).
 func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted int) {
@@ -648,10 +530,10 @@ func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted
 			continue
 		}
 		_ = tr.Close()
-		if r.Status == cmdRunning {
+		if r.Status == workspace.CmdRunning {
 			now := time.Now()
 			ended := now.UTC().Format("2006-01-02T15:04:05.000Z")
-			r.Status, r.ExitCode, r.Interrupted, r.InterruptReason = cmdError, nil, true, "supervisor_restart"
+			r.Status, r.ExitCode, r.Interrupted, r.InterruptReason = workspace.CmdError, nil, true, "supervisor_restart"
 			r.EndedAt, r.EndedUnixMs = &ended, now.UnixMilli()
 			_ = s.store.Put(ctx, statedb.KindCommand, r.CommandSessionID, sb.Rec.ID, r)
 			s.eventCtx(ctx, sb, "command.interrupted", map[string]any{"command_session_id": r.CommandSessionID, "interrupt_reason": "supervisor_restart"})

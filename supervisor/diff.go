@@ -16,6 +16,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // diff_workspace_session (§3.5). The session's changes are captured from its
@@ -107,7 +108,7 @@ func (s *Supervisor) diffWorkspaceSession(c *call) (any, error) {
 	if e != nil {
 		return nil, e
 	}
-	ss, e := lookupSession(c.sb, id)
+	ss, e := workspace.LookupSession(c.sb, id)
 	if e != nil {
 		return nil, e
 	}
@@ -116,10 +117,10 @@ func (s *Supervisor) diffWorkspaceSession(c *call) (any, error) {
 	// a walk that races one is retried).
 	ss.Gate.Lock()
 	defer ss.Gate.Unlock()
-	if _, e := lookupSession(c.sb, id); e != nil {
+	if _, e := workspace.LookupSession(c.sb, id); e != nil {
 		return nil, e // destroyed while we waited
 	}
-	if st := ss.State(); st == sessFinalizing {
+	if st := ss.State(); st == workspace.SessFinalizing {
 		return nil, catalog.Errorf(catalog.OperationConflict, "workspace session %s is %s", id, st).
 			With("workspace_session_id", id).With("session_state", st)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // File operations (§7). Without workspace_session_id they work on the
@@ -26,7 +27,7 @@ func (s *Supervisor) fileSession(c *call) (*session, func(), error) {
 	if !c.args.Has("workspace_session_id") {
 		return nil, func() {}, nil
 	}
-	ss, e := lookupSession(c.sb, c.args.String("workspace_session_id"))
+	ss, e := workspace.LookupSession(c.sb, c.args.String("workspace_session_id"))
 	if e != nil {
 		return nil, nil, e
 	}
@@ -89,15 +90,6 @@ func (h headFiles) readDir(_ context.Context, p string) ([]fileEntry, error) {
 // makes the path absent, exactly as in the merged head view; a symlink is
 // reported (symlinkComponentError).
 type sessionFiles struct{ h fileHolder }
-
-// fileHolder is the holder's file operations, resolved beneath /workspace
-// without following symlinks.
-type fileHolder interface {
-	Lstat(ctx context.Context, path string) (nsholder.FileInfo, error)
-	ReadFile(ctx context.Context, path string, max int64) ([]byte, nsholder.FileInfo, error)
-	ReadDir(ctx context.Context, path string) ([]nsholder.FileInfo, error)
-	WriteFile(ctx context.Context, path string, data []byte, mode *fs.FileMode) (created bool, err error)
-}
 
 func holderEntry(fi nsholder.FileInfo) fileEntry {
 	return fileEntry{name: fi.Name, kind: layers.EntryKind(fi.Kind), mode: fi.Mode, size: fi.Size}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // publishOptions are the configured limits of a publish (§9, §13).
@@ -144,7 +145,7 @@ func (s *Supervisor) finalize(ctx context.Context, sb *sandbox, ss *session, dra
 	if ss.IsGone() {
 		return map[string]any{} // destroyed while we waited: nothing left to publish
 	}
-	ss.SetState(sessFinalizing)
+	ss.SetState(workspace.SessFinalizing)
 	ss.Mu.Lock()
 	h := ss.Holder
 	ss.Holder = nil
@@ -181,7 +182,7 @@ func (s *Supervisor) finalize(ctx context.Context, sb *sandbox, ss *session, dra
 	}
 	s.persistOutcome(ctx, sb, drain, extra)
 	if _, err := s.destroySession(ctx, sb, ss, 0); err != nil {
-		ss.SetState(sessFinalizeFailed)
+		ss.SetState(workspace.SessFinalizeFailed)
 		extra["finalization_failed"], extra["finalization_failure_class"], extra["finalization_attempts"] = true, "holder_finalization_destroy_failed", 1
 	}
 	s.bump(ctx, sb)
@@ -200,7 +201,7 @@ func (s *Supervisor) keepRecoveryArtifact(ctx context.Context, sb *sandbox, ss *
 		s.log.Warn("recovery artifact", "err", err)
 		return ""
 	}
-	bytes, entries := dirBytes(ctx, ss.Upper()), countEntries(ctx, ss.Upper())
+	bytes, entries := workspace.DirBytes(ctx, ss.Upper()), countEntries(ctx, ss.Upper())
 	if err := os.Rename(ss.Upper(), filepath.Join(dir, "upper")); err != nil {
 		s.log.Warn("recovery artifact", "err", err)
 		return ""
@@ -219,7 +220,7 @@ func (s *Supervisor) keepRecoveryArtifact(ctx context.Context, sb *sandbox, ss *
 	rec := sb.Rec
 	sb.Mu.Unlock()
 	for _, d := range drop {
-		removeTree(filepath.Join(sb.Dir, "workspace_recovery", d.WorkspaceSessionID))
+		workspace.RemoveTree(filepath.Join(sb.Dir, "workspace_recovery", d.WorkspaceSessionID))
 	}
 	_ = s.store.putSandbox(ctx, &rec)
 	return filepath.Join("workspace_recovery", ss.ID())
@@ -237,6 +238,6 @@ func rejectionBody(r *layers.Rejection) map[string]any {
 // countEntries counts the entries below dir, a tree a session controls.
 func countEntries(ctx context.Context, dir string) int {
 	n := 0
-	_ = walkUpperTree(ctx, dir, func(string, fs.FileInfo) error { n++; return nil })
+	_ = workspace.WalkUpperTree(ctx, dir, func(string, fs.FileInfo) error { n++; return nil })
 	return n
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 
 	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // Thin handlers and wiring of the sandbox package.
@@ -91,7 +92,7 @@ func (s *Supervisor) newSandboxManager() *sbx.Manager[*occupants] {
 		Occupants:    sandboxOccupants{s},
 		NewID:        s.ids.New,
 		Dir:          s.sandboxDir,
-		NewWork:      newOccupants,
+		NewWork:      workspace.NewTables,
 		Span:         s.sandboxSpan,
 		Detach:       func(id string) { s.cgroups.RemoveSandbox(id) },
 		Seal:         func(dir string) { s.obs.Seal(dir) },

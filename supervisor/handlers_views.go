@@ -7,6 +7,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/doctor"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/views"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 func (s *Supervisor) health(c *call) (any, error) {
@@ -94,7 +95,7 @@ func (s *Supervisor) layerstack(c *call) (any, error) {
 		return out, nil
 	case c.args.Has("workspace_id"):
 		id := c.args.String("workspace_id")
-		ss, e := lookupSession(sb, id)
+		ss, e := workspace.LookupSession(sb, id)
 		if e != nil {
 			return nil, e
 		}

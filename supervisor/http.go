@@ -9,6 +9,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/rpc"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/web"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // newHTTP binds the HTTP listener (§2.8) on addr, writes http.addr into
@@ -116,8 +117,8 @@ func (f webForwarder) session(id string) *session {
 	}
 	f.s.mu.Unlock()
 	for _, sb := range sbs {
-		if ss, e := lookupSession(sb, id); e == nil {
-			if ss.IsGone() || ss.Rec.NetworkProfile != netIsolated {
+		if ss, e := workspace.LookupSession(sb, id); e == nil {
+			if ss.IsGone() || ss.Rec.NetworkProfile != workspace.NetIsolated {
 				return nil
 			}
 			return ss

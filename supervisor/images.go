@@ -26,6 +26,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/images"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // dockerProbe is health's docker entry, probed once at start (§10.3).
@@ -114,11 +115,11 @@ func imageFiles(hostname, network string) map[string]string {
 			"127.0.1.1\t" + hostname + "\n",
 	}
 	switch network {
-	case netShared:
+	case workspace.NetShared:
 		if b, err := os.ReadFile("/etc/resolv.conf"); err == nil {
 			files["/etc/resolv.conf"] = string(b)
 		}
-	case netIsolated:
+	case workspace.NetIsolated:
 		files["/etc/resolv.conf"] = nsholder.ResolvConf
 	}
 	return files

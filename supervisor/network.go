@@ -29,7 +29,6 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
-	"sort"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
@@ -37,16 +36,6 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/doctor"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
-
-// Network profiles.
-const (
-	netShared   = "shared"
-	netIsolated = "isolated"
-	netOffline  = "offline"
-)
-
-// maxForwards is the per-session forward limit (§3.6).
-const maxForwards = 16
 
 // findNetHelper resolves network.isolated.helper on PATH.
 func findNetHelper(want string) (nsholder.Egress, error) {
@@ -69,46 +58,13 @@ func findNetHelper(want string) (nsholder.Egress, error) {
 
 // netHelperStatus is health's "network" entry.
 func (s *Supervisor) netHelperStatus() map[string]any {
-	out := map[string]any{"profiles": []string{netShared, netIsolated, netOffline}, "allow_private": s.cfg.Network.Isolated.AllowPrivate}
+	out := map[string]any{"profiles": []string{workspace.NetShared, workspace.NetIsolated, workspace.NetOffline}, "allow_private": s.cfg.Network.Isolated.AllowPrivate}
 	if e, err := findNetHelper(s.cfg.Network.Isolated.Helper); err != nil {
 		out["isolated"] = map[string]any{"available": false, "helper": nil, "reason": err.Error()}
 	} else {
 		out["isolated"] = map[string]any{"available": true, "helper": e.Helper, "path": e.Path, "reason": nil}
 	}
 	return out
-}
-
-// forwardObjects lists a session's forwards by target port.
-func (ss *session) ForwardObjects() []map[string]any {
-	ss.Mu.Lock()
-	defer ss.Mu.Unlock()
-	ports := make([]int, 0, len(ss.Forwards))
-	for p := range ss.Forwards {
-		ports = append(ports, p)
-	}
-	sort.Ints(ports)
-	out := make([]map[string]any, 0, len(ports))
-	for _, p := range ports {
-		out = append(out, ss.Forwards[p].Object())
-	}
-	return out
-}
-
-// closeForwards ends every forward of a session (§5.7).
-func (ss *session) CloseForwards() {
-	ss.Mu.Lock()
-	fs := ss.Forwards
-	ss.Forwards = nil
-	ss.Mu.Unlock()
-	for _, f := range fs {
-		f.Close()
-	}
-}
-
-// loopbackDialer reaches 127.0.0.1:port inside a session's own network
-// namespace.
-type loopbackDialer interface {
-	DialLoopback(ctx context.Context, port int, timeout time.Duration) (net.Conn, error)
 }
 
 // dialSession connects to 127.0.0.1:port inside a session with its own
@@ -135,10 +91,10 @@ func (s *Supervisor) dialSession(ctx context.Context, ss *session, port int) (ne
 func (s *Supervisor) forwardPort(c *call) (any, error) {
 	target := int(c.args.Uint("port"))
 	if !c.args.Has("workspace_session_id") {
-		return map[string]any{"workspace_session_id": nil, "network_profile": netShared, "target_port": target,
+		return map[string]any{"workspace_session_id": nil, "network_profile": workspace.NetShared, "target_port": target,
 			"host": "127.0.0.1", "port": target, "url": s.forwardURL("shared", target)}, nil
 	}
-	ss, e := lookupSession(c.sb, c.args.String("workspace_session_id"))
+	ss, e := workspace.LookupSession(c.sb, c.args.String("workspace_session_id"))
 	if e != nil {
 		return nil, e
 	}
@@ -147,11 +103,11 @@ func (s *Supervisor) forwardPort(c *call) (any, error) {
 	}
 	res := map[string]any{"workspace_session_id": ss.ID(), "network_profile": ss.Rec.NetworkProfile, "target_port": target,
 		"host": "127.0.0.1", "url": nil}
-	if ss.Rec.NetworkProfile == netShared {
+	if ss.Rec.NetworkProfile == workspace.NetShared {
 		res["port"], res["url"] = target, s.forwardURL("shared", target)
 		return res, nil
 	}
-	if ss.Rec.NetworkProfile == netIsolated {
+	if ss.Rec.NetworkProfile == workspace.NetIsolated {
 		// offline sessions have no /forward route (§2.8): url stays null.
 		res["url"] = s.forwardURL("isolated="+ss.ID(), target)
 	}
@@ -177,42 +133,16 @@ func (s *Supervisor) forwardURL(kind string, port int) any {
 	return fmt.Sprintf("%s/forward/%s/%d/", s.httpBase, kind, port)
 }
 
-// addForward returns the session's forward to target, opening its
-// listener when there is none yet.
-func (ss *session) AddForward(target int) (*workspace.Forward, bool, *catalog.Error) {
-	ss.Mu.Lock()
-	defer ss.Mu.Unlock()
-	if ss.Gone {
-		return nil, false, notFoundSession(ss.ID())
-	}
-	if f := ss.Forwards[target]; f != nil {
-		return f, true, nil
-	}
-	if len(ss.Forwards) >= maxForwards {
-		return nil, false, catalog.Errorf(catalog.ServerBusy, "forward limit reached for workspace session %s", ss.ID()).
-			With("max_forwards", maxForwards).With("workspace_session_id", ss.ID())
-	}
-	f, err := workspace.ListenForward(target)
-	if err != nil {
-		return nil, false, catalog.Errorf(catalog.OperationFailed, "forward_port: %v", err)
-	}
-	if ss.Forwards == nil {
-		ss.Forwards = map[int]*workspace.Forward{}
-	}
-	ss.Forwards[target] = f
-	return f, false, nil
-}
-
 // egressFor is the helper of a new isolated session, or the creation's
 // error naming the missing package.
 func (s *Supervisor) egressFor(ss *session) (*nsholder.Egress, error) {
-	if ss.Rec.NetworkProfile != netIsolated {
+	if ss.Rec.NetworkProfile != workspace.NetIsolated {
 		return nil, nil
 	}
 	e, err := findNetHelper(s.cfg.Network.Isolated.Helper)
 	if err != nil {
 		return nil, catalog.Errorf(catalog.OperationFailed, "workspace setup failed at network: %v", err).
-			With("stage", "network").With("network_profile", netIsolated)
+			With("stage", "network").With("network_profile", workspace.NetIsolated)
 	}
 	e.StateDir = ss.Dir
 	return &e, nil

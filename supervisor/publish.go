@@ -6,6 +6,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // parseResolutions validates publish_workspace_session's resolutions:
@@ -45,12 +46,12 @@ func parseResolutions(raw []any) (map[string]layers.Strategy, error) {
 
 func (s *Supervisor) publishWorkspaceSession(c *call) (any, error) {
 	id := c.args.String("workspace_session_id")
-	ss, e := lookupSession(c.sb, id)
+	ss, e := workspace.LookupSession(c.sb, id)
 	if e != nil {
 		return nil, e
 	}
 	if ss.Implicit() {
-		return nil, notFoundSession(id) // implicit sessions publish themselves (§5.1)
+		return nil, workspace.NotFoundSession(id) // implicit sessions publish themselves (§5.1)
 	}
 	resolutions, err := parseResolutions(c.args.Array("resolutions"))
 	if err != nil {
@@ -94,11 +95,11 @@ func (s *Supervisor) publishWorkspaceSession(c *call) (any, error) {
 	bytes, derr := s.destroySession(c.ctx, c.sb, ss, grace)
 	s.bump(c.ctx, c.sb)
 	if derr != nil {
-		ss.SetState(sessFinalizeFailed)
+		ss.SetState(workspace.SessFinalizeFailed)
 		return nil, catalog.Errorf(catalog.OperationFailed, "workspace session was published but could not be closed").
 			With("workspace_session_id", id).With("stage", "destroy").With("publish_completed", true).
 			With("layer_committed", !res.NoOp).With("publish", pub).With("destroyed", false).
-			With("session_state", sessFinalizeFailed).With("recovery_operation", "destroy_workspace_session")
+			With("session_state", workspace.SessFinalizeFailed).With("recovery_operation", "destroy_workspace_session")
 	}
 	return map[string]any{"workspace_session_id": id, "dry_run": false, "publish": pub, "destroyed": true,
 		"evicted_upperdir_bytes": bytes}, nil

@@ -8,6 +8,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // Sandbox states (§4.1), named here for the files that predate the package.
@@ -24,28 +25,25 @@ type (
 	sandboxRecord      = sbx.Record
 	resourceProfileRec = sbx.ResourceProfileRec
 	recoveryArtifact   = sbx.RecoveryArtifact
-	// sandbox is a registry entry carrying the workspace's occupants.
-	sandbox = sbx.Sandbox[*occupants]
+	// sandbox is a registry entry carrying the workspace's tables.
+	sandbox = workspace.Sandbox
+	// occupants are a sandbox's live sessions and commands.
+	occupants = workspace.Tables
 )
 
-// occupants are a sandbox's live sessions and commands, guarded by the
-// sandbox's Mu.
-type occupants struct {
-	Sessions      map[string]*session // live sessions
-	Commands      map[string]*command // running and retained terminal commands
-	TerminalOrder []string            // retained terminal commands, oldest first
-	Evicted       map[string]bool     // IDs evicted from retention
-	// Admission slots reserved by requests still starting their command
-	// or session (admission.go).
-	PendingCommands, PendingSessions int
-}
-
-func newOccupants() *occupants {
-	return &occupants{Sessions: map[string]*session{}, Commands: map[string]*command{}, Evicted: map[string]bool{}}
-}
+// The workspace's types under the names the handlers use.
+type (
+	session       = workspace.Session
+	sessionRecord = workspace.SessionRecord
+	leaseRecord   = workspace.LeaseRecord
+	holder        = workspace.Holder
+	command       = workspace.Command
+	commandRecord = workspace.CommandRecord
+	fileHolder    = workspace.FileHolder
+)
 
 func newSandbox(rec sandboxRecord, dir string) *sandbox {
-	return sbx.New(rec, dir, newOccupants())
+	return sbx.New(rec, dir, workspace.NewTables())
 }
 
 func nowRFC3339() string { return sbx.NowRFC3339() }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -15,145 +14,9 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/attribution"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
-
-// Session states (§5.5).
-const (
-	sessActive         = "active"
-	sessFinalizing     = "finalizing"
-	sessFinalizeFailed = "finalize_failed"
-	sessRestoring      = "restoring"
-	sessRestoreFailed  = "restore_failed"
-)
-
-const (
-	policyNoOp    = "no_op"                // explicit sessions
-	policyPublish = "publish_then_destroy" // implicit sessions
-)
-
-// sessionRecord is the persisted session (§5.5).
-type sessionRecord struct {
-	WorkspaceSessionID string          `json:"workspace_session_id"`
-	SandboxID          string          `json:"sandbox_id"`
-	Agent              *string         `json:"agent"`
-	NetworkProfile     string          `json:"network_profile"`
-	FinalizePolicy     string          `json:"finalize_policy"`
-	State              string          `json:"state"`
-	CreatedAt          string          `json:"created_at"`
-	BaseRevision       layers.Revision `json:"base_revision"`
-	Lease              leaseRecord     `json:"lease"`
-	OverlayDriver      string          `json:"overlay_driver"`
-}
-
-type leaseRecord struct {
-	LeaseID string            `json:"lease_id"`
-	Layers  []layers.LayerRef `json:"layers"`
-}
-
-// holder is what a session uses of its holder process (*nsholder.Client):
-// its life, its command runner, its file operations and its loopback dial.
-type holder interface {
-	Pid() int
-	Done() <-chan struct{}
-	Events() <-chan nsholder.Event
-	Close(grace time.Duration) error
-	commandRunner
-	fileHolder
-	loopbackDialer
-}
-
-// session is a live workspace session. gate is its admission gate (§5.5):
-// starting commands, file operations, publish and destroy are serialized on
-// it, so a file operation never races a finalization. mu guards the rest.
-type session struct {
-	Gate sync.Mutex
-	Attr attribution.Tracker // checkpoints, activity captures, FUSE write ranges
-
-	Mu     sync.Mutex
-	Rec    sessionRecord
-	Dir    string
-	Holder holder
-	Lease  *layers.Lease
-	Ledger map[string]*command // running commands
-	Gone   bool                // destroyed: whoever waited at the gate finds it gone
-	// forwards are the session's forward_port listeners by target port
-	// (network.go); they end with the session.
-	Forwards map[int]*workspace.Forward
-}
-
-func (ss *session) IsGone() bool {
-	ss.Mu.Lock()
-	defer ss.Mu.Unlock()
-	return ss.Gone
-}
-
-func (ss *session) ID() string     { return ss.Rec.WorkspaceSessionID }
-func (ss *session) Upper() string  { return filepath.Join(ss.Dir, "upper") }
-func (ss *session) Implicit() bool { return ss.Rec.FinalizePolicy == policyPublish }
-
-// base is the session's leased manifest: its frozen view (§5.3).
-func (ss *session) Base() layers.Manifest {
-	return layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: ss.Rec.BaseRevision.ManifestVersion, Layers: ss.Rec.Lease.Layers}
-}
-
-func (ss *session) State() string {
-	ss.Mu.Lock()
-	defer ss.Mu.Unlock()
-	return ss.Rec.State
-}
-
-func (ss *session) SetState(st string) {
-	ss.Mu.Lock()
-	ss.Rec.State = st
-	ss.Mu.Unlock()
-}
-
-// running returns the IDs of the session's running commands, sorted.
-func (ss *session) Running() []string {
-	ss.Mu.Lock()
-	defer ss.Mu.Unlock()
-	ids := make([]string, 0, len(ss.Ledger))
-	for id := range ss.Ledger {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	return ids
-}
-
-func notFoundSession(id string) *catalog.Error {
-	return catalog.Errorf(catalog.NotFound, "workspace session not found: %s", id).With("workspace_session_id", id)
-}
-
-// lookupSession finds a live session of the sandbox.
-func lookupSession(sb *sandbox, id string) (*session, *catalog.Error) {
-	sb.Mu.Lock()
-	ss := sb.Work.Sessions[id]
-	sb.Mu.Unlock()
-	if ss == nil {
-		return nil, notFoundSession(id)
-	}
-	return ss, nil
-}
-
-// admit checks that a session accepts commands and file operations (§5.5).
-func (ss *session) Admit() *catalog.Error {
-	if ss.IsGone() {
-		return notFoundSession(ss.ID())
-	}
-	switch st := ss.State(); st {
-	case sessActive:
-		return nil
-	case sessFinalizing, sessRestoring:
-		return catalog.Errorf(catalog.OperationConflict, "workspace session %s is %s", ss.ID(), st).
-			With("workspace_session_id", ss.ID()).With("session_state", st)
-	default:
-		return catalog.Errorf(catalog.OperationFailed, "workspace session %s is %s", ss.ID(), st).
-			With("workspace_session_id", ss.ID()).With("session_state", st)
-	}
-}
 
 func (s *Supervisor) sessionCount() int {
 	s.mu.Lock()
@@ -209,13 +72,13 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 		Ledger: map[string]*command{},
 		Rec: sessionRecord{
 			WorkspaceSessionID: id, SandboxID: sb.Rec.ID, Agent: agent, NetworkProfile: network, FinalizePolicy: policy,
-			State: sessActive, CreatedAt: nowRFC3339(), BaseRevision: m.Revision(),
+			State: workspace.SessActive, CreatedAt: nowRFC3339(), BaseRevision: m.Revision(),
 			Lease:         leaseRecord{LeaseID: lease.ID(), Layers: m.Layers},
 			OverlayDriver: sb.Rec.OverlayDriver,
 		},
 	}
 	rollback := func() {
-		removeTree(ss.Dir)
+		workspace.RemoveTree(ss.Dir)
 		_, _ = lease.Release()
 	}
 	for _, d := range []string{"upper", "scratch", "attribution"} {
@@ -246,7 +109,7 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 // upper dir with a fresh work dir, and watches it.
 func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) error {
 	work := filepath.Join(ss.Dir, "work")
-	removeTree(work) // the kernel wants a fresh, empty work dir per mount
+	workspace.RemoveTree(work) // the kernel wants a fresh, empty work dir per mount
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at directories: %v", err).With("stage", "directories")
 	}
@@ -259,8 +122,8 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 		Scratch:         filepath.Join(ss.Dir, "scratch"),
 		HostPaths:       s.cfg.Sandbox.HostPaths,
 		HiddenPaths:     append([]string{s.dirs.Data, s.dirs.Config, s.dirs.Runtime}, s.cfg.Sandbox.HiddenPaths...),
-		IsolatedNetwork: ss.Rec.NetworkProfile == netIsolated || ss.Rec.NetworkProfile == netOffline,
-		BlockPrivate:    ss.Rec.NetworkProfile == netIsolated && !s.cfg.Network.Isolated.AllowPrivate,
+		IsolatedNetwork: ss.Rec.NetworkProfile == workspace.NetIsolated || ss.Rec.NetworkProfile == workspace.NetOffline,
+		BlockPrivate:    ss.Rec.NetworkProfile == workspace.NetIsolated && !s.cfg.Network.Isolated.AllowPrivate,
 		IDMapping:       s.cfg.Sandbox.IDMapping,
 		Shim:            s.shimPath,
 		Overlay:         ss.Rec.OverlayDriver,
@@ -407,18 +270,18 @@ func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
 		sp.done(err, map[string]any{"recovery_artifact": artifact})
 		return
 	}
-	if ss.State() == sessActive {
+	if ss.State() == workspace.SessActive {
 		// One automatic re-creation over the same lease and upper dir.
-		ss.SetState(sessRestoring)
+		ss.SetState(workspace.SessRestoring)
 		sp := s.startSpan(sb, trace, "", "workspace_session.restore", map[string]any{"workspace_session_id": ss.ID(), "reason": "holder_exited"})
 		rctx := withSpan(ctx, sp)
 		err := s.startHolder(rctx, sb, ss)
 		sp.done(err, nil)
 		if err != nil {
-			ss.SetState(sessRestoreFailed)
+			ss.SetState(workspace.SessRestoreFailed)
 			s.eventCtx(rctx, sb, "workspace_session.restore_failed", map[string]any{"workspace_session_id": ss.ID(), "error": err.Error()})
 		} else {
-			ss.SetState(sessActive)
+			ss.SetState(workspace.SessActive)
 			s.eventCtx(rctx, sb, "workspace_session.restored", map[string]any{"workspace_session_id": ss.ID()})
 		}
 	}
@@ -443,7 +306,7 @@ const sessionTrashDir = "trash"
 
 // closeSession tears a session down: holder, lease, directory, record.
 func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session, grace time.Duration) (int64, error) {
-	upperBytes := dirBytes(ctx, ss.Upper())
+	upperBytes := workspace.DirBytes(ctx, ss.Upper())
 	ss.Mu.Lock()
 	h := ss.Holder
 	ss.Holder = nil
@@ -476,11 +339,11 @@ func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session,
 	trash := filepath.Join(sb.Dir, sessionTrashDir)
 	gone := filepath.Join(trash, ss.ID())
 	if err := os.MkdirAll(trash, 0o700); err != nil {
-		removeTree(ss.Dir)
+		workspace.RemoveTree(ss.Dir)
 	} else if err := os.Rename(ss.Dir, gone); err != nil {
-		removeTree(ss.Dir)
-	} else if !sb.GoBackground(func() { removeTree(gone) }) {
-		removeTree(gone)
+		workspace.RemoveTree(ss.Dir)
+	} else if !sb.GoBackground(func() { workspace.RemoveTree(gone) }) {
+		workspace.RemoveTree(gone)
 	}
 	sb.Mu.Lock()
 	delete(sb.Work.Sessions, ss.ID())
@@ -496,31 +359,13 @@ func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session,
 	return upperBytes, nil
 }
 
-// sessionObject is the contract's session object (§3.5).
-func (ss *session) Object(ctx context.Context) map[string]any {
-	ss.Mu.Lock()
-	rec := ss.Rec
-	var pid any
-	if ss.Holder != nil {
-		pid = ss.Holder.Pid()
-	}
-	ss.Mu.Unlock()
-	return map[string]any{
-		"workspace_session_id": rec.WorkspaceSessionID, "agent": rec.Agent, "network_profile": rec.NetworkProfile,
-		"finalize_policy": rec.FinalizePolicy, "state": rec.State, "created_at": rec.CreatedAt,
-		"base_revision": rec.BaseRevision, "overlay_driver": rec.OverlayDriver,
-		"active_command_session_ids": ss.Running(), "upper_bytes": dirBytes(ctx, ss.Upper()), "holder_pid": pid,
-		"forwards": ss.ForwardObjects(),
-	}
-}
-
 func (s *Supervisor) createWorkspaceSession(c *call) (any, error) {
 	var agent *string
 	if c.args.Has("agent") {
 		a := c.args.String("agent")
 		agent = &a
 	}
-	ss, err := s.newSession(c.ctx, c.sb, policyNoOp, c.args.String("network_profile"), agent)
+	ss, err := s.newSession(c.ctx, c.sb, workspace.PolicyNoOp, c.args.String("network_profile"), agent)
 	if err != nil {
 		return nil, err
 	}
@@ -533,16 +378,16 @@ func (s *Supervisor) createWorkspaceSession(c *call) (any, error) {
 }
 
 func (s *Supervisor) destroyWorkspaceSession(c *call) (any, error) {
-	ss, e := lookupSession(c.sb, c.args.String("workspace_session_id"))
+	ss, e := workspace.LookupSession(c.sb, c.args.String("workspace_session_id"))
 	if e != nil {
 		return nil, e
 	}
 	ss.Gate.Lock()
 	defer ss.Gate.Unlock()
 	if ss.IsGone() {
-		return nil, notFoundSession(ss.ID()) // published or destroyed while we waited
+		return nil, workspace.NotFoundSession(ss.ID()) // published or destroyed while we waited
 	}
-	if st := ss.State(); st == sessFinalizing || st == sessRestoring {
+	if st := ss.State(); st == workspace.SessFinalizing || st == workspace.SessRestoring {
 		return nil, catalog.Errorf(catalog.OperationConflict, "workspace session %s is %s", ss.ID(), st).
 			With("workspace_session_id", ss.ID()).With("session_state", st)
 	}
@@ -607,11 +452,11 @@ func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox, sum *reco
 			sum.FinalizedSessions = append(sum.FinalizedSessions, rec.WorkspaceSessionID)
 			continue
 		}
-		if rec.State == sessRestoreFailed || rec.State == sessFinalizeFailed {
+		if rec.State == workspace.SessRestoreFailed || rec.State == workspace.SessFinalizeFailed {
 			sum.KeptFailedSessions = append(sum.KeptFailedSessions, rec.WorkspaceSessionID)
 			continue // data stays until destroyed
 		}
-		ss.SetState(sessRestoring)
+		ss.SetState(workspace.SessRestoring)
 		restoring.Go(func() {
 			slots <- struct{}{}
 			defer func() { <-slots }()
@@ -631,10 +476,10 @@ func (s *Supervisor) restoreHolder(ctx context.Context, sb *sandbox, ss *session
 	sp.done(err, nil)
 	sumMu.Lock()
 	if err != nil {
-		ss.SetState(sessRestoreFailed)
+		ss.SetState(workspace.SessRestoreFailed)
 		sum.RestoreFailedSessions = append(sum.RestoreFailedSessions, id)
 	} else {
-		ss.SetState(sessActive)
+		ss.SetState(workspace.SessActive)
 		sum.RestoredSessions = append(sum.RestoredSessions, id)
 	}
 	sumMu.Unlock()
@@ -647,38 +492,4 @@ func (s *Supervisor) restoreHolder(ctx context.Context, sb *sandbox, ss *session
 	r := ss.Rec
 	ss.Mu.Unlock()
 	_ = s.store.Put(ctx, statedb.KindSession, r.WorkspaceSessionID, sb.Rec.ID, r)
-}
-
-// removeTree deletes a directory that may contain the mode-000 work dir the
-// kernel overlay leaves behind, and entries a session made (so never by
-// joined path: layers.RemoveAll). Best effort: callers that must know check
-// that the directory is gone (removeSandbox).
-func removeTree(dir string) {
-	_ = layers.RemoveAll(dir)
-}
-
-// dirBytes sums the sizes of the regular files below dir, a tree a session
-// controls (best effort; symlinks are never followed, see walkUpperTree).
-func dirBytes(ctx context.Context, dir string) int64 {
-	var n int64
-	_ = walkUpperTree(ctx, dir, func(_ string, fi fs.FileInfo) error {
-		if fi.Mode().IsRegular() {
-			n += fi.Size()
-		}
-		return nil
-	})
-	return n
-}
-
-// walkUpperTree walks a tree a session controls (its upper dir, a recovery
-// artifact) through a layers.Root: descriptor-relative, never following a
-// symlink, so a directory the session swaps for a symlink to a host
-// directory cannot lead the supervisor there.
-func walkUpperTree(ctx context.Context, dir string, fn layers.WalkFunc) error {
-	root, err := layers.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
-	return root.Walk(ctx, fn)
 }

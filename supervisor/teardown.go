@@ -10,6 +10,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // stopSessions ends every session of a sandbox: running commands are
@@ -109,7 +110,7 @@ func (s *Supervisor) persistedLeases(ctx context.Context, sb *sandbox) [][]layer
 // (a crash during session creation) and empties the trash of closed
 // sessions a crash left behind (closeSession).
 func (s *Supervisor) removeOrphanSessionDirs(ctx context.Context, sb *sandbox) (removed int) {
-	removeTree(filepath.Join(sb.Dir, sessionTrashDir))
+	workspace.RemoveTree(filepath.Join(sb.Dir, sessionTrashDir))
 	ents, err := os.ReadDir(filepath.Join(sb.Dir, "sessions"))
 	if err != nil {
 		return 0
@@ -117,7 +118,7 @@ func (s *Supervisor) removeOrphanSessionDirs(ctx context.Context, sb *sandbox) (
 	for _, e := range ents {
 		if ok, err := s.store.Exists(ctx, statedb.KindSession, e.Name()); err == nil && !ok {
 			s.log.Info("recovery: removing orphan session directory", "sandbox", sb.Rec.ID, "dir", e.Name())
-			removeTree(filepath.Join(sb.Dir, "sessions", e.Name()))
+			workspace.RemoveTree(filepath.Join(sb.Dir, "sessions", e.Name()))
 			removed++
 		}
 	}

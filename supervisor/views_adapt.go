@@ -8,6 +8,7 @@ import (
 	"sort"
 
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/views"
@@ -26,22 +27,6 @@ func sessionsSorted(sb *sandbox) []*session {
 	sb.Mu.Unlock()
 	sort.Slice(all, func(i, j int) bool { return all[i].Rec.WorkspaceSessionID < all[j].Rec.WorkspaceSessionID })
 	return all
-}
-
-// holderPid is the session's live holder PID, 0 without a holder.
-func (ss *session) HolderPid() int {
-	ss.Mu.Lock()
-	defer ss.Mu.Unlock()
-	if ss.Holder == nil {
-		return 0
-	}
-	return ss.Holder.Pid()
-}
-
-func (ss *session) Record() sessionRecord {
-	ss.Mu.Lock()
-	defer ss.Mu.Unlock()
-	return ss.Rec
 }
 
 // sessionView copies what the views show of one session.
@@ -93,7 +78,7 @@ func (src snapshotSource) Sandbox() views.Sandbox {
 		cmd.Mu.Lock()
 		cr := cmd.Rec
 		cmd.Mu.Unlock()
-		if cr.Status != cmdRunning {
+		if cr.Status != workspace.CmdRunning {
 			continue // the status read_command_lines reports
 		}
 		out.Running = append(out.Running, views.Command{SessionID: cr.WorkspaceSessionID, ID: cr.CommandSessionID, Cmd: cr.Cmd})
