@@ -90,11 +90,11 @@ func (s *Supervisor) yield(ms uint64) time.Duration {
 func (s *Supervisor) execCommand(c *call) (any, error) {
 	start := time.Now()
 	sb := c.sb
-	sl, e := s.admitCommand(sb)
+	sl, e := s.admission.Command(sb)
 	if e != nil {
 		return nil, e
 	}
-	defer sl.release() // a no-op once spawn put the command in sb.Work.commands
+	defer sl.Release() // a no-op once spawn put the command in sb.Work.commands
 	var ss *session
 	if c.args.Has("workspace_session_id") {
 		var e *catalog.Error
@@ -128,7 +128,7 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 // spawn starts one command in a session through its holder.
 // sl is the command's admission slot, consumed when the command enters
 // sb.Work.commands.
-func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdline string, sl *slot) (*command, error) {
+func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdline string, sl *workspace.Slot) (*command, error) {
 	ss.Gate.Lock()
 	defer ss.Gate.Unlock()
 	if e := ss.Admit(); e != nil {
@@ -200,7 +200,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	}()
 	sb.Mu.Lock()
 	sb.Work.Commands[id] = cmd
-	sl.releaseLocked()
+	sl.ReleaseLocked()
 	sb.Mu.Unlock()
 	return cmd, nil
 }

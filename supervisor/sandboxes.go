@@ -250,3 +250,14 @@ func (s *Supervisor) reopenSandbox(ctx context.Context, sb *sandbox, sum *recove
 		s.notifyAutosquash(sb, "startup")
 	}
 }
+
+// allSandboxes lists every registered sandbox (admission's view).
+func (s *Supervisor) allSandboxes() []*sandbox {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	all := make([]*sandbox, 0, s.sandboxes.Len())
+	for _, sb := range s.sandboxes.All() {
+		all = append(all, sb)
+	}
+	return all
+}

@@ -24,6 +24,7 @@ import (
 	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/web"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // Options are the command-line inputs of `sandbox-supervisor serve`.
@@ -63,7 +64,7 @@ type Supervisor struct {
 	shimPath string
 
 	mu        sync.Mutex
-	admitMu   sync.Mutex // admission's check-and-reserve (admission.go)
+	admission *workspace.Admission // check-and-reserve of commands and sessions
 	sandboxes *sbx.Registry[*occupants]
 	squasher  *sbx.Squasher[*occupants]
 	sbm       *sbx.Manager[*occupants]
@@ -144,6 +145,7 @@ func Serve(ctx context.Context, opt Options) error {
 	s.protected = layers.CompilePatterns(cfg.Runtime.Publish.ProtectedPaths)
 	s.squasher = s.newSquasher()
 	s.sbm = s.newSandboxManager()
+	s.admission = workspace.NewAdmission(cfg, s.allSandboxes)
 	s.exporter = &sbx.Exporter[*occupants]{Reg: s.sandboxes, Log: log}
 	s.obs = newObsRegistry(cfg, dirs.Data, log, s.ids) // stores are created on first append
 	s.shimPath = execShim(self)

@@ -50,11 +50,11 @@ func (s *Supervisor) newSession(ctx context.Context, sb *sandbox, policy, networ
 // directories, start the holder, persist the record. Any failure rolls back
 // every step.
 func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, network string, agent *string) (*session, error) {
-	sl, e := s.admitSession(sb)
+	sl, e := s.admission.Session(sb)
 	if e != nil {
 		return nil, e
 	}
-	defer sl.release() // a no-op once the session is in sb.Work.sessions
+	defer sl.Release() // a no-op once the session is in sb.Work.sessions
 	id := s.ids.New("ws-")
 	lease, err := sb.Stack.Acquire("workspace-session:" + id)
 	if err != nil {
@@ -98,7 +98,7 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 	}
 	sb.Mu.Lock()
 	sb.Work.Sessions[id] = ss
-	sl.releaseLocked()
+	sl.ReleaseLocked()
 	sb.Rec.LiveWorkspaceSessions = append(sb.Rec.LiveWorkspaceSessions, id)
 	sb.Mu.Unlock()
 	s.eventCtx(ctx, sb, "lease.acquired", map[string]any{"workspace_session_id": id, "revision": ss.Rec.BaseRevision})
