@@ -39,7 +39,6 @@ type (
 	holder        = workspace.Holder
 	command       = workspace.Command
 	commandRecord = workspace.CommandRecord
-	fileHolder    = workspace.FileHolder
 )
 
 func newSandbox(rec sandboxRecord, dir string) *sandbox {

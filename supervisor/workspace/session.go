@@ -38,7 +38,7 @@ const (
 	PolicyPublish = "publish_then_destroy" // implicit sessions
 )
 
-// sessionRecord is the persisted session (§5.5).
+// SessionRecord is the persisted session (§5.5).
 type SessionRecord struct {
 	WorkspaceSessionID string          `json:"workspace_session_id"`
 	SandboxID          string          `json:"sandbox_id"`
@@ -57,7 +57,7 @@ type LeaseRecord struct {
 	Layers  []layers.LayerRef `json:"layers"`
 }
 
-// holder is what a session uses of its holder process (*nsholder.Client):
+// Holder is what a session uses of its holder process (*nsholder.Client):
 // its life, its command runner, its file operations and its loopback dial.
 type Holder interface {
 	Pid() int
@@ -69,7 +69,7 @@ type Holder interface {
 	LoopbackDialer
 }
 
-// session is a live workspace session. gate is its admission gate (§5.5):
+// Session is a live workspace session. gate is its admission gate (§5.5):
 // starting commands, file operations, publish and destroy are serialized on
 // it, so a file operation never races a finalization. mu guards the rest.
 type Session struct {
@@ -83,7 +83,7 @@ type Session struct {
 	Lease  *layers.Lease
 	Ledger map[string]*Command // running commands
 	Gone   bool                // destroyed: whoever waited at the gate finds it gone
-	// forwards are the session's forward_port listeners by target port
+	// Forwards are the session's forward_port listeners by target port
 	// (network.go); they end with the session.
 	Forwards map[int]*Forward
 }
@@ -100,7 +100,7 @@ func (ss *Session) Upper() string { return filepath.Join(ss.Dir, "upper") }
 
 func (ss *Session) Implicit() bool { return ss.Rec.FinalizePolicy == PolicyPublish }
 
-// base is the session's leased manifest: its frozen view (§5.3).
+// Base is the session's leased manifest: its frozen view (§5.3).
 func (ss *Session) Base() layers.Manifest {
 	return layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: ss.Rec.BaseRevision.ManifestVersion, Layers: ss.Rec.Lease.Layers}
 }
@@ -117,7 +117,7 @@ func (ss *Session) SetState(st string) {
 	ss.Mu.Unlock()
 }
 
-// running returns the IDs of the session's running commands, sorted.
+// Running returns the IDs of the session's running commands, sorted.
 func (ss *Session) Running() []string {
 	ss.Mu.Lock()
 	defer ss.Mu.Unlock()
@@ -133,7 +133,7 @@ func NotFoundSession(id string) *catalog.Error {
 	return catalog.Errorf(catalog.NotFound, "workspace session not found: %s", id).With("workspace_session_id", id)
 }
 
-// lookupSession finds a live session of the sandbox.
+// LookupSession finds a live session of the sandbox.
 func LookupSession(sb *Sandbox, id string) (*Session, *catalog.Error) {
 	sb.Mu.Lock()
 	ss := sb.Work.Sessions[id]
@@ -144,7 +144,7 @@ func LookupSession(sb *Sandbox, id string) (*Session, *catalog.Error) {
 	return ss, nil
 }
 
-// admit checks that a session accepts commands and file operations (§5.5).
+// Admit checks that a session accepts commands and file operations (§5.5).
 func (ss *Session) Admit() *catalog.Error {
 	if ss.IsGone() {
 		return NotFoundSession(ss.ID())
@@ -179,7 +179,7 @@ func (ss *Session) Object(ctx context.Context) map[string]any {
 	}
 }
 
-// removeTree deletes a directory that may contain the mode-000 work dir the
+// RemoveTree deletes a directory that may contain the mode-000 work dir the
 // kernel overlay leaves behind, and entries a session made (so never by
 // joined path: layers.RemoveAll). Best effort: callers that must know check
 // that the directory is gone (removeSandbox).
@@ -187,7 +187,7 @@ func RemoveTree(dir string) {
 	_ = layers.RemoveAll(dir)
 }
 
-// dirBytes sums the sizes of the regular files below dir, a tree a session
+// DirBytes sums the sizes of the regular files below dir, a tree a session
 // controls (best effort; symlinks are never followed, see walkUpperTree).
 func DirBytes(ctx context.Context, dir string) int64 {
 	var n int64
@@ -200,7 +200,7 @@ func DirBytes(ctx context.Context, dir string) int64 {
 	return n
 }
 
-// walkUpperTree walks a tree a session controls (its upper dir, a recovery
+// WalkUpperTree walks a tree a session controls (its upper dir, a recovery
 // artifact) through a layers.Root: descriptor-relative, never following a
 // symlink, so a directory the session swaps for a symlink to a host
 // directory cannot lead the supervisor there.
@@ -213,7 +213,7 @@ func WalkUpperTree(ctx context.Context, dir string, fn layers.WalkFunc) error {
 	return root.Walk(ctx, fn)
 }
 
-// holderPid is the session's live holder PID, 0 without a holder.
+// HolderPid is the session's live holder PID, 0 without a holder.
 func (ss *Session) HolderPid() int {
 	ss.Mu.Lock()
 	defer ss.Mu.Unlock()
@@ -239,7 +239,7 @@ const (
 // maxForwards is the per-session forward limit (§3.6).
 const MaxForwards = 16
 
-// forwardObjects lists a session's forwards by target port.
+// ForwardObjects lists a session's forwards by target port.
 func (ss *Session) ForwardObjects() []map[string]any {
 	ss.Mu.Lock()
 	defer ss.Mu.Unlock()
@@ -255,7 +255,7 @@ func (ss *Session) ForwardObjects() []map[string]any {
 	return out
 }
 
-// closeForwards ends every forward of a session (§5.7).
+// CloseForwards ends every forward of a session (§5.7).
 func (ss *Session) CloseForwards() {
 	ss.Mu.Lock()
 	fs := ss.Forwards
@@ -266,13 +266,13 @@ func (ss *Session) CloseForwards() {
 	}
 }
 
-// loopbackDialer reaches 127.0.0.1:port inside a session's own network
+// LoopbackDialer reaches 127.0.0.1:port inside a session's own network
 // namespace.
 type LoopbackDialer interface {
 	DialLoopback(ctx context.Context, port int, timeout time.Duration) (net.Conn, error)
 }
 
-// addForward returns the session's forward to target, opening its
+// AddForward returns the session's forward to target, opening its
 // listener when there is none yet.
 func (ss *Session) AddForward(target int) (*Forward, bool, *catalog.Error) {
 	ss.Mu.Lock()
@@ -298,7 +298,7 @@ func (ss *Session) AddForward(target int) (*Forward, bool, *catalog.Error) {
 	return f, false, nil
 }
 
-// fileHolder is the holder's file operations, resolved beneath /workspace
+// FileHolder is the holder's file operations, resolved beneath /workspace
 // without following symlinks.
 type FileHolder interface {
 	Lstat(ctx context.Context, path string) (nsholder.FileInfo, error)
@@ -316,14 +316,14 @@ const (
 	CmdCancelled = "cancelled"
 )
 
-// commandRunner starts and signals a session's commands in its holder.
+// CommandRunner starts and signals a session's commands in its holder.
 type CommandRunner interface {
 	Spawn(ctx context.Context, req nsholder.SpawnRequest) (*nsholder.Process, error)
 	// Signal sends sig to every process of command id.
 	Signal(ctx context.Context, id uint64, sig syscall.Signal) error
 }
 
-// commandRecord is the persisted command (§6.7). Extra holds the optional
+// CommandRecord is the persisted command (§6.7). Extra holds the optional
 // terminal fields (publish, publish_rejected, finalization_failed, …) that
 // are copied into every output object.
 type CommandRecord struct {
@@ -342,7 +342,7 @@ type CommandRecord struct {
 	EndedUnixMs        int64          `json:"ended_unix_ms,omitempty"`
 }
 
-// command is a running or retained command. done is closed when it is terminal.
+// Command is a running or retained command. done is closed when it is terminal.
 type Command struct {
 	Mu         sync.Mutex
 	Rec        CommandRecord
@@ -368,7 +368,7 @@ func (c *Command) Terminal() bool {
 	}
 }
 
-// yieldOutput returns the rows since the yield cursor and advances it.
+// YieldOutput returns the rows since the yield cursor and advances it.
 func (c *Command) YieldOutput(start time.Time) map[string]any {
 	c.Mu.Lock()
 	cursor := c.Cursor
@@ -382,7 +382,7 @@ func (c *Command) YieldOutput(start time.Time) map[string]any {
 	return c.Output(rows, first, end, trunc, start)
 }
 
-// output is the command output object (§3.3).
+// Output is the command output object (§3.3).
 func (c *Command) Output(rows []string, first, end, truncBefore int, start time.Time) map[string]any {
 	c.Mu.Lock()
 	defer c.Mu.Unlock()
