@@ -173,7 +173,7 @@ func (s *Supervisor) checkProtected(p string) error {
 	rej := &layers.Rejection{Path: p, Reason: layers.RejectProtectedPath, Conflicts: []layers.RejectedPath{
 		{Path: p, Reason: layers.RejectProtectedPath, Strategy: layers.StrategyMerge, Hunks: []layers.ConflictHunk{}}}}
 	return catalog.Errorf(catalog.OperationFailed, "write rejected by publication rules: %s is a protected path", p).
-		With("path", p).With("publish_rejection", rejectionBody(rej))
+		With("path", p).With("publish_rejection", workspace.RejectionBody(rej))
 }
 
 func (s *Supervisor) fileWrite(c *call) (any, error) {

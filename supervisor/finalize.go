@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -72,51 +71,6 @@ func (s *Supervisor) publishSession(ctx context.Context, sb *sandbox, ss *sessio
 	return plan, res, nil
 }
 
-// publishObject is the publish object of results and command outputs.
-func publishObject(plan *layers.Plan, res layers.PublishResult, withResolved bool) map[string]any {
-	var lid any
-	if !res.NoOp && res.LayerID != "" {
-		lid = res.LayerID
-	}
-	out := map[string]any{"no_op": res.NoOp, "revision": res.Revision, "layer_id": lid}
-	if plan != nil {
-		out["route_summary"], out["outcome_summary"] = plan.RouteSummary, plan.OutcomeSummary
-		out["summary"] = publishSummary(plan.OutcomeSummary, res.NoOp, false, false)
-		if withResolved {
-			out["resolved_paths"] = plan.ResolvedPaths()
-		}
-	}
-	return out
-}
-
-// publishSummary counts a publish by what happened to the session's
-// changes, beside the contract's outcome_summary, whose counts name the
-// resolution case: a clean publish has everything under unchanged_head
-// ("head had not changed the path") and applied:0, which reads as a
-// failure to a person or an agent. result is published, no_op, or for a dry
-// run would_publish, would_reject or no_op.
-func publishSummary(o layers.OutcomeSummary, noOp, dryRun, rejected bool) map[string]any {
-	published := o.UnchangedHead + o.Applied + o.Ours + o.Merged
-	conflicts := o.Conflict + o.Protected
-	result := "published"
-	switch {
-	case dryRun && (conflicts > 0 || rejected):
-		result = "would_reject"
-	case noOp:
-		result = "no_op"
-	case dryRun:
-		result = "would_publish"
-	}
-	return map[string]any{
-		"result":          result,
-		"changed_paths":   published + o.Theirs + conflicts,
-		"published_paths": published,
-		"merged_paths":    o.Merged,
-		"kept_head_paths": o.Theirs,
-		"conflict_paths":  conflicts,
-	}
-}
-
 // finalizeImplicit ends an implicit session (§6.6): quiesce (the holder and
 // its PID namespace die), capture, publish, destroy. It returns the fields
 // the draining command reports. A rejected publish keeps the upper dir as a
@@ -166,13 +120,13 @@ func (s *Supervisor) finalize(ctx context.Context, sb *sandbox, ss *session, dra
 	var rej *layers.Rejection
 	switch {
 	case err == nil:
-		extra["publish"] = publishObject(plan, res, false)
+		extra["publish"] = workspace.PublishObject(plan, res, false)
 	default:
 		if !errors.As(err, &rej) {
 			msg := err.Error()
 			rej = &layers.Rejection{Reason: "publish_error", Message: &msg, Conflicts: []layers.RejectedPath{}}
 		}
-		body := rejectionBody(rej)
+		body := workspace.RejectionBody(rej)
 		if artifact := s.keepRecoveryArtifact(ctx, sb, ss, rej.Reason, body); artifact != "" {
 			body["recovery_artifact"] = artifact
 		}
@@ -201,7 +155,7 @@ func (s *Supervisor) keepRecoveryArtifact(ctx context.Context, sb *sandbox, ss *
 		s.log.Warn("recovery artifact", "err", err)
 		return ""
 	}
-	bytes, entries := workspace.DirBytes(ctx, ss.Upper()), countEntries(ctx, ss.Upper())
+	bytes, entries := workspace.DirBytes(ctx, ss.Upper()), workspace.CountEntries(ctx, ss.Upper())
 	if err := os.Rename(ss.Upper(), filepath.Join(dir, "upper")); err != nil {
 		s.log.Warn("recovery artifact", "err", err)
 		return ""
@@ -224,20 +178,4 @@ func (s *Supervisor) keepRecoveryArtifact(ctx context.Context, sb *sandbox, ss *
 	}
 	_ = s.store.putSandbox(ctx, &rec)
 	return filepath.Join("workspace_recovery", ss.ID())
-}
-
-// rejectionBody is the publish_rejection object as a map, so the recovery
-// artifact can be added to it.
-func rejectionBody(r *layers.Rejection) map[string]any {
-	var m map[string]any
-	b, _ := json.Marshal(r)
-	_ = json.Unmarshal(b, &m)
-	return m
-}
-
-// countEntries counts the entries below dir, a tree a session controls.
-func countEntries(ctx context.Context, dir string) int {
-	n := 0
-	_ = workspace.WalkUpperTree(ctx, dir, func(string, fs.FileInfo) error { n++; return nil })
-	return n
 }

@@ -134,5 +134,5 @@ func (f webForwarder) DialSession(ctx context.Context, id string, port int) (net
 	if ss == nil {
 		return nil, fmt.Errorf("dial %s:%d: %w", id, port, catalog.Errorf(catalog.NotFound, "no isolated workspace session %s", id))
 	}
-	return f.s.dialSession(ctx, ss, port)
+	return ss.Dial(ctx, port, time.Duration(f.s.cfg.HTTP.Forward.ConnectTimeoutS*float64(time.Second)))
 }

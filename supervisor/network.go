@@ -67,27 +67,6 @@ func (s *Supervisor) netHelperStatus() map[string]any {
 	return out
 }
 
-// dialSession connects to 127.0.0.1:port inside a session with its own
-// network namespace, through its holder. It is the one way into such a
-// session, for forward_port's listeners and the HTTP /forward/isolated=…
-// routes alike.
-func (s *Supervisor) dialSession(ctx context.Context, ss *session, port int) (net.Conn, error) {
-	ss.Mu.Lock()
-	h, gone := ss.Holder, ss.Gone
-	ss.Mu.Unlock()
-	if gone || h == nil {
-		return nil, fmt.Errorf("dial %s:%d: %w", ss.ID(), port, nsholder.ErrExited)
-	}
-	timeout := time.Duration(s.cfg.HTTP.Forward.ConnectTimeoutS * float64(time.Second))
-	ctx, cancel := context.WithTimeout(ctx, timeout+time.Second)
-	defer cancel()
-	c, err := h.DialLoopback(ctx, port, timeout)
-	if err != nil {
-		return nil, fmt.Errorf("dial %s:%d: %w", ss.ID(), port, err)
-	}
-	return c, nil
-}
-
 func (s *Supervisor) forwardPort(c *call) (any, error) {
 	target := int(c.args.Uint("port"))
 	if !c.args.Has("workspace_session_id") {
@@ -117,7 +96,9 @@ func (s *Supervisor) forwardPort(c *call) (any, error) {
 	}
 	res["port"] = f.Port()
 	if !existed {
-		dial := func(ctx context.Context, port int) (net.Conn, error) { return s.dialSession(ctx, ss, port) }
+		dial := func(ctx context.Context, port int) (net.Conn, error) {
+			return ss.Dial(ctx, port, time.Duration(s.cfg.HTTP.Forward.ConnectTimeoutS*float64(time.Second)))
+		}
 		go f.Serve(context.WithoutCancel(c.ctx), dial, s.log.With("workspace_session_id", ss.ID()))
 		s.eventCtx(c.ctx, c.sb, "forward.opened", map[string]any{"workspace_session_id": ss.ID(), "target_port": target, "port": f.Port()})
 	}

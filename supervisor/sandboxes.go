@@ -218,7 +218,9 @@ func (s *Supervisor) recover(ctx context.Context) error {
 	var sum recoverySummary
 	defer func() { s.recovered(&sum) }()
 	s.sbm.Recover(ctx, recs, sbx.RecoverHooks[*occupants]{
-		Leases:  s.persistedLeases,
+		Leases: func(ctx context.Context, sb *sandbox) [][]layers.LayerRef {
+			return workspace.PersistedLeases(ctx, s.store.DB, sb)
+		},
 		Removed: sum.removeSandbox,
 		Swept: func(sb *sandbox, res layers.SweepResult) {
 			s.bootSweepEvent(sb, res)
@@ -244,7 +246,7 @@ func (s *Supervisor) reopenSandbox(ctx context.Context, sb *sandbox, sum *recove
 	}
 	if sb.Rec.State == stateReady {
 		sum.InterruptedCommands += s.loadCommands(ctx, sb)
-		sum.RemovedSessionDirs += s.removeOrphanSessionDirs(ctx, sb)
+		sum.RemovedSessionDirs += workspace.RemoveOrphanSessionDirs(ctx, s.store.DB, s.log, sb)
 		s.restoreSessions(ctx, sb, sum)
 		s.notifyAutosquash(sb, "startup")
 	}

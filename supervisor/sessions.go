@@ -300,10 +300,6 @@ func (s *Supervisor) destroySession(ctx context.Context, sb *sandbox, ss *sessio
 	return n, err
 }
 
-// sessionTrashDir (below a sandbox's directory) holds the directories of
-// closed sessions while they are removed in the background.
-const sessionTrashDir = "trash"
-
 // closeSession tears a session down: holder, lease, directory, record.
 func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session, grace time.Duration) (int64, error) {
 	upperBytes := workspace.DirBytes(ctx, ss.Upper())
@@ -335,8 +331,8 @@ func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session,
 	// deleting a large upper dir and its attribution copies took longer
 	// than publishing it. sessions/ only ever holds live sessions; a crash
 	// before the removal ends leaves trash that the next start empties
-	// (removeOrphanSessionDirs).
-	trash := filepath.Join(sb.Dir, sessionTrashDir)
+	// (workspace.RemoveOrphanSessionDirs).
+	trash := filepath.Join(sb.Dir, workspace.SessionTrashDir)
 	gone := filepath.Join(trash, ss.ID())
 	if err := os.MkdirAll(trash, 0o700); err != nil {
 		workspace.RemoveTree(ss.Dir)

@@ -2,15 +2,8 @@ package supervisor
 
 import (
 	"context"
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"syscall"
 	"time"
-
-	"github.com/ephemeral-ai-lab/sandbox/layers"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // stopSessions ends every session of a sandbox: running commands are
@@ -90,37 +83,4 @@ func (s *Supervisor) shutdown(ctx context.Context) {
 	for _, sb := range all {
 		s.stopSessions(ctx, sb, false, func(string) {})
 	}
-}
-
-// persistedLeases are the layer lists pinned by persisted sessions; the
-// boot sweep must keep them (§8.7).
-func (s *Supervisor) persistedLeases(ctx context.Context, sb *sandbox) [][]layers.LayerRef {
-	var out [][]layers.LayerRef
-	_ = s.store.List(ctx, statedb.KindSession, sb.Rec.ID, func(b []byte) error {
-		var r sessionRecord
-		if json.Unmarshal(b, &r) == nil {
-			out = append(out, r.Lease.Layers)
-		}
-		return nil
-	})
-	return out
-}
-
-// removeOrphanSessionDirs deletes session directories without a record
-// (a crash during session creation) and empties the trash of closed
-// sessions a crash left behind (closeSession).
-func (s *Supervisor) removeOrphanSessionDirs(ctx context.Context, sb *sandbox) (removed int) {
-	workspace.RemoveTree(filepath.Join(sb.Dir, sessionTrashDir))
-	ents, err := os.ReadDir(filepath.Join(sb.Dir, "sessions"))
-	if err != nil {
-		return 0
-	}
-	for _, e := range ents {
-		if ok, err := s.store.Exists(ctx, statedb.KindSession, e.Name()); err == nil && !ok {
-			s.log.Info("recovery: removing orphan session directory", "sandbox", sb.Rec.ID, "dir", e.Name())
-			workspace.RemoveTree(filepath.Join(sb.Dir, "sessions", e.Name()))
-			removed++
-		}
-	}
-	return removed
 }

@@ -5,6 +5,7 @@ package workspace
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
 	"net"
 	"path/filepath"
@@ -438,4 +439,24 @@ type Tables struct {
 
 func NewTables() *Tables {
 	return &Tables{Sessions: map[string]*Session{}, Commands: map[string]*Command{}, Evicted: map[string]bool{}}
+}
+
+// Dial connects to 127.0.0.1:port inside a session with its own
+// network namespace, through its holder. It is the one way into such a
+// session, for forward_port's listeners and the HTTP /forward/isolated=…
+// routes alike; timeout is http.forward.connect_timeout_s.
+func (ss *Session) Dial(ctx context.Context, port int, timeout time.Duration) (net.Conn, error) {
+	ss.Mu.Lock()
+	h, gone := ss.Holder, ss.Gone
+	ss.Mu.Unlock()
+	if gone || h == nil {
+		return nil, fmt.Errorf("dial %s:%d: %w", ss.ID(), port, nsholder.ErrExited)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout+time.Second)
+	defer cancel()
+	c, err := h.DialLoopback(ctx, port, timeout)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s:%d: %w", ss.ID(), port, err)
+	}
+	return c, nil
 }
