@@ -65,26 +65,9 @@ func (s *Supervisor) runningCommands() (total int) {
 	}
 	s.mu.Unlock()
 	for _, sb := range all {
-		total += runningCount(sb)
+		total += workspace.RunningCount(sb)
 	}
 	return total
-}
-
-func runningCount(sb *sandbox) int {
-	sb.Mu.Lock()
-	defer sb.Mu.Unlock()
-	n := 0
-	for _, c := range sb.Work.Commands {
-		if !c.Terminal() {
-			n++
-		}
-	}
-	return n
-}
-
-func (s *Supervisor) yield(ms uint64) time.Duration {
-	ms = min(ms, uint64(s.cfg.Runtime.Command.MaxYieldMs))
-	return time.Duration(ms) * time.Millisecond
 }
 
 func (s *Supervisor) execCommand(c *call) (any, error) {
@@ -117,11 +100,11 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 	if c.args.Has("timeout_ms") {
 		d := time.Duration(c.args.Uint("timeout_ms")) * time.Millisecond
 		cmd.Mu.Lock()
-		cmd.Timer = time.AfterFunc(d, func() { s.killCommand(cmd, workspace.CmdTimedOut, syscall.SIGTERM, 100*time.Millisecond) })
+		cmd.Timer = time.AfterFunc(d, func() { s.cmds.Kill(cmd, workspace.CmdTimedOut, syscall.SIGTERM, 100*time.Millisecond) })
 		cmd.Mu.Unlock()
 	}
 	s.bump(c.ctx, sb)
-	s.waitYield(cmd, s.yield(c.args.Uint("yield_time_ms")))
+	workspace.WaitYield(cmd, s.cmds.Yield(c.args.Uint("yield_time_ms")))
 	return cmd.YieldOutput(start), nil
 }
 
@@ -145,7 +128,7 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create transcript directory: %w", err)
 	}
-	tr, err := workspace.NewTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
+	tr, err := workspace.NewTranscript(filepath.Join(dir, "transcript.log"), s.cmds.TranscriptOptions())
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("create transcript: %w", err)
@@ -205,27 +188,6 @@ func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdlin
 	return cmd, nil
 }
 
-func (s *Supervisor) transcriptOptions() workspace.TranscriptOptions {
-	return workspace.TranscriptOptions{
-		MaxBytes:    s.cfg.Runtime.Command.MaxTranscriptBytes,
-		WindowBytes: int64(s.cfg.Runtime.Command.MaxTranscriptWindowBytes),
-		IdleCommit:  100 * time.Millisecond,
-		Now:         time.Now,
-	}
-}
-
-func (s *Supervisor) waitYield(cmd *command, d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-cmd.Done:
-	case <-t.C:
-	}
-}
-
 // commandEvent applies one holder event.
 func (s *Supervisor) commandEvent(sb *sandbox, ss *session, ev nsholder.Event) {
 	ss.Mu.Lock()
@@ -271,149 +233,26 @@ func (s *Supervisor) commandDone(sb *sandbox, ss *session, cmd *command) {
 		s.captureActivity(context.Background(), sb, ss, cmd.Rec.CommandSessionID, "", "capture")
 	}
 	if !drained {
-		s.finishCommand(sb, cmd, "", nil)
+		s.cmds.Finish(sb, cmd, "", nil)
 		return
 	}
 	cmd.Mu.Lock()
 	cmd.Final = true
 	cmd.Mu.Unlock()
-	s.drainOutput(cmd)
+	workspace.DrainOutput(cmd)
 	finalize := func() {
 		extra := s.finalizeImplicit(context.Background(), sb, ss, cmd)
-		s.finishCommand(sb, cmd, "", extra)
+		s.cmds.Finish(sb, cmd, "", extra)
 	}
 	if !sb.GoBackground(finalize) {
 		// The sandbox is being destroyed: nothing is published (§4.3).
-		s.finishCommand(sb, cmd, "supervisor_restart", nil)
+		s.cmds.Finish(sb, cmd, "supervisor_restart", nil)
 	}
-}
-
-// drainOutput gives the PTY reader a moment to copy the last output, then
-// stops it (a background process may keep the terminal open forever).
-func (s *Supervisor) drainOutput(cmd *command) {
-	select {
-	case <-cmd.ReadEOF:
-	case <-time.After(200 * time.Millisecond):
-		_ = cmd.Proc.PTY.Close()
-		<-cmd.ReadEOF
-	}
-}
-
-// finishCommand makes a command terminal: status from its exit or from why
-// we ended it, or interrupted when its holder vanished.
-func (s *Supervisor) finishCommand(sb *sandbox, cmd *command, interrupt string, extra map[string]any) {
-	if cmd.Terminal() {
-		return
-	}
-	s.drainOutput(cmd)
-	_ = cmd.Proc.PTY.Close()
-	_ = cmd.Transcript.Close()
-	now := time.Now()
-	cmd.Mu.Lock()
-	if cmd.Timer != nil {
-		cmd.Timer.Stop()
-	}
-	r := &cmd.Rec
-	ended := now.UTC().Format("2006-01-02T15:04:05.000Z")
-	r.EndedAt, r.EndedUnixMs = &ended, now.UnixMilli()
-	code := func(n int) *int { return &n }
-	switch {
-	case interrupt != "":
-		r.Status, r.ExitCode, r.Interrupted, r.InterruptReason = workspace.CmdError, nil, true, interrupt
-	case cmd.Forced == workspace.CmdTimedOut:
-		r.Status, r.ExitCode = workspace.CmdTimedOut, code(124)
-	case cmd.Forced == workspace.CmdCancelled:
-		r.Status, r.ExitCode = workspace.CmdCancelled, code(130)
-	case cmd.Exit != nil && cmd.Exit.Signaled():
-		r.Status, r.ExitCode = workspace.CmdError, code(-int(cmd.Exit.Signal()))
-	case cmd.Exit != nil && cmd.Exit.ExitStatus() == 0:
-		r.Status, r.ExitCode = workspace.CmdOK, code(0)
-	case cmd.Exit != nil:
-		r.Status, r.ExitCode = workspace.CmdError, code(cmd.Exit.ExitStatus())
-	default:
-		r.Status, r.ExitCode = workspace.CmdError, nil
-	}
-	if len(extra) > 0 {
-		r.Extra = extra
-	}
-	cmd.Final = false
-	rec := *r
-	cmd.Mu.Unlock()
-	if err := s.store.Put(context.Background(), statedb.KindCommand, rec.CommandSessionID, sb.Rec.ID, rec); err != nil {
-		s.log.Warn("persist command", "command", rec.CommandSessionID, "err", err)
-	}
-	close(cmd.Done)
-	s.retain(sb, cmd)
-	s.bump(context.Background(), sb)
-}
-
-// killCommand ends a command on our initiative (timeout, cancel): first sig
-// to every process of the command, SIGKILL after grace.
-func (s *Supervisor) killCommand(cmd *command, why string, sig syscall.Signal, grace time.Duration) {
-	cmd.Mu.Lock()
-	if cmd.Forced == "" {
-		cmd.Forced = why
-	}
-	ss := cmd.Session
-	cmd.Mu.Unlock()
-	ss.Mu.Lock()
-	h := ss.Holder
-	ss.Mu.Unlock()
-	if h == nil || cmd.Terminal() {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = h.Signal(ctx, cmd.Proc.ID, sig)
-	select {
-	case <-cmd.Done:
-		return
-	case <-time.After(grace):
-	}
-	_ = h.Signal(ctx, cmd.Proc.ID, syscall.SIGKILL)
-}
-
-// retain applies the terminal-record cap (§6.7): FIFO eviction beyond
-// runtime.command.max_terminal_entries, remembering evicted IDs.
-func (s *Supervisor) retain(sb *sandbox, cmd *command) {
-	sb.Mu.Lock()
-	sb.Work.TerminalOrder = append(sb.Work.TerminalOrder, cmd.Rec.CommandSessionID)
-	var evict []string
-	for len(sb.Work.TerminalOrder) > s.cfg.Runtime.Command.MaxTerminalEntries {
-		evict = append(evict, sb.Work.TerminalOrder[0])
-		sb.Work.TerminalOrder = sb.Work.TerminalOrder[1:]
-	}
-	for _, id := range evict {
-		delete(sb.Work.Commands, id)
-		sb.Work.Evicted[id] = true
-	}
-	sb.Mu.Unlock()
-	for _, id := range evict {
-		os.RemoveAll(filepath.Join(s.dirs.Data, "commands", id))
-		_ = s.store.Delete(context.Background(), statedb.KindCommand, id)
-		_ = s.store.Put(context.Background(), statedb.KindEvicted, id, sb.Rec.ID, map[string]string{"command_session_id": id})
-	}
-}
-
-// lookupCommand finds a retained command, or says why not (§3.3).
-func (s *Supervisor) lookupCommand(sb *sandbox, id string) (*command, *catalog.Error) {
-	sb.Mu.Lock()
-	cmd := sb.Work.Commands[id]
-	evicted := sb.Work.Evicted[id]
-	sb.Mu.Unlock()
-	if cmd != nil {
-		return cmd, nil
-	}
-	reason := "unknown"
-	if evicted {
-		reason = "evicted"
-	}
-	return nil, catalog.Errorf(catalog.NotFound, "command not found: %s", id).With("command_session_id", id).With("reason", reason)
 }
 
 func (s *Supervisor) writeCommandStdin(c *call) (any, error) {
 	start := time.Now()
-	cmd, e := s.lookupCommand(c.sb, c.args.String("command_session_id"))
+	cmd, e := workspace.LookupCommand(c.sb, c.args.String("command_session_id"))
 	if e != nil {
 		return nil, e
 	}
@@ -434,9 +273,9 @@ func (s *Supervisor) writeCommandStdin(c *call) (any, error) {
 		cmd.Mu.Lock()
 		ss := cmd.Session
 		cmd.Mu.Unlock()
-		go s.killCommand(cmd, workspace.CmdCancelled, syscall.SIGINT, 500*time.Millisecond)
+		go s.cmds.Kill(cmd, workspace.CmdCancelled, syscall.SIGINT, 500*time.Millisecond)
 		_ = ss
-		s.waitYield(cmd, time.Second)
+		workspace.WaitYield(cmd, time.Second)
 		s.bump(c.ctx, c.sb)
 		return cmd.YieldOutput(start), nil
 	}
@@ -452,13 +291,13 @@ func (s *Supervisor) writeCommandStdin(c *call) (any, error) {
 		return nil, catalog.Errorf(catalog.OperationFailed, "write stdin: %v", err).With("bytes_written", n)
 	}
 	s.bump(c.ctx, c.sb)
-	s.waitYield(cmd, s.yield(c.args.Uint("yield_time_ms")))
+	workspace.WaitYield(cmd, s.cmds.Yield(c.args.Uint("yield_time_ms")))
 	return cmd.YieldOutput(start), nil
 }
 
 func (s *Supervisor) readCommandLines(c *call) (any, error) {
 	start := time.Now()
-	cmd, e := s.lookupCommand(c.sb, c.args.String("command_session_id"))
+	cmd, e := workspace.LookupCommand(c.sb, c.args.String("command_session_id"))
 	if e != nil {
 		return nil, e
 	}
@@ -524,7 +363,7 @@ func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted
 	sort.Slice(recs, func(i, j int) bool { return recs[i].CommandSessionID < recs[j].CommandSessionID })
 	for _, r := range recs {
 		dir := filepath.Join(s.dirs.Data, "commands", r.CommandSessionID)
-		tr, err := workspace.OpenTranscript(filepath.Join(dir, "transcript.log"), s.transcriptOptions())
+		tr, err := workspace.OpenTranscript(filepath.Join(dir, "transcript.log"), s.cmds.TranscriptOptions())
 		if err != nil {
 			s.log.Warn("reopen transcript", "command", r.CommandSessionID, "err", err)
 			continue

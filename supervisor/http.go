@@ -78,7 +78,7 @@ func (c webCommands) Follow(sandboxID, commandID string) (web.Transcript, error)
 	if sb == nil {
 		return nil, catalog.Errorf(catalog.NotFound, "sandbox not found: %s", sandboxID).With("sandbox_id", sandboxID)
 	}
-	cmd, e := c.s.lookupCommand(sb, commandID)
+	cmd, e := workspace.LookupCommand(sb, commandID)
 	if e != nil {
 		return nil, e
 	}

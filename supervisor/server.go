@@ -65,6 +65,7 @@ type Supervisor struct {
 
 	mu        sync.Mutex
 	admission *workspace.Admission // check-and-reserve of commands and sessions
+	cmds      *workspace.Commands  // ends, retains and looks up commands
 	sandboxes *sbx.Registry[*occupants]
 	squasher  *sbx.Squasher[*occupants]
 	sbm       *sbx.Manager[*occupants]
@@ -146,6 +147,7 @@ func Serve(ctx context.Context, opt Options) error {
 	s.squasher = s.newSquasher()
 	s.sbm = s.newSandboxManager()
 	s.admission = workspace.NewAdmission(cfg, s.allSandboxes)
+	s.cmds = &workspace.Commands{Cfg: cfg, DB: st.DB, Log: log, Data: dirs.Data, Bump: s.bump}
 	s.exporter = &sbx.Exporter[*occupants]{Reg: s.sandboxes, Log: log}
 	s.obs = newObsRegistry(cfg, dirs.Data, log, s.ids) // stores are created on first append
 	s.shimPath = execShim(self)

@@ -250,7 +250,7 @@ func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
 	ss.Ledger = map[string]*command{}
 	ss.Mu.Unlock()
 	for _, c := range cmds {
-		s.finishCommand(sb, c, "holder_exited", nil)
+		s.cmds.Finish(sb, c, "holder_exited", nil)
 	}
 	ctx := context.Background()
 	defer s.bump(ctx, sb)

@@ -69,7 +69,7 @@ func (s *Supervisor) interrupt(sb *sandbox, ss *session, cmd *command, grace tim
 		}
 		cancel()
 	}
-	s.finishCommand(sb, cmd, "supervisor_restart", nil)
+	s.cmds.Finish(sb, cmd, "supervisor_restart", nil)
 }
 
 // shutdown stops every sandbox's sessions when the supervisor exits.
