@@ -93,7 +93,7 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 	cmd, err := s.spawn(c.ctx, sb, ss, c.args.String("cmd"), sl)
 	if err != nil {
 		if ss.Implicit() && len(ss.Running()) == 0 {
-			_, _ = s.destroySession(context.Background(), sb, ss, 0)
+			_, _ = s.teardown.DestroySession(context.Background(), sb, ss, 0)
 		}
 		return nil, err
 	}

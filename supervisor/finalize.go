@@ -135,7 +135,7 @@ func (s *Supervisor) finalize(ctx context.Context, sb *sandbox, ss *session, dra
 			"reject_class": rej.Reason, "detail": err.Error(), "conflict_paths": conflictPaths(rej)})
 	}
 	s.persistOutcome(ctx, sb, drain, extra)
-	if _, err := s.destroySession(ctx, sb, ss, 0); err != nil {
+	if _, err := s.teardown.DestroySession(ctx, sb, ss, 0); err != nil {
 		ss.SetState(workspace.SessFinalizeFailed)
 		extra["finalization_failed"], extra["finalization_failure_class"], extra["finalization_attempts"] = true, "holder_finalization_destroy_failed", 1
 	}

@@ -116,7 +116,7 @@ func (a sandboxStore) DeleteSandboxRows(ctx context.Context, id string) error {
 type sandboxOccupants struct{ s *Supervisor }
 
 func (o sandboxOccupants) Stop(ctx context.Context, sb *sandbox, progress func(string)) {
-	o.s.stopSessions(ctx, sb, true, progress)
+	o.s.teardown.StopSessions(ctx, sb, true, progress)
 }
 
 // Forget removes the transcripts of sb's commands.

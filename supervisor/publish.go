@@ -57,7 +57,7 @@ func (s *Supervisor) publishWorkspaceSession(c *call) (any, error) {
 	}
 	pub := workspace.PublishObject(plan, res, true)
 	grace := time.Duration(c.args.Float("grace_s") * float64(time.Second))
-	bytes, derr := s.destroySession(c.ctx, c.sb, ss, grace)
+	bytes, derr := s.teardown.DestroySession(c.ctx, c.sb, ss, grace)
 	s.bump(c.ctx, c.sb)
 	if derr != nil {
 		ss.SetState(workspace.SessFinalizeFailed)

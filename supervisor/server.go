@@ -66,6 +66,7 @@ type Supervisor struct {
 	mu        sync.Mutex
 	admission *workspace.Admission // check-and-reserve of commands and sessions
 	cmds      *workspace.Commands  // ends, retains and looks up commands
+	teardown  *workspace.Teardown  // destroys sessions, stops a sandbox's sessions
 	sandboxes *sbx.Registry[*occupants]
 	squasher  *sbx.Squasher[*occupants]
 	sbm       *sbx.Manager[*occupants]
@@ -156,6 +157,8 @@ func Serve(ctx context.Context, opt Options) error {
 		return err
 	}
 	s.cgroups = setupCgroups("/sys/fs/cgroup", "/proc/self/cgroup")
+	s.teardown = &workspace.Teardown{Cfg: cfg, DB: st.DB, Log: log, Obs: s.obs, Cgroups: s.cgroups, Cmds: s.cmds,
+		FinalizeImplicit: s.finalizeImplicit}
 	log.Info("cgroups", "delegated", s.cgroups.Delegated, "root", s.cgroups.Root, "reason", s.cgroups.Reason)
 	if err := s.recover(ctx); err != nil {
 		return err

@@ -266,7 +266,7 @@ func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
 		fctx := withSpan(ctx, sp)
 		artifact := s.keepRecoveryArtifact(fctx, sb, ss, "holder_exited", map[string]any{"path": nil, "reason": "holder_exited",
 			"source_conflict": nil, "protected_drop": nil, "message": msg, "conflicts": []any{}})
-		_, err := s.destroySession(fctx, sb, ss, 0)
+		_, err := s.teardown.DestroySession(fctx, sb, ss, 0)
 		sp.done(err, map[string]any{"recovery_artifact": artifact})
 		return
 	}
@@ -289,70 +289,6 @@ func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
 	rec := ss.Rec
 	ss.Mu.Unlock()
 	_ = s.store.Put(ctx, statedb.KindSession, rec.WorkspaceSessionID, sb.Rec.ID, rec)
-}
-
-// destroySession tears a session down (§5.7) inside a
-// workspace_session.destroy span.
-func (s *Supervisor) destroySession(ctx context.Context, sb *sandbox, ss *session, grace time.Duration) (int64, error) {
-	sp, ctx := s.spanCtx(ctx, sb, "", "workspace_session.destroy", map[string]any{"workspace_session_id": ss.ID()})
-	n, err := s.closeSession(ctx, sb, ss, grace)
-	sp.done(err, map[string]any{"evicted_upperdir_bytes": n})
-	return n, err
-}
-
-// closeSession tears a session down: holder, lease, directory, record.
-func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session, grace time.Duration) (int64, error) {
-	upperBytes := workspace.DirBytes(ctx, ss.Upper())
-	ss.Mu.Lock()
-	h := ss.Holder
-	ss.Holder = nil
-	ss.Gone = true
-	ss.Mu.Unlock()
-	ss.CloseForwards()
-	if h != nil {
-		if err := h.Close(grace); err != nil {
-			s.log.Warn("close holder", "workspace_session_id", ss.ID(), "err", err)
-		}
-	}
-	// The record goes first: a crash after it leaves only an orphan
-	// directory (removed at the next start) and layers no persisted lease
-	// pins (swept), so a destroy cut short completes at restart instead of
-	// leaving a record whose upper dir is half gone (restore_failed).
-	if err := s.store.Delete(ctx, statedb.KindSession, ss.ID()); err != nil {
-		return upperBytes, err
-	}
-	s.cgroups.RemoveSession(ss.ID())
-	if ss.Lease != nil {
-		if _, err := ss.Lease.Release(); err != nil {
-			s.log.Warn("release lease", "workspace_session_id", ss.ID(), "err", err)
-		}
-	}
-	// Moved to the sandbox's trash at once, removed in the background:
-	// deleting a large upper dir and its attribution copies took longer
-	// than publishing it. sessions/ only ever holds live sessions; a crash
-	// before the removal ends leaves trash that the next start empties
-	// (workspace.RemoveOrphanSessionDirs).
-	trash := filepath.Join(sb.Dir, workspace.SessionTrashDir)
-	gone := filepath.Join(trash, ss.ID())
-	if err := os.MkdirAll(trash, 0o700); err != nil {
-		workspace.RemoveTree(ss.Dir)
-	} else if err := os.Rename(ss.Dir, gone); err != nil {
-		workspace.RemoveTree(ss.Dir)
-	} else if !sb.GoBackground(func() { workspace.RemoveTree(gone) }) {
-		workspace.RemoveTree(gone)
-	}
-	sb.Mu.Lock()
-	delete(sb.Work.Sessions, ss.ID())
-	live := sb.Rec.LiveWorkspaceSessions[:0]
-	for _, id := range sb.Rec.LiveWorkspaceSessions {
-		if id != ss.ID() {
-			live = append(live, id)
-		}
-	}
-	sb.Rec.LiveWorkspaceSessions = live
-	sb.Mu.Unlock()
-	s.eventCtx(ctx, sb, "lease.released", map[string]any{"workspace_session_id": ss.ID(), "revision": ss.Rec.BaseRevision})
-	return upperBytes, nil
 }
 
 func (s *Supervisor) createWorkspaceSession(c *call) (any, error) {
@@ -395,7 +331,7 @@ func (s *Supervisor) destroyWorkspaceSession(c *call) (any, error) {
 			With("workspace_session_id", ss.ID()).With("active_command_session_ids", running)
 	}
 	grace := time.Duration(c.args.Float("grace_s") * float64(time.Second))
-	bytes, err := s.destroySession(c.ctx, c.sb, ss, grace)
+	bytes, err := s.teardown.DestroySession(c.ctx, c.sb, ss, grace)
 	if err != nil {
 		return nil, err
 	}
