@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -18,44 +17,6 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
-
-// commandEnv builds the environment from scratch (§6.1).
-// An image sandbox starts from the image's Env (§5.4), whose PATH replaces
-// the supervisor's; every variable set below overrides an image one.
-func (s *Supervisor) commandEnv(sb *sandbox, wsID, cmdID string) []string {
-	sbID := sb.Rec.ID
-	path := os.Getenv("PATH")
-	if sb.Rec.Rootfs != "host" {
-		path = ""
-		if v, ok := envLookup(sb.ImageEnv, "PATH"); ok {
-			path = v
-		}
-	}
-	if path == "" {
-		path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-	}
-	term := os.Getenv("TERM")
-	if term == "" {
-		term = "xterm-256color"
-	}
-	env := []string{"PATH=" + path, "HOME=/root", "USER=root", "LOGNAME=root", "TERM=" + term}
-	for _, k := range []string{"LANG", "LC_ALL", "TZ", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
-		"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY"} {
-		if v, ok := os.LookupEnv(k); ok {
-			env = append(env, k+"="+v)
-		}
-	}
-	env = append(env, "GIT_OPTIONAL_LOCKS=0", "SANDBOX_ID="+sbID, "WORKSPACE_SESSION_ID="+wsID, "COMMAND_SESSION_ID="+cmdID)
-	keys := make([]string, 0, len(s.cfg.Runtime.Command.Env))
-	for k := range s.cfg.Runtime.Command.Env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		env = append(env, k+"="+s.cfg.Runtime.Command.Env[k])
-	}
-	return mergeEnv(sb.ImageEnv, env)
-}
 
 func (s *Supervisor) runningCommands() (total int) {
 	s.mu.Lock()
@@ -90,7 +51,7 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 			return nil, err
 		}
 	}
-	cmd, err := s.spawn(c.ctx, sb, ss, c.args.String("cmd"), sl)
+	cmd, err := s.cmds.Spawn(c.ctx, sb, ss, c.args.String("cmd"), sl)
 	if err != nil {
 		if ss.Implicit() && len(ss.Running()) == 0 {
 			_, _ = s.teardown.DestroySession(context.Background(), sb, ss, 0)
@@ -106,86 +67,6 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 	s.bump(c.ctx, sb)
 	workspace.WaitYield(cmd, s.cmds.Yield(c.args.Uint("yield_time_ms")))
 	return cmd.YieldOutput(start), nil
-}
-
-// spawn starts one command in a session through its holder.
-// sl is the command's admission slot, consumed when the command enters
-// sb.Work.commands.
-func (s *Supervisor) spawn(ctx context.Context, sb *sandbox, ss *session, cmdline string, sl *workspace.Slot) (*command, error) {
-	ss.Gate.Lock()
-	defer ss.Gate.Unlock()
-	if e := ss.Admit(); e != nil {
-		return nil, e
-	}
-	ss.Mu.Lock()
-	h := ss.Holder
-	ss.Mu.Unlock()
-	if h == nil {
-		return nil, catalog.Errorf(catalog.OperationFailed, "holder exited").With("workspace_session_id", ss.ID())
-	}
-	id := s.ids.New("cmd-")
-	dir := filepath.Join(s.dirs.Data, "commands", id)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("create transcript directory: %w", err)
-	}
-	tr, err := workspace.NewTranscript(filepath.Join(dir, "transcript.log"), s.cmds.TranscriptOptions())
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("create transcript: %w", err)
-	}
-	now := time.Now()
-	cmd := &command{
-		Dir: dir, Transcript: tr, Session: ss, Done: make(chan struct{}), ReadEOF: make(chan struct{}),
-		Rec: commandRecord{CommandSessionID: id, SandboxID: sb.Rec.ID, Cmd: cmdline, WorkspaceSessionID: ss.ID(),
-			Status: workspace.CmdRunning, StartedAt: now.UTC().Format("2006-01-02T15:04:05.000Z"), StartedUnixMs: now.UnixMilli()},
-	}
-	// The holder may report a fast command's exit right after Spawn returns;
-	// holding ss.mu until the command is in the ledger makes commandEvent
-	// wait for it instead of dropping the event.
-	sp, _ := s.spanCtx(ctx, sb, "holder", "holder.exec", map[string]any{"workspace_session_id": ss.ID(), "command_session_id": id})
-	ss.Mu.Lock()
-	proc, err := h.Spawn(ctx, nsholder.SpawnRequest{
-		Cmd: cmdline, Env: s.commandEnv(sb, ss.ID(), id), Dir: "/workspace",
-		Rows: uint16(s.cfg.Runtime.Command.PtyRows), Cols: uint16(s.cfg.Runtime.Command.PtyCols),
-		Owner: id,
-	})
-	sp.done(err, nil)
-	if err != nil {
-		ss.Mu.Unlock()
-		tr.Close()
-		os.RemoveAll(dir)
-		if errors.Is(err, nsholder.ErrNoShell) {
-			return nil, catalog.Errorf(catalog.OperationFailed, "no shell in rootfs")
-		}
-		return nil, catalog.Errorf(catalog.OperationFailed, "spawn command: %w", err).With("workspace_session_id", ss.ID())
-	}
-	cmd.Proc = proc
-	ss.Ledger[id] = cmd
-	// Persist the running record before the holder's exit event can be
-	// handled (it waits for ss.mu): afterwards finishCommand owns the record,
-	// and a later put of "running" would overwrite its terminal state.
-	if err := s.store.Put(ctx, statedb.KindCommand, id, sb.Rec.ID, cmd.Rec); err != nil {
-		s.log.Warn("persist command", "command", id, "err", err)
-	}
-	ss.Mu.Unlock()
-	go func() {
-		defer close(cmd.ReadEOF)
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := proc.PTY.Read(buf)
-			if n > 0 {
-				_, _ = tr.Write(buf[:n])
-			}
-			if err != nil {
-				return // EIO once every slave holder is gone, or closed by finishCommand
-			}
-		}
-	}()
-	sb.Mu.Lock()
-	sb.Work.Commands[id] = cmd
-	sl.ReleaseLocked()
-	sb.Mu.Unlock()
-	return cmd, nil
 }
 
 // commandEvent applies one holder event.

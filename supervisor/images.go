@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
@@ -123,41 +122,6 @@ func imageFiles(hostname, network string) map[string]string {
 		files["/etc/resolv.conf"] = nsholder.ResolvConf
 	}
 	return files
-}
-
-// envLookup finds name in a KEY=VALUE list.
-func envLookup(env []string, name string) (string, bool) {
-	for _, kv := range env {
-		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
-			return v, true
-		}
-	}
-	return "", false
-}
-
-// mergeEnv returns base overridden by over, one entry per name, base's
-// order first.
-func mergeEnv(base, over []string) []string {
-	if len(base) == 0 {
-		return over
-	}
-	idx := map[string]int{}
-	var out []string
-	for _, list := range [][]string{base, over} {
-		for _, kv := range list {
-			k, _, ok := strings.Cut(kv, "=")
-			if !ok || k == "" {
-				continue
-			}
-			if i, seen := idx[k]; seen {
-				out[i] = kv
-				continue
-			}
-			idx[k] = len(out)
-			out = append(out, kv)
-		}
-	}
-	return out
 }
 
 // loadImageEnv sets sb.ImageEnv from the cache (creation and recovery).

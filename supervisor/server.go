@@ -148,7 +148,6 @@ func Serve(ctx context.Context, opt Options) error {
 	s.squasher = s.newSquasher()
 	s.sbm = s.newSandboxManager()
 	s.admission = workspace.NewAdmission(cfg, s.allSandboxes)
-	s.cmds = &workspace.Commands{Cfg: cfg, DB: st.DB, Log: log, Data: dirs.Data, Bump: s.bump}
 	s.exporter = &sbx.Exporter[*occupants]{Reg: s.sandboxes, Log: log}
 	s.obs = newObsRegistry(cfg, dirs.Data, log, s.ids) // stores are created on first append
 	s.shimPath = execShim(self)
@@ -157,6 +156,7 @@ func Serve(ctx context.Context, opt Options) error {
 		return err
 	}
 	s.cgroups = setupCgroups("/sys/fs/cgroup", "/proc/self/cgroup")
+	s.cmds = &workspace.Commands{Cfg: cfg, DB: st.DB, Log: log, Data: dirs.Data, IDs: s.ids, Obs: s.obs, Bump: s.bump}
 	s.teardown = &workspace.Teardown{Cfg: cfg, DB: st.DB, Log: log, Obs: s.obs, Cgroups: s.cgroups, Cmds: s.cmds,
 		FinalizeImplicit: s.finalizeImplicit}
 	log.Info("cgroups", "delegated", s.cgroups.Delegated, "root", s.cgroups.Root, "reason", s.cgroups.Reason)

@@ -2,14 +2,20 @@ package workspace
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/nsholder"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 )
 
@@ -22,6 +28,8 @@ type Commands struct {
 	// Data is the data directory; a command's transcript is below
 	// Data/commands/<id>.
 	Data string
+	IDs  *statedb.IDs
+	Obs  *obs.Registry
 	// Bump records a client-visible change of sb (§4.4).
 	Bump func(ctx context.Context, sb *Sandbox)
 }
@@ -186,4 +194,157 @@ func LookupCommand(sb *Sandbox, id string) (*Command, *catalog.Error) {
 		reason = "evicted"
 	}
 	return nil, catalog.Errorf(catalog.NotFound, "command not found: %s", id).With("command_session_id", id).With("reason", reason)
+}
+
+// commandEnv builds the environment from scratch (§6.1).
+// An image sandbox starts from the image's Env (§5.4), whose PATH replaces
+// the supervisor's; every variable set below overrides an image one.
+func (m *Commands) commandEnv(sb *Sandbox, wsID, cmdID string) []string {
+	sbID := sb.Rec.ID
+	path := os.Getenv("PATH")
+	if sb.Rec.Rootfs != "host" {
+		path = ""
+		if v, ok := envLookup(sb.ImageEnv, "PATH"); ok {
+			path = v
+		}
+	}
+	if path == "" {
+		path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	}
+	term := os.Getenv("TERM")
+	if term == "" {
+		term = "xterm-256color"
+	}
+	env := []string{"PATH=" + path, "HOME=/root", "USER=root", "LOGNAME=root", "TERM=" + term}
+	for _, k := range []string{"LANG", "LC_ALL", "TZ", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+		"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	env = append(env, "GIT_OPTIONAL_LOCKS=0", "SANDBOX_ID="+sbID, "WORKSPACE_SESSION_ID="+wsID, "COMMAND_SESSION_ID="+cmdID)
+	keys := make([]string, 0, len(m.Cfg.Runtime.Command.Env))
+	for k := range m.Cfg.Runtime.Command.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+m.Cfg.Runtime.Command.Env[k])
+	}
+	return mergeEnv(sb.ImageEnv, env)
+}
+
+// Spawn starts one command in a session through its holder.
+// sl is the command's admission slot, consumed when the command enters
+// sb.Work.commands.
+func (m *Commands) Spawn(ctx context.Context, sb *Sandbox, ss *Session, cmdline string, sl *Slot) (*Command, error) {
+	ss.Gate.Lock()
+	defer ss.Gate.Unlock()
+	if e := ss.Admit(); e != nil {
+		return nil, e
+	}
+	ss.Mu.Lock()
+	h := ss.Holder
+	ss.Mu.Unlock()
+	if h == nil {
+		return nil, catalog.Errorf(catalog.OperationFailed, "holder exited").With("workspace_session_id", ss.ID())
+	}
+	id := m.IDs.New("cmd-")
+	dir := filepath.Join(m.Data, "commands", id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create transcript directory: %w", err)
+	}
+	tr, err := NewTranscript(filepath.Join(dir, "transcript.log"), m.TranscriptOptions())
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("create transcript: %w", err)
+	}
+	now := time.Now()
+	cmd := &Command{
+		Dir: dir, Transcript: tr, Session: ss, Done: make(chan struct{}), ReadEOF: make(chan struct{}),
+		Rec: CommandRecord{CommandSessionID: id, SandboxID: sb.Rec.ID, Cmd: cmdline, WorkspaceSessionID: ss.ID(),
+			Status: CmdRunning, StartedAt: now.UTC().Format("2006-01-02T15:04:05.000Z"), StartedUnixMs: now.UnixMilli()},
+	}
+	// The holder may report a fast command's exit right after Spawn returns;
+	// holding ss.mu until the command is in the ledger makes commandEvent
+	// wait for it instead of dropping the event.
+	_, sp := obs.Start(obs.WithScope(ctx, m.Obs, scope(sb)), "holder.exec", map[string]any{"workspace_session_id": ss.ID(), "command_session_id": id})
+	ss.Mu.Lock()
+	proc, err := h.Spawn(ctx, nsholder.SpawnRequest{
+		Cmd: cmdline, Env: m.commandEnv(sb, ss.ID(), id), Dir: "/workspace",
+		Rows: uint16(m.Cfg.Runtime.Command.PtyRows), Cols: uint16(m.Cfg.Runtime.Command.PtyCols),
+		Owner: id,
+	})
+	sp.Done(err, nil)
+	if err != nil {
+		ss.Mu.Unlock()
+		tr.Close()
+		os.RemoveAll(dir)
+		if errors.Is(err, nsholder.ErrNoShell) {
+			return nil, catalog.Errorf(catalog.OperationFailed, "no shell in rootfs")
+		}
+		return nil, catalog.Errorf(catalog.OperationFailed, "spawn command: %w", err).With("workspace_session_id", ss.ID())
+	}
+	cmd.Proc = proc
+	ss.Ledger[id] = cmd
+	// Persist the running record before the holder's exit event can be
+	// handled (it waits for ss.mu): afterwards finishCommand owns the record,
+	// and a later put of "running" would overwrite its terminal state.
+	if err := m.DB.Put(ctx, statedb.KindCommand, id, sb.Rec.ID, cmd.Rec); err != nil {
+		m.Log.Warn("persist command", "command", id, "err", err)
+	}
+	ss.Mu.Unlock()
+	go func() {
+		defer close(cmd.ReadEOF)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := proc.PTY.Read(buf)
+			if n > 0 {
+				_, _ = tr.Write(buf[:n])
+			}
+			if err != nil {
+				return // EIO once every slave holder is gone, or closed by finishCommand
+			}
+		}
+	}()
+	sb.Mu.Lock()
+	sb.Work.Commands[id] = cmd
+	sl.ReleaseLocked()
+	sb.Mu.Unlock()
+	return cmd, nil
+}
+
+// envLookup finds name in a KEY=VALUE list.
+func envLookup(env []string, name string) (string, bool) {
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// mergeEnv returns base overridden by over, one entry per name, base's
+// order first.
+func mergeEnv(base, over []string) []string {
+	if len(base) == 0 {
+		return over
+	}
+	idx := map[string]int{}
+	var out []string
+	for _, list := range [][]string{base, over} {
+		for _, kv := range list {
+			k, _, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				continue
+			}
+			if i, seen := idx[k]; seen {
+				out[i] = kv
+				continue
+			}
+			idx[k] = len(out)
+			out = append(out, kv)
+		}
+	}
+	return out
 }
