@@ -2,11 +2,9 @@ package supervisor
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"math"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
@@ -14,7 +12,6 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
@@ -227,50 +224,4 @@ func (s *Supervisor) listCommands(c *call) (any, error) {
 		out = append(out, m)
 	}
 	return map[string]any{"commands": out, "truncated": truncated}, nil
-}
-
-// loadCommands restores a sandbox's command records at start: commands that
-// were running become terminal with interrupted:true (§4.5).
-func (s *Supervisor) loadCommands(ctx context.Context, sb *sandbox) (interrupted int) {
-	var recs []commandRecord
-	_ = s.store.List(ctx, statedb.KindCommand, sb.Rec.ID, func(b []byte) error {
-		var r commandRecord
-		if err := json.Unmarshal(b, &r); err != nil {
-			return err
-		}
-		recs = append(recs, r)
-		return nil
-	})
-	sort.Slice(recs, func(i, j int) bool { return recs[i].CommandSessionID < recs[j].CommandSessionID })
-	for _, r := range recs {
-		dir := filepath.Join(s.dirs.Data, "commands", r.CommandSessionID)
-		tr, err := workspace.OpenTranscript(filepath.Join(dir, "transcript.log"), s.cmds.TranscriptOptions())
-		if err != nil {
-			s.log.Warn("reopen transcript", "command", r.CommandSessionID, "err", err)
-			continue
-		}
-		_ = tr.Close()
-		if r.Status == workspace.CmdRunning {
-			now := time.Now()
-			ended := now.UTC().Format("2006-01-02T15:04:05.000Z")
-			r.Status, r.ExitCode, r.Interrupted, r.InterruptReason = workspace.CmdError, nil, true, "supervisor_restart"
-			r.EndedAt, r.EndedUnixMs = &ended, now.UnixMilli()
-			_ = s.store.Put(ctx, statedb.KindCommand, r.CommandSessionID, sb.Rec.ID, r)
-			s.eventCtx(ctx, sb, "command.interrupted", map[string]any{"command_session_id": r.CommandSessionID, "interrupt_reason": "supervisor_restart"})
-			interrupted++
-		}
-		done := make(chan struct{})
-		close(done)
-		cmd := &command{Rec: r, Dir: dir, Transcript: tr, Done: done}
-		sb.Work.Commands[r.CommandSessionID] = cmd
-		sb.Work.TerminalOrder = append(sb.Work.TerminalOrder, r.CommandSessionID)
-	}
-	_ = s.store.List(ctx, statedb.KindEvicted, sb.Rec.ID, func(b []byte) error {
-		var m map[string]string
-		if err := json.Unmarshal(b, &m); err == nil {
-			sb.Work.Evicted[m["command_session_id"]] = true
-		}
-		return nil
-	})
-	return interrupted
 }

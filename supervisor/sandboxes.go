@@ -245,7 +245,7 @@ func (s *Supervisor) reopenSandbox(ctx context.Context, sb *sandbox, sum *recove
 		sum.FailedSandboxes = append(sum.FailedSandboxes, sb.Rec.ID)
 	}
 	if sb.Rec.State == stateReady {
-		sum.InterruptedCommands += s.loadCommands(ctx, sb)
+		sum.InterruptedCommands += s.cmds.Load(ctx, sb)
 		sum.RemovedSessionDirs += workspace.RemoveOrphanSessionDirs(ctx, s.store.DB, s.log, sb)
 		s.restoreSessions(ctx, sb, sum)
 		s.notifyAutosquash(sb, "startup")

@@ -2,6 +2,7 @@ package workspace
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -347,4 +348,50 @@ func mergeEnv(base, over []string) []string {
 		}
 	}
 	return out
+}
+
+// Load restores a sandbox's command records at start: commands that
+// were running become terminal with interrupted:true (§4.5).
+func (m *Commands) Load(ctx context.Context, sb *Sandbox) (interrupted int) {
+	var recs []CommandRecord
+	_ = m.DB.List(ctx, statedb.KindCommand, sb.Rec.ID, func(b []byte) error {
+		var r CommandRecord
+		if err := json.Unmarshal(b, &r); err != nil {
+			return err
+		}
+		recs = append(recs, r)
+		return nil
+	})
+	sort.Slice(recs, func(i, j int) bool { return recs[i].CommandSessionID < recs[j].CommandSessionID })
+	for _, r := range recs {
+		dir := filepath.Join(m.Data, "commands", r.CommandSessionID)
+		tr, err := OpenTranscript(filepath.Join(dir, "transcript.log"), m.TranscriptOptions())
+		if err != nil {
+			m.Log.Warn("reopen transcript", "command", r.CommandSessionID, "err", err)
+			continue
+		}
+		_ = tr.Close()
+		if r.Status == CmdRunning {
+			now := time.Now()
+			ended := now.UTC().Format("2006-01-02T15:04:05.000Z")
+			r.Status, r.ExitCode, r.Interrupted, r.InterruptReason = CmdError, nil, true, "supervisor_restart"
+			r.EndedAt, r.EndedUnixMs = &ended, now.UnixMilli()
+			_ = m.DB.Put(ctx, statedb.KindCommand, r.CommandSessionID, sb.Rec.ID, r)
+			event(ctx, m.Obs, sb, "command.interrupted", map[string]any{"command_session_id": r.CommandSessionID, "interrupt_reason": "supervisor_restart"})
+			interrupted++
+		}
+		done := make(chan struct{})
+		close(done)
+		cmd := &Command{Rec: r, Dir: dir, Transcript: tr, Done: done}
+		sb.Work.Commands[r.CommandSessionID] = cmd
+		sb.Work.TerminalOrder = append(sb.Work.TerminalOrder, r.CommandSessionID)
+	}
+	_ = m.DB.List(ctx, statedb.KindEvicted, sb.Rec.ID, func(b []byte) error {
+		var m map[string]string
+		if err := json.Unmarshal(b, &m); err == nil {
+			sb.Work.Evicted[m["command_session_id"]] = true
+		}
+		return nil
+	})
+	return interrupted
 }

@@ -91,7 +91,7 @@ func (t *Teardown) closeSession(ctx context.Context, sb *Sandbox, ss *Session, g
 	}
 	sb.Rec.LiveWorkspaceSessions = live
 	sb.Mu.Unlock()
-	t.event(ctx, sb, "lease.released", map[string]any{"workspace_session_id": ss.ID(), "revision": ss.Rec.BaseRevision})
+	event(ctx, t.Obs, sb, "lease.released", map[string]any{"workspace_session_id": ss.ID(), "revision": ss.Rec.BaseRevision})
 	return upperBytes, nil
 }
 
@@ -163,7 +163,7 @@ func (t *Teardown) interrupt(sb *Sandbox, ss *Session, cmd *Command, grace time.
 
 // event records an event in sb's store, in the trace of the span ctx
 // carries (as its child), or outside any request when there is none.
-func (t *Teardown) event(ctx context.Context, sb *Sandbox, name string, attrs map[string]any) {
+func event(ctx context.Context, r *obs.Registry, sb *Sandbox, name string, attrs map[string]any) {
 	sp := obs.From(ctx)
-	t.Obs.Record(scope(sb), sp.Trace(), sp.ID(), name, attrs)
+	r.Record(scope(sb), sp.Trace(), sp.ID(), name, attrs)
 }
