@@ -15,19 +15,6 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
-func (s *Supervisor) runningCommands() (total int) {
-	s.mu.Lock()
-	all := make([]*sandbox, 0, s.sandboxes.Len())
-	for _, sb := range s.sandboxes.All() {
-		all = append(all, sb)
-	}
-	s.mu.Unlock()
-	for _, sb := range all {
-		total += workspace.RunningCount(sb)
-	}
-	return total
-}
-
 func (s *Supervisor) execCommand(c *call) (any, error) {
 	start := time.Now()
 	sb := c.sb

@@ -13,17 +13,6 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
-// publishOptions are the configured limits of a publish (§9, §13).
-func (s *Supervisor) publishOptions() layers.PublishOptions {
-	p := s.cfg.Runtime.Publish
-	return layers.PublishOptions{
-		Protected:      s.protected,
-		MaxPlanPaths:   p.MaxPlanPaths,
-		ExpansionLimit: p.ExpansionLimit,
-		Merge:          layers.MergeOptions{MaxFileBytes: p.MergeMaxFileBytes, MaxEditDistance: p.MergeMaxEditDistance},
-	}
-}
-
 // publishSession captures a session's upper dir and resolves it against the
 // current head (§9): exactly one layer or nothing. After a commit the
 // committed files' line attribution is recorded (§11.2); drain names the
@@ -107,7 +96,7 @@ func (s *Supervisor) finalize(ctx context.Context, sb *sandbox, ss *session, dra
 	if h != nil {
 		_ = h.Close(0) // SIGKILL of the whole PID namespace: nothing writes during capture
 	}
-	opt := s.publishOptions()
+	opt := workspace.PublishOptions(s.cfg, s.protected)
 	opt.Implicit = true
 	psp, pctx := s.spanCtx(ctx, sb, "", "workspace_session.publish", map[string]any{"workspace_session_id": ss.ID(), "dry_run": false})
 	plan, res, err := s.publishSession(pctx, sb, ss, opt, drain)

@@ -27,7 +27,7 @@ func (s *Supervisor) health(c *call) (any, error) {
 		UserNS: s.probes.UserNS, KernelOverlay: s.probes.KernelOverlay, FuseOverlay: s.probes.FuseOverlay,
 		FuseDevice: s.probes.FuseDevice, Docker: views.Availability{Available: s.docker.Available, Reason: s.docker.Reason},
 		StoreErr: s.store.Ping(c.ctx), DataDir: s.dirs.Data,
-		Sandboxes: nSandboxes, Sessions: s.sessionCount(), RunningCommands: s.runningCommands(), AnyFailed: failed,
+		Sandboxes: nSandboxes, Sessions: workspace.CountSessions(s.allSandboxes()), RunningCommands: workspace.CountRunning(s.allSandboxes()), AnyFailed: failed,
 		Cgroup: cg, Network: s.netHelperStatus(), EventStore: s.obsStats(nil),
 	}), nil
 }
@@ -41,8 +41,8 @@ func (s *Supervisor) daemon(c *call) (any, error) {
 	return views.Daemon(views.DaemonInput{Scope: scope, Started: s.started, Holders: holderViews(sbs),
 		Usage: views.RuntimeUsage{
 			ActiveRequests: s.active.Load(),
-			ActiveCommands: s.runningCommands(),
-			LiveSessions:   s.sessionCount(),
+			ActiveCommands: workspace.CountRunning(s.allSandboxes()),
+			LiveSessions:   workspace.CountSessions(s.allSandboxes()),
 			AdmissionInUse: len(s.conns),
 		}}), nil
 }

@@ -33,7 +33,7 @@ func (s *Supervisor) publishWorkspaceSession(c *call) (any, error) {
 		return nil, catalog.Errorf(catalog.OperationFailed, "workspace session has active command sessions").
 			With("workspace_session_id", id).With("active_command_session_ids", running)
 	}
-	opt := s.publishOptions()
+	opt := workspace.PublishOptions(s.cfg, s.protected)
 	opt.DefaultStrategy = layers.Strategy(c.args.String("default_strategy"))
 	opt.Resolutions = resolutions
 	opt.DryRun = dry

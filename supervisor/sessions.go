@@ -18,22 +18,6 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
-func (s *Supervisor) sessionCount() int {
-	s.mu.Lock()
-	all := make([]*sandbox, 0, s.sandboxes.Len())
-	for _, sb := range s.sandboxes.All() {
-		all = append(all, sb)
-	}
-	s.mu.Unlock()
-	n := 0
-	for _, sb := range all {
-		sb.Mu.Lock()
-		n += len(sb.Work.Sessions)
-		sb.Mu.Unlock()
-	}
-	return n
-}
-
 // newSession runs §5.2 inside a workspace_session.create span.
 func (s *Supervisor) newSession(ctx context.Context, sb *sandbox, policy, network string, agent *string) (*session, error) {
 	sp, ctx := s.spanCtx(ctx, sb, "", "workspace_session.create", map[string]any{"finalize_policy": policy, "network_profile": network})

@@ -395,3 +395,22 @@ func (m *Commands) Load(ctx context.Context, sb *Sandbox) (interrupted int) {
 	})
 	return interrupted
 }
+
+// CountSessions is the number of live sessions in sbs.
+func CountSessions(sbs []*Sandbox) int {
+	n := 0
+	for _, sb := range sbs {
+		sb.Mu.Lock()
+		n += len(sb.Work.Sessions)
+		sb.Mu.Unlock()
+	}
+	return n
+}
+
+// CountRunning is the number of running commands in sbs.
+func CountRunning(sbs []*Sandbox) (total int) {
+	for _, sb := range sbs {
+		total += RunningCount(sb)
+	}
+	return total
+}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 )
 
 // Publish's objects (§3.5, §9): the resolutions argument, the publish and
@@ -114,4 +115,16 @@ func CountEntries(ctx context.Context, dir string) int {
 	n := 0
 	_ = WalkUpperTree(ctx, dir, func(string, fs.FileInfo) error { n++; return nil })
 	return n
+}
+
+// PublishOptions are the configured limits of a publish (§9, §13), with
+// the compiled protected paths.
+func PublishOptions(cfg *config.Config, protected *layers.Patterns) layers.PublishOptions {
+	p := cfg.Runtime.Publish
+	return layers.PublishOptions{
+		Protected:      protected,
+		MaxPlanPaths:   p.MaxPlanPaths,
+		ExpansionLimit: p.ExpansionLimit,
+		Merge:          layers.MergeOptions{MaxFileBytes: p.MergeMaxFileBytes, MaxEditDistance: p.MergeMaxEditDistance},
+	}
 }
