@@ -208,3 +208,23 @@ func (s *Supervisor) fuseNotices(sb *sandbox, ss *session, ns []*nsholder.FSNoti
 func (s *Supervisor) fuseCommandEnd(sb *sandbox, ss *session, cmd string) {
 	ss.Attr.FuseCommandEnd(context.Background(), s.workspace(sb, ss), cmd)
 }
+
+// sessionHooks give workspace.Commands the root's attribution glue and
+// implicit finalization until they move.
+type sessionHooks struct{ s *Supervisor }
+
+func (h sessionHooks) FuseCommandEnd(sb *sandbox, ss *session, cmd string) {
+	h.s.fuseCommandEnd(sb, ss, cmd)
+}
+
+func (h sessionHooks) CheckpointSession(ctx context.Context, sb *sandbox, ss *session, commandID string, approximate bool, paths ...string) {
+	h.s.checkpointSession(ctx, sb, ss, commandID, approximate, paths...)
+}
+
+func (h sessionHooks) CaptureActivity(ctx context.Context, sb *sandbox, ss *session, cmd, requestID, source string, paths ...string) {
+	h.s.captureActivity(ctx, sb, ss, cmd, requestID, source, paths...)
+}
+
+func (h sessionHooks) FinalizeImplicit(ctx context.Context, sb *sandbox, ss *session, drain *command) map[string]any {
+	return h.s.finalizeImplicit(ctx, sb, ss, drain)
+}

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
-	"github.com/ephemeral-ai-lab/sandbox/nsholder"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
@@ -51,68 +50,6 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 	s.bump(c.ctx, sb)
 	workspace.WaitYield(cmd, s.cmds.Yield(c.args.Uint("yield_time_ms")))
 	return cmd.YieldOutput(start), nil
-}
-
-// commandEvent applies one holder event.
-func (s *Supervisor) commandEvent(sb *sandbox, ss *session, ev nsholder.Event) {
-	ss.Mu.Lock()
-	var cmd *command
-	for _, c := range ss.Ledger {
-		if c.Proc.ID == ev.ID {
-			cmd = c
-			break
-		}
-	}
-	ss.Mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	if ev.Exited {
-		st := ev.Status
-		cmd.Mu.Lock()
-		cmd.Exit = &st
-		cmd.Mu.Unlock()
-	}
-	if ev.Done {
-		s.commandDone(sb, ss, cmd)
-	}
-}
-
-// commandDone runs when a command's process group is gone: it leaves the
-// ledger; the command that drains an implicit session's ledger stays
-// running (finalizing) until the session is published and destroyed (§6.6).
-func (s *Supervisor) commandDone(sb *sandbox, ss *session, cmd *command) {
-	ss.Mu.Lock()
-	delete(ss.Ledger, cmd.Rec.CommandSessionID)
-	others := len(ss.Ledger)
-	drained := others == 0 && ss.Implicit()
-	ss.Mu.Unlock()
-	if ss.Rec.OverlayDriver == "fuse" {
-		// FUSE driver (§11.3): the writers are known per handle; the files
-		// written since their last checkpoint are checkpointed now.
-		s.fuseCommandEnd(sb, ss, cmd.Rec.CommandSessionID)
-	} else {
-		// Kernel driver attribution (§11.3): what changed is credited to the
-		// command that ended, approximately when others ran meanwhile.
-		s.checkpointSession(context.Background(), sb, ss, cmd.Rec.CommandSessionID, others > 0)
-		s.captureActivity(context.Background(), sb, ss, cmd.Rec.CommandSessionID, "", "capture")
-	}
-	if !drained {
-		s.cmds.Finish(sb, cmd, "", nil)
-		return
-	}
-	cmd.Mu.Lock()
-	cmd.Final = true
-	cmd.Mu.Unlock()
-	workspace.DrainOutput(cmd)
-	finalize := func() {
-		extra := s.finalizeImplicit(context.Background(), sb, ss, cmd)
-		s.cmds.Finish(sb, cmd, "", extra)
-	}
-	if !sb.GoBackground(finalize) {
-		// The sandbox is being destroyed: nothing is published (§4.3).
-		s.cmds.Finish(sb, cmd, "supervisor_restart", nil)
-	}
 }
 
 func (s *Supervisor) writeCommandStdin(c *call) (any, error) {

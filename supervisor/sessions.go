@@ -175,7 +175,7 @@ func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h holder) {
 	events := h.Events()
 	for ev := range events {
 		if ev.FS == nil {
-			s.commandEvent(sb, ss, ev)
+			s.cmds.Event(sb, ss, ev)
 			continue
 		}
 		// FUSE notices come in bursts (a release per written file): the
@@ -201,7 +201,7 @@ func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h holder) {
 		}
 		s.fuseNotices(sb, ss, batch)
 		if next != nil {
-			s.commandEvent(sb, ss, *next)
+			s.cmds.Event(sb, ss, *next)
 		}
 	}
 	<-h.Done()

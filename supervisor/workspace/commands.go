@@ -31,6 +31,7 @@ type Commands struct {
 	Data string
 	IDs  *statedb.IDs
 	Obs  *obs.Registry
+	Attr SessionHooks
 	// Bump records a client-visible change of sb (§4.4).
 	Bump func(ctx context.Context, sb *Sandbox)
 }
@@ -413,4 +414,80 @@ func CountRunning(sbs []*Sandbox) (total int) {
 		total += RunningCount(sb)
 	}
 	return total
+}
+
+// SessionHooks are what the end of a command does beyond the command:
+// attribution of the session's changes (§11.3) and the finalization of an
+// implicit session (§6.6). The root package implements them.
+type SessionHooks interface {
+	// FuseCommandEnd checkpoints the files a FUSE session's command wrote.
+	FuseCommandEnd(sb *Sandbox, ss *Session, cmd string)
+	// CheckpointSession credits what changed in ss to commandID.
+	CheckpointSession(ctx context.Context, sb *Sandbox, ss *Session, commandID string, approximate bool, paths ...string)
+	// CaptureActivity records the file activity of ss since the last capture.
+	CaptureActivity(ctx context.Context, sb *Sandbox, ss *Session, cmd, requestID, source string, paths ...string)
+	// FinalizeImplicit publishes an implicit session and destroys it.
+	FinalizeImplicit(ctx context.Context, sb *Sandbox, ss *Session, drain *Command) map[string]any
+}
+
+// Event applies one holder event.
+func (m *Commands) Event(sb *Sandbox, ss *Session, ev nsholder.Event) {
+	ss.Mu.Lock()
+	var cmd *Command
+	for _, c := range ss.Ledger {
+		if c.Proc.ID == ev.ID {
+			cmd = c
+			break
+		}
+	}
+	ss.Mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	if ev.Exited {
+		st := ev.Status
+		cmd.Mu.Lock()
+		cmd.Exit = &st
+		cmd.Mu.Unlock()
+	}
+	if ev.Done {
+		m.done(sb, ss, cmd)
+	}
+}
+
+// done runs when a command's process group is gone: it leaves the
+// ledger; the command that drains an implicit session's ledger stays
+// running (finalizing) until the session is published and destroyed (§6.6).
+func (m *Commands) done(sb *Sandbox, ss *Session, cmd *Command) {
+	ss.Mu.Lock()
+	delete(ss.Ledger, cmd.Rec.CommandSessionID)
+	others := len(ss.Ledger)
+	drained := others == 0 && ss.Implicit()
+	ss.Mu.Unlock()
+	if ss.Rec.OverlayDriver == "fuse" {
+		// FUSE driver (§11.3): the writers are known per handle; the files
+		// written since their last checkpoint are checkpointed now.
+		m.Attr.FuseCommandEnd(sb, ss, cmd.Rec.CommandSessionID)
+	} else {
+		// Kernel driver attribution (§11.3): what changed is credited to the
+		// command that ended, approximately when others ran meanwhile.
+		m.Attr.CheckpointSession(context.Background(), sb, ss, cmd.Rec.CommandSessionID, others > 0)
+		m.Attr.CaptureActivity(context.Background(), sb, ss, cmd.Rec.CommandSessionID, "", "capture")
+	}
+	if !drained {
+		m.Finish(sb, cmd, "", nil)
+		return
+	}
+	cmd.Mu.Lock()
+	cmd.Final = true
+	cmd.Mu.Unlock()
+	DrainOutput(cmd)
+	finalize := func() {
+		extra := m.Attr.FinalizeImplicit(context.Background(), sb, ss, cmd)
+		m.Finish(sb, cmd, "", extra)
+	}
+	if !sb.GoBackground(finalize) {
+		// The sandbox is being destroyed: nothing is published (§4.3).
+		m.Finish(sb, cmd, "supervisor_restart", nil)
+	}
 }
