@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -490,4 +491,106 @@ func (m *Commands) done(sb *Sandbox, ss *Session, cmd *Command) {
 		// The sandbox is being destroyed: nothing is published (§4.3).
 		m.Finish(sb, cmd, "supervisor_restart", nil)
 	}
+}
+
+// WriteStdin is write_command_stdin (§3.3): text goes to command id's
+// terminal (a ^C cancels the command instead), then its output is awaited
+// for yield.
+func (m *Commands) WriteStdin(ctx context.Context, sb *Sandbox, id, text string, yield time.Duration) (map[string]any, error) {
+	start := time.Now()
+	cmd, e := LookupCommand(sb, id)
+	if e != nil {
+		return nil, e
+	}
+	if len(text) > m.Cfg.Runtime.Command.MaxStdinBytes {
+		return nil, catalog.Errorf(catalog.InvalidRequest, "stdin exceeds %d bytes", m.Cfg.Runtime.Command.MaxStdinBytes)
+	}
+	cmd.Mu.Lock()
+	final := cmd.Final
+	cmd.Mu.Unlock()
+	if cmd.Terminal() || final {
+		cmd.Mu.Lock()
+		st := cmd.Rec.Status
+		cmd.Mu.Unlock()
+		return nil, catalog.Errorf(catalog.OperationFailed, "command already completed").With("status", st)
+	}
+	if strings.ContainsRune(text, '\u0003') {
+		cmd.Mu.Lock()
+		ss := cmd.Session
+		cmd.Mu.Unlock()
+		go m.Kill(cmd, CmdCancelled, syscall.SIGINT, 500*time.Millisecond)
+		_ = ss
+		WaitYield(cmd, time.Second)
+		m.Bump(ctx, sb)
+		return cmd.YieldOutput(start), nil
+	}
+	deadline := time.Duration(m.Cfg.Runtime.Command.StdinWriteDeadlineS * float64(time.Second))
+	_ = cmd.Proc.PTY.SetWriteDeadline(time.Now().Add(deadline))
+	n, err := cmd.Proc.PTY.Write([]byte(text))
+	_ = cmd.Proc.PTY.SetWriteDeadline(time.Time{})
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, catalog.Errorf(catalog.OperationFailed, "stdin_backpressure: the command did not read its input within %gs", deadline.Seconds()).
+				With("bytes_written", n)
+		}
+		return nil, catalog.Errorf(catalog.OperationFailed, "write stdin: %w", err).With("bytes_written", n)
+	}
+	m.Bump(ctx, sb)
+	WaitYield(cmd, yield)
+	return cmd.YieldOutput(start), nil
+}
+
+// ReadLines is read_command_lines (§3.3): limit rows of command id's
+// transcript from startOffset.
+func (m *Commands) ReadLines(sb *Sandbox, id string, startOffset, limit uint64) (map[string]any, error) {
+	start := time.Now()
+	cmd, e := LookupCommand(sb, id)
+	if e != nil {
+		return nil, e
+	}
+	limit = min(limit, uint64(m.Cfg.Runtime.Command.ReadLinesMax))
+	off := min(startOffset, math.MaxInt32)
+	rows, first, end, trunc := cmd.Transcript.Rows(int(off), int(limit))
+	return cmd.Output(rows, first, end, trunc, start), nil
+}
+
+// ListCommands is list_commands (§3.3): sb's retained commands of session
+// wantSess and status wantStatus ("" for any), newest first, at most limit.
+func ListCommands(sb *Sandbox, wantSess, wantStatus string, limit int) map[string]any {
+	sb.Mu.Lock()
+	all := make([]*Command, 0, len(sb.Work.Commands))
+	for _, cmd := range sb.Work.Commands {
+		all = append(all, cmd)
+	}
+	sb.Mu.Unlock()
+	var recs []CommandRecord
+	for _, cmd := range all {
+		cmd.Mu.Lock()
+		r := cmd.Rec
+		cmd.Mu.Unlock()
+		if (wantSess != "" && r.WorkspaceSessionID != wantSess) || (wantStatus != "" && r.Status != wantStatus) {
+			continue
+		}
+		recs = append(recs, r)
+	}
+	sort.Slice(recs, func(i, j int) bool {
+		if recs[i].StartedUnixMs != recs[j].StartedUnixMs {
+			return recs[i].StartedUnixMs > recs[j].StartedUnixMs
+		}
+		return recs[i].CommandSessionID > recs[j].CommandSessionID
+	})
+	truncated := len(recs) > limit
+	if truncated {
+		recs = recs[:limit]
+	}
+	out := make([]map[string]any, 0, len(recs))
+	for _, r := range recs {
+		m := map[string]any{"command_session_id": r.CommandSessionID, "cmd": r.Cmd, "status": r.Status, "exit_code": r.ExitCode,
+			"started_at": r.StartedAt, "ended_at": r.EndedAt, "workspace_session_id": r.WorkspaceSessionID, "interrupted": r.Interrupted}
+		if len([]rune(r.Cmd)) > 4096 {
+			m["cmd"], m["cmd_truncated"] = string([]rune(r.Cmd)[:4096]), true
+		}
+		out = append(out, m)
+	}
+	return map[string]any{"commands": out, "truncated": truncated}
 }
