@@ -1,9 +1,7 @@
 package supervisor
 
 import (
-	"fmt"
 	"io/fs"
-	"strings"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
@@ -65,103 +63,6 @@ func (s *Supervisor) viewFor(c *call) (workspace.FileView, *session, func(), err
 		}
 		release()
 	}, nil
-}
-
-func (s *Supervisor) fileRead(c *call) (any, error) {
-	p, perr := catalog.WorkspacePath(c.args.String("path"), false)
-	if perr != nil {
-		return nil, perr
-	}
-	v, _, release, err := s.viewFor(c)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	raw, _, err := workspace.ReadText(c.ctx, v, p, s.cfg.Runtime.File.MaxReadFileBytes)
-	if err != nil {
-		return nil, err
-	}
-	lines := workspace.SplitLines(workspace.NormalizeText(raw))
-	offset := c.args.Uint("offset")
-	if offset == 0 {
-		offset = 1
-	}
-	limit := c.args.Uint("limit")
-	if limit > uint64(s.cfg.Runtime.File.ReadLinesMax) {
-		return nil, catalog.RangeError("limit", 1, uint64(s.cfg.Runtime.File.ReadLinesMax))
-	}
-	total := uint64(len(lines))
-	var window []string
-	if offset <= total {
-		end := min(total, offset-1+limit)
-		window = lines[offset-1 : end]
-	}
-	content := strings.Join(window, "\n")
-	if len(content) > s.cfg.Runtime.File.MaxOutputBytes {
-		return nil, catalog.Errorf(catalog.InvalidRequest, "selected read output exceeds the maximum of %d bytes", s.cfg.Runtime.File.MaxOutputBytes).
-			With("path", p).With("max_output_bytes", s.cfg.Runtime.File.MaxOutputBytes)
-	}
-	next := offset + uint64(len(window))
-	truncated := len(window) > 0 && next <= total
-	var nextOffset any
-	if truncated {
-		nextOffset = next
-	}
-	return map[string]any{
-		"path": p, "content": content, "start_line": offset, "num_lines": len(window), "total_lines": total,
-		"bytes_read": len(content), "total_bytes": len(raw), "next_offset": nextOffset, "truncated": truncated,
-	}, nil
-}
-
-func (s *Supervisor) fileList(c *call) (any, error) {
-	p, perr := catalog.WorkspacePath(c.args.String("path"), true)
-	if perr != nil {
-		return nil, perr
-	}
-	v, _, release, err := s.viewFor(c)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	e, err := v.Lstat(c.ctx, p)
-	if workspace.Absent(err) {
-		return nil, catalog.Errorf(catalog.NotFound, "directory not found: %s", p).With("path", p)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if e.Kind != layers.KindDir {
-		return nil, catalog.Errorf(catalog.InvalidRequest, "path is not a directory (%s)", workspace.KindName(e.Kind)).With("path", p)
-	}
-	ents, err := v.ReadDir(c.ctx, p)
-	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", p, err)
-	}
-	limit := min(int(min(c.args.Uint("limit"), 1<<31)), s.cfg.Runtime.File.MaxListEntries)
-	type entry struct {
-		Name string `json:"name"`
-		Kind string `json:"kind"`
-		Size any    `json:"size"`
-	}
-	out := []entry{}
-	for _, e := range ents {
-		if len(out) == limit {
-			break
-		}
-		en := entry{Name: e.Name}
-		switch e.Kind {
-		case layers.KindFile:
-			en.Kind, en.Size = "file", e.Size
-		case layers.KindDir:
-			en.Kind = "directory"
-		case layers.KindSymlink:
-			en.Kind = "symlink"
-		default:
-			en.Kind = "other"
-		}
-		out = append(out, en)
-	}
-	return map[string]any{"path": p, "entries": out, "truncated": len(ents) > len(out)}, nil
 }
 
 // checkProtected refuses a sessionless write of a protected path with the
@@ -289,4 +190,38 @@ func (s *Supervisor) fileEdit(c *call) (any, error) {
 	r := result(written, replacements)
 	r["revision"], r["layer_id"] = res.Revision, workspace.LayerID(res)
 	return r, nil
+}
+
+func (s *Supervisor) fileRead(c *call) (any, error) {
+	p, perr := catalog.WorkspacePath(c.args.String("path"), false)
+	if perr != nil {
+		return nil, perr
+	}
+	v, _, release, err := s.viewFor(c)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	res, err := workspace.Read(c.ctx, s.cfg, v, p, c.args.Uint("offset"), c.args.Uint("limit"))
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+func (s *Supervisor) fileList(c *call) (any, error) {
+	p, perr := catalog.WorkspacePath(c.args.String("path"), true)
+	if perr != nil {
+		return nil, perr
+	}
+	v, _, release, err := s.viewFor(c)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	res, err := workspace.List(c.ctx, s.cfg, v, p, c.args.Uint("limit"))
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 )
 
@@ -377,4 +378,85 @@ func EditText(raw []byte, edits []edit, p string) ([]byte, int, error) {
 		out = "\xef\xbb\xbf" + out
 	}
 	return []byte(out), n, nil
+}
+
+// Read is file_read (§7.3) of p in v: limit lines from line offset (1 when
+// 0), within cfg's file limits.
+func Read(ctx context.Context, cfg *config.Config, v FileView, p string, offset, limit uint64) (map[string]any, error) {
+	raw, _, err := ReadText(ctx, v, p, cfg.Runtime.File.MaxReadFileBytes)
+	if err != nil {
+		return nil, err
+	}
+	lines := SplitLines(NormalizeText(raw))
+	if offset == 0 {
+		offset = 1
+	}
+	if limit > uint64(cfg.Runtime.File.ReadLinesMax) {
+		return nil, catalog.RangeError("limit", 1, uint64(cfg.Runtime.File.ReadLinesMax))
+	}
+	total := uint64(len(lines))
+	var window []string
+	if offset <= total {
+		end := min(total, offset-1+limit)
+		window = lines[offset-1 : end]
+	}
+	content := strings.Join(window, "\n")
+	if len(content) > cfg.Runtime.File.MaxOutputBytes {
+		return nil, catalog.Errorf(catalog.InvalidRequest, "selected read output exceeds the maximum of %d bytes", cfg.Runtime.File.MaxOutputBytes).
+			With("path", p).With("max_output_bytes", cfg.Runtime.File.MaxOutputBytes)
+	}
+	next := offset + uint64(len(window))
+	truncated := len(window) > 0 && next <= total
+	var nextOffset any
+	if truncated {
+		nextOffset = next
+	}
+	return map[string]any{
+		"path": p, "content": content, "start_line": offset, "num_lines": len(window), "total_lines": total,
+		"bytes_read": len(content), "total_bytes": len(raw), "next_offset": nextOffset, "truncated": truncated,
+	}, nil
+}
+
+// List is file_list (§7.3) of directory p in v: at most limit entries,
+// capped by cfg.
+func List(ctx context.Context, cfg *config.Config, v FileView, p string, limit uint64) (map[string]any, error) {
+	e, err := v.Lstat(ctx, p)
+	if Absent(err) {
+		return nil, catalog.Errorf(catalog.NotFound, "directory not found: %s", p).With("path", p)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if e.Kind != layers.KindDir {
+		return nil, catalog.Errorf(catalog.InvalidRequest, "path is not a directory (%s)", KindName(e.Kind)).With("path", p)
+	}
+	ents, err := v.ReadDir(ctx, p)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", p, err)
+	}
+	maxEntries := min(int(min(limit, 1<<31)), cfg.Runtime.File.MaxListEntries)
+	type entry struct {
+		Name string `json:"name"`
+		Kind string `json:"kind"`
+		Size any    `json:"size"`
+	}
+	out := []entry{}
+	for _, e := range ents {
+		if len(out) == maxEntries {
+			break
+		}
+		en := entry{Name: e.Name}
+		switch e.Kind {
+		case layers.KindFile:
+			en.Kind, en.Size = "file", e.Size
+		case layers.KindDir:
+			en.Kind = "directory"
+		case layers.KindSymlink:
+			en.Kind = "symlink"
+		default:
+			en.Kind = "other"
+		}
+		out = append(out, en)
+	}
+	return map[string]any{"path": p, "entries": out, "truncated": len(ents) > len(out)}, nil
 }
