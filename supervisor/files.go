@@ -65,18 +65,6 @@ func (s *Supervisor) viewFor(c *call) (workspace.FileView, *session, func(), err
 	}, nil
 }
 
-// checkProtected refuses a sessionless write of a protected path with the
-// same rejection object a publish gives (§9.2, §9.8).
-func (s *Supervisor) checkProtected(p string) error {
-	if !layers.Protected(p, false, s.protected) {
-		return nil
-	}
-	rej := &layers.Rejection{Path: p, Reason: layers.RejectProtectedPath, Conflicts: []layers.RejectedPath{
-		{Path: p, Reason: layers.RejectProtectedPath, Strategy: layers.StrategyMerge, Hunks: []layers.ConflictHunk{}}}}
-	return catalog.Errorf(catalog.OperationFailed, "write rejected by publication rules: %s is a protected path", p).
-		With("path", p).With("publish_rejection", workspace.RejectionBody(rej))
-}
-
 func (s *Supervisor) fileWrite(c *call) (any, error) {
 	p, perr := catalog.WorkspacePath(c.args.String("path"), false)
 	if perr != nil {
@@ -98,7 +86,7 @@ func (s *Supervisor) fileWrite(c *call) (any, error) {
 		s.bump(c.ctx, c.sb)
 		return map[string]any{"type": workspace.WriteType(created), "path": p, "bytes_written": len(content)}, nil
 	}
-	if err := s.checkProtected(p); err != nil {
+	if err := workspace.CheckProtected(p, s.protected); err != nil {
 		return nil, err
 	}
 	created := false
@@ -161,7 +149,7 @@ func (s *Supervisor) fileEdit(c *call) (any, error) {
 		s.bump(c.ctx, c.sb)
 		return result(len(out), n), nil
 	}
-	if err := s.checkProtected(p); err != nil {
+	if err := workspace.CheckProtected(p, s.protected); err != nil {
 		return nil, err
 	}
 	var written, replacements int

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"sync"
 	"time"
 
@@ -324,21 +323,6 @@ func (s *Supervisor) destroyWorkspaceSession(c *call) (any, error) {
 		"active_leases_after": len(c.sb.Stack.Leases())}, nil
 }
 
-func (s *Supervisor) listWorkspaceSessions(c *call) (any, error) {
-	c.sb.Mu.Lock()
-	all := make([]*session, 0, len(c.sb.Work.Sessions))
-	for _, ss := range c.sb.Work.Sessions {
-		all = append(all, ss)
-	}
-	c.sb.Mu.Unlock()
-	sort.Slice(all, func(i, j int) bool { return all[i].ID() < all[j].ID() }) // IDs sort by creation time
-	out := make([]map[string]any, 0, len(all))
-	for _, ss := range all {
-		out = append(out, ss.Object(c.ctx))
-	}
-	return map[string]any{"workspace_sessions": out}, nil
-}
-
 // restoreSessions brings a sandbox's persisted sessions back at start (§4.5,
 // §5.5): explicit ones get a new holder over their lease and upper dir,
 // implicit ones are finalized from their upper dir.
@@ -408,4 +392,8 @@ func (s *Supervisor) restoreHolder(ctx context.Context, sb *sandbox, ss *session
 	r := ss.Rec
 	ss.Mu.Unlock()
 	_ = s.store.Put(ctx, statedb.KindSession, r.WorkspaceSessionID, sb.Rec.ID, r)
+}
+
+func (s *Supervisor) listWorkspaceSessions(c *call) (any, error) {
+	return workspace.ListSessions(c.ctx, c.sb), nil
 }

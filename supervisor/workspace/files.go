@@ -460,3 +460,15 @@ func List(ctx context.Context, cfg *config.Config, v FileView, p string, limit u
 	}
 	return map[string]any{"path": p, "entries": out, "truncated": len(ents) > len(out)}, nil
 }
+
+// CheckProtected refuses a sessionless write of a protected path with the
+// same rejection object a publish gives (§9.2, §9.8).
+func CheckProtected(p string, protected *layers.Patterns) error {
+	if !layers.Protected(p, false, protected) {
+		return nil
+	}
+	rej := &layers.Rejection{Path: p, Reason: layers.RejectProtectedPath, Conflicts: []layers.RejectedPath{
+		{Path: p, Reason: layers.RejectProtectedPath, Strategy: layers.StrategyMerge, Hunks: []layers.ConflictHunk{}}}}
+	return catalog.Errorf(catalog.OperationFailed, "write rejected by publication rules: %s is a protected path", p).
+		With("path", p).With("publish_rejection", RejectionBody(rej))
+}

@@ -460,3 +460,20 @@ func (ss *Session) Dial(ctx context.Context, port int, timeout time.Duration) (n
 	}
 	return c, nil
 }
+
+// ListSessions is list_workspace_sessions (§3.5): sb's live sessions in
+// creation order.
+func ListSessions(ctx context.Context, sb *Sandbox) map[string]any {
+	sb.Mu.Lock()
+	all := make([]*Session, 0, len(sb.Work.Sessions))
+	for _, ss := range sb.Work.Sessions {
+		all = append(all, ss)
+	}
+	sb.Mu.Unlock()
+	sort.Slice(all, func(i, j int) bool { return all[i].ID() < all[j].ID() }) // IDs sort by creation time
+	out := make([]map[string]any, 0, len(all))
+	for _, ss := range all {
+		out = append(out, ss.Object(ctx))
+	}
+	return map[string]any{"workspace_sessions": out}
+}
