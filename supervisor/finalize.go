@@ -2,11 +2,8 @@ package supervisor
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
@@ -116,7 +113,7 @@ func (s *Supervisor) finalize(ctx context.Context, sb *sandbox, ss *session, dra
 			rej = &layers.Rejection{Reason: "publish_error", Message: &msg, Conflicts: []layers.RejectedPath{}}
 		}
 		body := workspace.RejectionBody(rej)
-		if artifact := s.keepRecoveryArtifact(ctx, sb, ss, rej.Reason, body); artifact != "" {
+		if artifact := s.teardown.KeepRecoveryArtifact(ctx, sb, ss, rej.Reason, body); artifact != "" {
 			body["recovery_artifact"] = artifact
 		}
 		extra["publish_rejected"], extra["publish_reject_class"], extra["publish_rejection"] = true, rej.Reason, body
@@ -130,41 +127,4 @@ func (s *Supervisor) finalize(ctx context.Context, sb *sandbox, ss *session, dra
 	}
 	s.bump(ctx, sb)
 	return extra
-}
-
-// keepRecoveryArtifact moves a rejected implicit session's upper dir (a
-// rename, not a copy) to workspace_recovery/<id>/upper beside a manifest,
-// keeping the newest runtime.workspace.max_recovery_artifacts.
-func (s *Supervisor) keepRecoveryArtifact(ctx context.Context, sb *sandbox, ss *session, reason string, rejection map[string]any) string {
-	if s.cfg.Runtime.Workspace.MaxRecoveryArtifacts == 0 {
-		return ""
-	}
-	dir := filepath.Join(sb.Dir, "workspace_recovery", ss.ID())
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		s.log.Warn("recovery artifact", "err", err)
-		return ""
-	}
-	bytes, entries := workspace.DirBytes(ctx, ss.Upper()), workspace.CountEntries(ctx, ss.Upper())
-	if err := os.Rename(ss.Upper(), filepath.Join(dir, "upper")); err != nil {
-		s.log.Warn("recovery artifact", "err", err)
-		return ""
-	}
-	art := recoveryArtifact{WorkspaceSessionID: ss.ID(), CreatedAt: nowRFC3339(), Reason: reason, Bytes: bytes}
-	man, _ := json.Marshal(map[string]any{"workspace_session_id": ss.ID(), "created_at": art.CreatedAt, "reason": reason,
-		"publish_rejection": rejection, "bytes": bytes, "entries": entries})
-	_ = os.WriteFile(filepath.Join(dir, "manifest.json"), man, 0o600)
-	sb.Mu.Lock()
-	sb.Rec.RecoveryArtifacts = append(sb.Rec.RecoveryArtifacts, art)
-	var drop []recoveryArtifact
-	for len(sb.Rec.RecoveryArtifacts) > s.cfg.Runtime.Workspace.MaxRecoveryArtifacts {
-		drop = append(drop, sb.Rec.RecoveryArtifacts[0])
-		sb.Rec.RecoveryArtifacts = sb.Rec.RecoveryArtifacts[1:]
-	}
-	rec := sb.Rec
-	sb.Mu.Unlock()
-	for _, d := range drop {
-		workspace.RemoveTree(filepath.Join(sb.Dir, "workspace_recovery", d.WorkspaceSessionID))
-	}
-	_ = s.store.putSandbox(ctx, &rec)
-	return filepath.Join("workspace_recovery", ss.ID())
 }

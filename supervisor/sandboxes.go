@@ -24,7 +24,6 @@ const (
 type (
 	sandboxRecord      = sbx.Record
 	resourceProfileRec = sbx.ResourceProfileRec
-	recoveryArtifact   = sbx.RecoveryArtifact
 	// sandbox is a registry entry carrying the workspace's tables.
 	sandbox = workspace.Sandbox
 	// occupants are a sandbox's live sessions and commands.

@@ -247,7 +247,7 @@ func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
 		msg := "the session's holder exited unexpectedly"
 		sp := s.startSpan(sb, trace, "", "workspace_session.finalize", map[string]any{"workspace_session_id": ss.ID(), "reason": "holder_exited"})
 		fctx := withSpan(ctx, sp)
-		artifact := s.keepRecoveryArtifact(fctx, sb, ss, "holder_exited", map[string]any{"path": nil, "reason": "holder_exited",
+		artifact := s.teardown.KeepRecoveryArtifact(fctx, sb, ss, "holder_exited", map[string]any{"path": nil, "reason": "holder_exited",
 			"source_conflict": nil, "protected_drop": nil, "message": msg, "conflicts": []any{}})
 		_, err := s.teardown.DestroySession(fctx, sb, ss, 0)
 		sp.done(err, map[string]any{"recovery_artifact": artifact})

@@ -2,6 +2,7 @@ package workspace
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/resources"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 )
 
@@ -166,4 +168,41 @@ func (t *Teardown) interrupt(sb *Sandbox, ss *Session, cmd *Command, grace time.
 func event(ctx context.Context, r *obs.Registry, sb *Sandbox, name string, attrs map[string]any) {
 	sp := obs.From(ctx)
 	r.Record(scope(sb), sp.Trace(), sp.ID(), name, attrs)
+}
+
+// KeepRecoveryArtifact moves a rejected implicit session's upper dir (a
+// rename, not a copy) to workspace_recovery/<id>/upper beside a manifest,
+// keeping the newest runtime.max_recovery_artifacts.
+func (t *Teardown) KeepRecoveryArtifact(ctx context.Context, sb *Sandbox, ss *Session, reason string, rejection map[string]any) string {
+	if t.Cfg.Runtime.Workspace.MaxRecoveryArtifacts == 0 {
+		return ""
+	}
+	dir := filepath.Join(sb.Dir, "workspace_recovery", ss.ID())
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Log.Warn("recovery artifact", "err", err)
+		return ""
+	}
+	bytes, entries := DirBytes(ctx, ss.Upper()), CountEntries(ctx, ss.Upper())
+	if err := os.Rename(ss.Upper(), filepath.Join(dir, "upper")); err != nil {
+		t.Log.Warn("recovery artifact", "err", err)
+		return ""
+	}
+	art := sandbox.RecoveryArtifact{WorkspaceSessionID: ss.ID(), CreatedAt: sandbox.NowRFC3339(), Reason: reason, Bytes: bytes}
+	man, _ := json.Marshal(map[string]any{"workspace_session_id": ss.ID(), "created_at": art.CreatedAt, "reason": reason,
+		"publish_rejection": rejection, "bytes": bytes, "entries": entries})
+	_ = os.WriteFile(filepath.Join(dir, "manifest.json"), man, 0o600)
+	sb.Mu.Lock()
+	sb.Rec.RecoveryArtifacts = append(sb.Rec.RecoveryArtifacts, art)
+	var drop []sandbox.RecoveryArtifact
+	for len(sb.Rec.RecoveryArtifacts) > t.Cfg.Runtime.Workspace.MaxRecoveryArtifacts {
+		drop = append(drop, sb.Rec.RecoveryArtifacts[0])
+		sb.Rec.RecoveryArtifacts = sb.Rec.RecoveryArtifacts[1:]
+	}
+	rec := sb.Rec
+	sb.Mu.Unlock()
+	for _, d := range drop {
+		RemoveTree(filepath.Join(sb.Dir, "workspace_recovery", d.WorkspaceSessionID))
+	}
+	_ = t.DB.Put(ctx, statedb.KindSandbox, rec.ID, rec.ID, &rec)
+	return filepath.Join("workspace_recovery", ss.ID())
 }
