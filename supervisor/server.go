@@ -157,7 +157,7 @@ func Serve(ctx context.Context, opt Options) error {
 	}
 	s.cgroups = setupCgroups("/sys/fs/cgroup", "/proc/self/cgroup")
 	s.cmds = &workspace.Commands{Cfg: cfg, DB: st.DB, Log: log, Data: dirs.Data, IDs: s.ids, Obs: s.obs, Attr: sessionHooks{s}, Bump: s.bump}
-	s.teardown = &workspace.Teardown{Cfg: cfg, DB: st.DB, Log: log, Obs: s.obs, Cgroups: s.cgroups, Cmds: s.cmds,
+	s.teardown = &workspace.Teardown{Cfg: cfg, DB: st.DB, Log: log, Obs: s.obs, Cgroups: s.cgroups, Cmds: s.cmds, Bump: s.bump,
 		FinalizeImplicit: s.finalizeImplicit}
 	log.Info("cgroups", "delegated", s.cgroups.Delegated, "root", s.cgroups.Root, "reason", s.cgroups.Reason)
 	if err := s.recover(ctx); err != nil {

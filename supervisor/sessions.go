@@ -292,37 +292,6 @@ func (s *Supervisor) createWorkspaceSession(c *call) (any, error) {
 	}, nil
 }
 
-func (s *Supervisor) destroyWorkspaceSession(c *call) (any, error) {
-	ss, e := workspace.LookupSession(c.sb, c.args.String("workspace_session_id"))
-	if e != nil {
-		return nil, e
-	}
-	ss.Gate.Lock()
-	defer ss.Gate.Unlock()
-	if ss.IsGone() {
-		return nil, workspace.NotFoundSession(ss.ID()) // published or destroyed while we waited
-	}
-	if st := ss.State(); st == workspace.SessFinalizing || st == workspace.SessRestoring {
-		return nil, catalog.Errorf(catalog.OperationConflict, "workspace session %s is %s", ss.ID(), st).
-			With("workspace_session_id", ss.ID()).With("session_state", st)
-	}
-	ss.Mu.Lock()
-	alive := ss.Holder != nil
-	ss.Mu.Unlock()
-	if running := ss.Running(); alive && len(running) > 0 {
-		return nil, catalog.Errorf(catalog.OperationFailed, "workspace session has active command sessions").
-			With("workspace_session_id", ss.ID()).With("active_command_session_ids", running)
-	}
-	grace := time.Duration(c.args.Float("grace_s") * float64(time.Second))
-	bytes, err := s.teardown.DestroySession(c.ctx, c.sb, ss, grace)
-	if err != nil {
-		return nil, err
-	}
-	s.bump(c.ctx, c.sb)
-	return map[string]any{"workspace_session_id": ss.ID(), "destroyed": true, "evicted_upperdir_bytes": bytes,
-		"active_leases_after": len(c.sb.Stack.Leases())}, nil
-}
-
 // restoreSessions brings a sandbox's persisted sessions back at start (§4.5,
 // §5.5): explicit ones get a new holder over their lease and upper dir,
 // implicit ones are finalized from their upper dir.
@@ -396,4 +365,13 @@ func (s *Supervisor) restoreHolder(ctx context.Context, sb *sandbox, ss *session
 
 func (s *Supervisor) listWorkspaceSessions(c *call) (any, error) {
 	return workspace.ListSessions(c.ctx, c.sb), nil
+}
+
+func (s *Supervisor) destroyWorkspaceSession(c *call) (any, error) {
+	res, err := s.teardown.Destroy(c.ctx, c.sb, c.args.String("workspace_session_id"),
+		time.Duration(c.args.Float("grace_s")*float64(time.Second)))
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
 }

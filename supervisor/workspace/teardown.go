@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/resources"
@@ -25,6 +26,8 @@ type Teardown struct {
 	Obs     *obs.Registry
 	Cgroups *resources.Cgroups
 	Cmds    *Commands
+	// Bump records a client-visible change of sb (§4.4).
+	Bump func(ctx context.Context, sb *Sandbox)
 	// FinalizeImplicit publishes an implicit session and destroys it
 	// (§6.6); the result is what the draining command reports.
 	FinalizeImplicit func(ctx context.Context, sb *Sandbox, ss *Session, drain *Command) map[string]any
@@ -205,4 +208,36 @@ func (t *Teardown) KeepRecoveryArtifact(ctx context.Context, sb *Sandbox, ss *Se
 	}
 	_ = t.DB.Put(ctx, statedb.KindSandbox, rec.ID, rec.ID, &rec)
 	return filepath.Join("workspace_recovery", ss.ID())
+}
+
+// Destroy is destroy_workspace_session (§5.7): session id of sb, if no
+// command runs in it, with grace for its holder's processes.
+func (t *Teardown) Destroy(ctx context.Context, sb *Sandbox, id string, grace time.Duration) (map[string]any, error) {
+	ss, e := LookupSession(sb, id)
+	if e != nil {
+		return nil, e
+	}
+	ss.Gate.Lock()
+	defer ss.Gate.Unlock()
+	if ss.IsGone() {
+		return nil, NotFoundSession(ss.ID()) // published or destroyed while we waited
+	}
+	if st := ss.State(); st == SessFinalizing || st == SessRestoring {
+		return nil, catalog.Errorf(catalog.OperationConflict, "workspace session %s is %s", ss.ID(), st).
+			With("workspace_session_id", ss.ID()).With("session_state", st)
+	}
+	ss.Mu.Lock()
+	alive := ss.Holder != nil
+	ss.Mu.Unlock()
+	if running := ss.Running(); alive && len(running) > 0 {
+		return nil, catalog.Errorf(catalog.OperationFailed, "workspace session has active command sessions").
+			With("workspace_session_id", ss.ID()).With("active_command_session_ids", running)
+	}
+	bytes, err := t.DestroySession(ctx, sb, ss, grace)
+	if err != nil {
+		return nil, err
+	}
+	t.Bump(ctx, sb)
+	return map[string]any{"workspace_session_id": ss.ID(), "destroyed": true, "evicted_upperdir_bytes": bytes,
+		"active_leases_after": len(sb.Stack.Leases())}, nil
 }
