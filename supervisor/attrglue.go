@@ -55,9 +55,9 @@ func (s *Supervisor) audit(sb *sandbox) *attribution.Audit {
 
 // sessionBase returns the manifest a session was created on.
 func sessionBase(ss *session) (layers.Manifest, sessionRecord) {
-	ss.mu.Lock()
-	rec := ss.rec
-	ss.mu.Unlock()
+	ss.Mu.Lock()
+	rec := ss.Rec
+	ss.Mu.Unlock()
 	return layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: rec.BaseRevision.ManifestVersion, Layers: rec.Lease.Layers}, rec
 }
 
@@ -65,7 +65,7 @@ func sessionBase(ss *session) (layers.Manifest, sessionRecord) {
 // base is not needed (line owners of a publish).
 func (s *Supervisor) workspace(sb *sandbox, ss *session) attribution.Workspace {
 	base, rec := sessionBase(ss)
-	w := attribution.Workspace{ID: rec.WorkspaceSessionID, Agent: rec.Agent, Dir: ss.dir, Upper: ss.upper(), Log: s.log}
+	w := attribution.Workspace{ID: rec.WorkspaceSessionID, Agent: rec.Agent, Dir: ss.Dir, Upper: ss.Upper(), Log: s.log}
 	if sb != nil {
 		w.Base = sb.Stack.View(base)
 	}
@@ -75,14 +75,14 @@ func (s *Supervisor) workspace(sb *sandbox, ss *session) attribution.Workspace {
 // checkpointSession takes an attribution checkpoint of a session (kernel
 // driver and file operations; see attribution.Tracker.Checkpoint).
 func (s *Supervisor) checkpointSession(ctx context.Context, sb *sandbox, ss *session, commandID string, approximate bool, paths ...string) {
-	ss.attr.Checkpoint(ctx, s.workspace(sb, ss), commandID, approximate, paths...)
+	ss.Attr.Checkpoint(ctx, s.workspace(sb, ss), commandID, approximate, paths...)
 }
 
 // sessionLineOwners returns the owner of each line of content, the
 // session's version of path, for publication. Call it before the session
 // directory is removed.
 func (s *Supervisor) sessionLineOwners(ss *session, path string, content []byte) []lineOwner {
-	return ss.attr.LineOwners(s.workspace(nil, ss), path, content)
+	return ss.Attr.LineOwners(s.workspace(nil, ss), path, content)
 }
 
 // recordPublishAudit appends the audit records of a committed publish
@@ -131,7 +131,7 @@ func (s *Supervisor) captureActivity(ctx context.Context, sb *sandbox, ss *sessi
 	if !s.activityEnabled() {
 		return
 	}
-	s.recordActivity(ctx, sb, ss.attr.CaptureActivity(ctx, s.workspace(sb, ss), cmd, requestID, source, paths...))
+	s.recordActivity(ctx, sb, ss.Attr.CaptureActivity(ctx, s.workspace(sb, ss), cmd, requestID, source, paths...))
 }
 
 // fileOpActivity records a session file operation (file_write, file_edit)
@@ -139,7 +139,7 @@ func (s *Supervisor) captureActivity(ctx context.Context, sb *sandbox, ss *sessi
 // path, for the FUSE driver directly (the holder's own writes are not
 // among the FUSE records).
 func (s *Supervisor) fileOpActivity(ctx context.Context, sb *sandbox, ss *session, requestID, p string, created bool, size int) {
-	if ss.rec.OverlayDriver != "fuse" {
+	if ss.Rec.OverlayDriver != "fuse" {
 		s.captureActivity(ctx, sb, ss, "", requestID, "capture", p)
 		return
 	}
@@ -149,7 +149,7 @@ func (s *Supervisor) fileOpActivity(ctx context.Context, sb *sandbox, ss *sessio
 		op = "create"
 	}
 	n := int64(size)
-	s.recordActivity(ctx, sb, []attribution.ActivityRecord{{TS: now.UTC().Format("2006-01-02T15:04:05.000Z"), WorkspaceSessionID: ss.id(),
+	s.recordActivity(ctx, sb, []attribution.ActivityRecord{{TS: now.UTC().Format("2006-01-02T15:04:05.000Z"), WorkspaceSessionID: ss.ID(),
 		Op: op, Path: p, Length: &n, Source: "fuse", RequestID: requestID, At: now}})
 }
 
@@ -201,10 +201,30 @@ func (s *Supervisor) fuseNotices(sb *sandbox, ss *session, ns []*nsholder.FSNoti
 		plain = append(plain, p)
 	}
 	ctx := context.Background()
-	ss.attr.FuseNotices(ctx, s.workspace(sb, ss), plain, func(recs []attribution.ActivityRecord) { s.recordActivity(ctx, sb, recs) })
+	ss.Attr.FuseNotices(ctx, s.workspace(sb, ss), plain, func(recs []attribution.ActivityRecord) { s.recordActivity(ctx, sb, recs) })
 }
 
 // fuseCommandEnd is the command-end checkpoint of a FUSE session.
 func (s *Supervisor) fuseCommandEnd(sb *sandbox, ss *session, cmd string) {
-	ss.attr.FuseCommandEnd(context.Background(), s.workspace(sb, ss), cmd)
+	ss.Attr.FuseCommandEnd(context.Background(), s.workspace(sb, ss), cmd)
+}
+
+// sessionHooks give workspace.Commands the root's attribution glue and
+// implicit finalization until they move.
+type sessionHooks struct{ s *Supervisor }
+
+func (h sessionHooks) FuseCommandEnd(sb *sandbox, ss *session, cmd string) {
+	h.s.fuseCommandEnd(sb, ss, cmd)
+}
+
+func (h sessionHooks) CheckpointSession(ctx context.Context, sb *sandbox, ss *session, commandID string, approximate bool, paths ...string) {
+	h.s.checkpointSession(ctx, sb, ss, commandID, approximate, paths...)
+}
+
+func (h sessionHooks) CaptureActivity(ctx context.Context, sb *sandbox, ss *session, cmd, requestID, source string, paths ...string) {
+	h.s.captureActivity(ctx, sb, ss, cmd, requestID, source, paths...)
+}
+
+func (h sessionHooks) FinalizeImplicit(ctx context.Context, sb *sandbox, ss *session, drain *command) map[string]any {
+	return h.s.finalizeImplicit(ctx, sb, ss, drain)
 }

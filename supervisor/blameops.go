@@ -10,6 +10,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/attribution"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 func (s *Supervisor) fileBlame(c *call) (any, error) {
@@ -24,7 +25,7 @@ func (s *Supervisor) fileBlame(c *call) (any, error) {
 }
 
 func notRegular(p string, k layers.EntryKind) error {
-	return catalog.Errorf(catalog.InvalidRequest, "path is not a regular file (%s)", kindName(k)).With("path", p)
+	return catalog.Errorf(catalog.InvalidRequest, "path is not a regular file (%s)", workspace.KindName(k)).With("path", p)
 }
 
 // blameError maps attribution's typed errors to the contract's.
@@ -53,8 +54,8 @@ func (s *Supervisor) blameHead(c *call, p string) (any, error) {
 	}()
 	head := lease.Manifest()
 	owners, content, text, wholesale, err := s.viewOwners(c.ctx, c.sb, c.sb.Stack.View(head), head.Version, p)
-	if absent(err) {
-		nf := fileNotFound(p)
+	if workspace.Absent(err) {
+		nf := workspace.FileNotFound(p)
 		if rec, rerr := s.store.attr().LatestAudit(c.ctx, c.sb.Rec.ID, p, head.Version); rerr == nil && rec != nil {
 			nf = nf.With("last_record_layer_id", rec.LayerID)
 		}
@@ -79,38 +80,38 @@ func (s *Supervisor) blameSession(c *call, p string) (any, error) {
 		return nil, err
 	}
 	defer release()
-	e, err := v.lstat(c.ctx, p)
-	if absent(err) {
-		return nil, fileNotFound(p)
+	e, err := v.Lstat(c.ctx, p)
+	if workspace.Absent(err) {
+		return nil, workspace.FileNotFound(p)
 	}
 	if err != nil {
 		return nil, err
 	}
-	if e.kind != layers.KindFile {
-		return nil, notRegular(p, e.kind)
+	if e.Kind != layers.KindFile {
+		return nil, notRegular(p, e.Kind)
 	}
 	_, rec := sessionBase(ss)
-	owners, wholesale, err := s.audit(c.sb).SessionBlameOwners(c.ctx, &ss.attr, s.workspace(c.sb, ss), p, e.size, func() ([]byte, error) {
-		b, err := v.readFile(c.ctx, p, attribution.TextMax)
+	owners, wholesale, err := s.audit(c.sb).SessionBlameOwners(c.ctx, &ss.Attr, s.workspace(c.sb, ss), p, e.Size, func() ([]byte, error) {
+		b, err := v.ReadFile(c.ctx, p, attribution.TextMax)
 		if errors.Is(err, nsholder.ErrTooLarge) {
 			return nil, nil
 		}
 		return b, err
 	})
-	if absent(err) {
-		return nil, fileNotFound(p)
+	if workspace.Absent(err) {
+		return nil, workspace.FileNotFound(p)
 	}
 	if err != nil {
 		return nil, blameError(err)
 	}
 	if c.args.String("format") == "agent-trace" {
 		var lines []string
-		if b, err := v.readFile(c.ctx, p, attribution.TextMax); err == nil && attribution.IsText(b) {
+		if b, err := v.ReadFile(c.ctx, p, attribution.TextMax); err == nil && attribution.IsText(b) {
 			lines = textLines(b)
 		}
-		return s.blameTrace(c, p, ss.id(), rec.BaseRevision, owners, lines, wholesale), nil
+		return s.blameTrace(c, p, ss.ID(), rec.BaseRevision, owners, lines, wholesale), nil
 	}
-	return blameResult(p, "session", ss.id(), rec.BaseRevision, owners, wholesale), nil
+	return blameResult(p, "session", ss.ID(), rec.BaseRevision, owners, wholesale), nil
 }
 
 // blameTrace is file_blame's Agent Trace form: one record with the file's

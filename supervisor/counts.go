@@ -21,7 +21,7 @@ func (s *Supervisor) counts() Counts {
 		if sb.Rec.State == stateReady {
 			c.Ready++
 		}
-		c.Sessions += len(sb.Work.sessions)
+		c.Sessions += len(sb.Work.Sessions)
 		sb.Mu.Unlock()
 	}
 	return c

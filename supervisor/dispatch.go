@@ -7,6 +7,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/rpc"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // call is one request on its way through a handler.
@@ -79,7 +80,7 @@ func (s *Supervisor) newMux() (*rpc.Mux, error) {
 
 // errorTranslators give rpc the contract kinds of the domain errors it
 // cannot import.
-var errorTranslators = []func(error) *catalog.Error{rpc.As(snapshotError), rpc.As(imageError), symlinkComponentError}
+var errorTranslators = []func(error) *catalog.Error{rpc.As(snapshotError), rpc.As(imageError), workspace.SymlinkComponentError}
 
 // bindScope resolves a sandbox-scoped request's sandbox and holds its gate
 // for the request, which keeps destroy from tearing it down under us.

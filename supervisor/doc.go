@@ -65,7 +65,7 @@
 //     not stored, and are gone after a supervisor restart. Optional fields,
 //     like the others of §3.3, rather than an error kind: the command ran,
 //     and its status, exit code and output are still known.
-//   - Admission (admission.go) reserves a slot under one lock before a
+//   - Admission (workspace/admission.go) reserves a slot under one lock before a
 //     command or session starts, so concurrent requests never exceed a cap
 //     together; a failed start gives its slot back.
 //   - A request is cancelled when its client closes the connection (POLLHUP

@@ -2,36 +2,22 @@ package supervisor
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
-
-// publishOptions are the configured limits of a publish (§9, §13).
-func (s *Supervisor) publishOptions() layers.PublishOptions {
-	p := s.cfg.Runtime.Publish
-	return layers.PublishOptions{
-		Protected:      s.protected,
-		MaxPlanPaths:   p.MaxPlanPaths,
-		ExpansionLimit: p.ExpansionLimit,
-		Merge:          layers.MergeOptions{MaxFileBytes: p.MergeMaxFileBytes, MaxEditDistance: p.MergeMaxEditDistance},
-	}
-}
 
 // publishSession captures a session's upper dir and resolves it against the
 // current head (§9): exactly one layer or nothing. After a commit the
 // committed files' line attribution is recorded (§11.2); drain names the
 // command whose completion published an implicit session.
 func (s *Supervisor) publishSession(ctx context.Context, sb *sandbox, ss *session, opt layers.PublishOptions, drain *command) (*layers.Plan, layers.PublishResult, error) {
-	base := ss.base()
-	sp := spanFrom(ctx).child("workspace_session.capture_changes", map[string]any{"workspace_session_id": ss.id()})
-	cs, err := layers.Capture(ctx, ss.upper(), sb.Stack.View(base))
+	base := ss.Base()
+	sp := spanFrom(ctx).child("workspace_session.capture_changes", map[string]any{"workspace_session_id": ss.ID()})
+	cs, err := layers.Capture(ctx, ss.Upper(), sb.Stack.View(base))
 	sp.done(err, nil)
 	if err != nil {
 		return nil, layers.PublishResult{}, fmt.Errorf("capture: %w", err)
@@ -48,9 +34,9 @@ func (s *Supervisor) publishSession(ctx context.Context, sb *sandbox, ss *sessio
 		return plan, res, err
 	}
 	s.notifyAutosquash(sb, "layer_committed")
-	owner := sessionOwner(ss.id(), ss.rec.Agent)
+	owner := sessionOwner(ss.ID(), ss.Rec.Agent)
 	if drain != nil {
-		owner.CommandSessionID = drain.rec.CommandSessionID
+		owner.CommandSessionID = drain.Rec.CommandSessionID
 	}
 	s.recordLayerOrigin(ctx, sb, res, owner)
 	files := make([]auditFile, 0, len(plan.Committed))
@@ -71,59 +57,14 @@ func (s *Supervisor) publishSession(ctx context.Context, sb *sandbox, ss *sessio
 	return plan, res, nil
 }
 
-// publishObject is the publish object of results and command outputs.
-func publishObject(plan *layers.Plan, res layers.PublishResult, withResolved bool) map[string]any {
-	var lid any
-	if !res.NoOp && res.LayerID != "" {
-		lid = res.LayerID
-	}
-	out := map[string]any{"no_op": res.NoOp, "revision": res.Revision, "layer_id": lid}
-	if plan != nil {
-		out["route_summary"], out["outcome_summary"] = plan.RouteSummary, plan.OutcomeSummary
-		out["summary"] = publishSummary(plan.OutcomeSummary, res.NoOp, false, false)
-		if withResolved {
-			out["resolved_paths"] = plan.ResolvedPaths()
-		}
-	}
-	return out
-}
-
-// publishSummary counts a publish by what happened to the session's
-// changes, beside the contract's outcome_summary, whose counts name the
-// resolution case: a clean publish has everything under unchanged_head
-// ("head had not changed the path") and applied:0, which reads as a
-// failure to a person or an agent. result is published, no_op, or for a dry
-// run would_publish, would_reject or no_op.
-func publishSummary(o layers.OutcomeSummary, noOp, dryRun, rejected bool) map[string]any {
-	published := o.UnchangedHead + o.Applied + o.Ours + o.Merged
-	conflicts := o.Conflict + o.Protected
-	result := "published"
-	switch {
-	case dryRun && (conflicts > 0 || rejected):
-		result = "would_reject"
-	case noOp:
-		result = "no_op"
-	case dryRun:
-		result = "would_publish"
-	}
-	return map[string]any{
-		"result":          result,
-		"changed_paths":   published + o.Theirs + conflicts,
-		"published_paths": published,
-		"merged_paths":    o.Merged,
-		"kept_head_paths": o.Theirs,
-		"conflict_paths":  conflicts,
-	}
-}
-
 // finalizeImplicit ends an implicit session (§6.6): quiesce (the holder and
 // its PID namespace die), capture, publish, destroy. It returns the fields
 // the draining command reports. A rejected publish keeps the upper dir as a
 // recovery artifact so no agent's work vanishes (§9.9).
 func (s *Supervisor) finalizeImplicit(ctx context.Context, sb *sandbox, ss *session, drain *command) map[string]any {
-	attrs := map[string]any{"workspace_session_id": ss.id()}
+	attrs := map[string]any{"workspace_session_id": ss.ID()}
 	if drain != nil {
-		attrs["command_session_id"] = drain.rec.CommandSessionID
+		attrs["command_session_id"] = drain.Rec.CommandSessionID
 	}
 	fsp, ctx := s.spanCtx(ctx, sb, "finalize", "workspace_session.finalize", attrs)
 	extra := s.finalize(ctx, sb, ss, drain)
@@ -139,22 +80,22 @@ func (s *Supervisor) finalizeImplicit(ctx context.Context, sb *sandbox, ss *sess
 func (s *Supervisor) finalize(ctx context.Context, sb *sandbox, ss *session, drain *command) map[string]any {
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(s.cfg.Runtime.Workspace.FinalizeTimeoutS*float64(time.Second)))
 	defer cancel()
-	ss.gate.Lock()
-	defer ss.gate.Unlock()
-	if ss.isGone() {
+	ss.Gate.Lock()
+	defer ss.Gate.Unlock()
+	if ss.IsGone() {
 		return map[string]any{} // destroyed while we waited: nothing left to publish
 	}
-	ss.setState(sessFinalizing)
-	ss.mu.Lock()
-	h := ss.holder
-	ss.holder = nil
-	ss.mu.Unlock()
+	ss.SetState(workspace.SessFinalizing)
+	ss.Mu.Lock()
+	h := ss.Holder
+	ss.Holder = nil
+	ss.Mu.Unlock()
 	if h != nil {
 		_ = h.Close(0) // SIGKILL of the whole PID namespace: nothing writes during capture
 	}
-	opt := s.publishOptions()
+	opt := workspace.PublishOptions(s.cfg, s.protected)
 	opt.Implicit = true
-	psp, pctx := s.spanCtx(ctx, sb, "", "workspace_session.publish", map[string]any{"workspace_session_id": ss.id(), "dry_run": false})
+	psp, pctx := s.spanCtx(ctx, sb, "", "workspace_session.publish", map[string]any{"workspace_session_id": ss.ID(), "dry_run": false})
 	plan, res, err := s.publishSession(pctx, sb, ss, opt, drain)
 	pattrs := map[string]any{"no_op": res.NoOp, "revision": res.Revision, "committed": err == nil && !res.NoOp, "destroyed": false, "stage": "publish"}
 	if plan != nil {
@@ -165,78 +106,25 @@ func (s *Supervisor) finalize(ctx context.Context, sb *sandbox, ss *session, dra
 	var rej *layers.Rejection
 	switch {
 	case err == nil:
-		extra["publish"] = publishObject(plan, res, false)
+		extra["publish"] = workspace.PublishObject(plan, res, false)
 	default:
 		if !errors.As(err, &rej) {
 			msg := err.Error()
 			rej = &layers.Rejection{Reason: "publish_error", Message: &msg, Conflicts: []layers.RejectedPath{}}
 		}
-		body := rejectionBody(rej)
-		if artifact := s.keepRecoveryArtifact(ctx, sb, ss, rej.Reason, body); artifact != "" {
+		body := workspace.RejectionBody(rej)
+		if artifact := s.teardown.KeepRecoveryArtifact(ctx, sb, ss, rej.Reason, body); artifact != "" {
 			body["recovery_artifact"] = artifact
 		}
 		extra["publish_rejected"], extra["publish_reject_class"], extra["publish_rejection"] = true, rej.Reason, body
-		s.eventCtx(ctx, sb, "workspace_session.finalize.publish_failed", map[string]any{"workspace_session_id": ss.id(),
+		s.eventCtx(ctx, sb, "workspace_session.finalize.publish_failed", map[string]any{"workspace_session_id": ss.ID(),
 			"reject_class": rej.Reason, "detail": err.Error(), "conflict_paths": conflictPaths(rej)})
 	}
 	s.persistOutcome(ctx, sb, drain, extra)
-	if _, err := s.destroySession(ctx, sb, ss, 0); err != nil {
-		ss.setState(sessFinalizeFailed)
+	if _, err := s.teardown.DestroySession(ctx, sb, ss, 0); err != nil {
+		ss.SetState(workspace.SessFinalizeFailed)
 		extra["finalization_failed"], extra["finalization_failure_class"], extra["finalization_attempts"] = true, "holder_finalization_destroy_failed", 1
 	}
 	s.bump(ctx, sb)
 	return extra
-}
-
-// keepRecoveryArtifact moves a rejected implicit session's upper dir (a
-// rename, not a copy) to workspace_recovery/<id>/upper beside a manifest,
-// keeping the newest runtime.workspace.max_recovery_artifacts.
-func (s *Supervisor) keepRecoveryArtifact(ctx context.Context, sb *sandbox, ss *session, reason string, rejection map[string]any) string {
-	if s.cfg.Runtime.Workspace.MaxRecoveryArtifacts == 0 {
-		return ""
-	}
-	dir := filepath.Join(sb.Dir, "workspace_recovery", ss.id())
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		s.log.Warn("recovery artifact", "err", err)
-		return ""
-	}
-	bytes, entries := dirBytes(ctx, ss.upper()), countEntries(ctx, ss.upper())
-	if err := os.Rename(ss.upper(), filepath.Join(dir, "upper")); err != nil {
-		s.log.Warn("recovery artifact", "err", err)
-		return ""
-	}
-	art := recoveryArtifact{WorkspaceSessionID: ss.id(), CreatedAt: nowRFC3339(), Reason: reason, Bytes: bytes}
-	man, _ := json.Marshal(map[string]any{"workspace_session_id": ss.id(), "created_at": art.CreatedAt, "reason": reason,
-		"publish_rejection": rejection, "bytes": bytes, "entries": entries})
-	_ = os.WriteFile(filepath.Join(dir, "manifest.json"), man, 0o600)
-	sb.Mu.Lock()
-	sb.Rec.RecoveryArtifacts = append(sb.Rec.RecoveryArtifacts, art)
-	var drop []recoveryArtifact
-	for len(sb.Rec.RecoveryArtifacts) > s.cfg.Runtime.Workspace.MaxRecoveryArtifacts {
-		drop = append(drop, sb.Rec.RecoveryArtifacts[0])
-		sb.Rec.RecoveryArtifacts = sb.Rec.RecoveryArtifacts[1:]
-	}
-	rec := sb.Rec
-	sb.Mu.Unlock()
-	for _, d := range drop {
-		removeTree(filepath.Join(sb.Dir, "workspace_recovery", d.WorkspaceSessionID))
-	}
-	_ = s.store.putSandbox(ctx, &rec)
-	return filepath.Join("workspace_recovery", ss.id())
-}
-
-// rejectionBody is the publish_rejection object as a map, so the recovery
-// artifact can be added to it.
-func rejectionBody(r *layers.Rejection) map[string]any {
-	var m map[string]any
-	b, _ := json.Marshal(r)
-	_ = json.Unmarshal(b, &m)
-	return m
-}
-
-// countEntries counts the entries below dir, a tree a session controls.
-func countEntries(ctx context.Context, dir string) int {
-	n := 0
-	_ = walkUpperTree(ctx, dir, func(string, fs.FileInfo) error { n++; return nil })
-	return n
 }

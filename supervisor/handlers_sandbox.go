@@ -11,6 +11,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 
 	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // Thin handlers and wiring of the sandbox package.
@@ -59,8 +60,8 @@ func (q stepSpan) Event(name string, attrs map[string]any) { q.sp.event(name, at
 func sweepOccupants(sb *sandbox) []sbx.Occupant {
 	sb.Mu.Lock()
 	defer sb.Mu.Unlock()
-	out := make([]sbx.Occupant, 0, len(sb.Work.sessions))
-	for _, ss := range sb.Work.sessions {
+	out := make([]sbx.Occupant, 0, len(sb.Work.Sessions))
+	for _, ss := range sb.Work.Sessions {
 		out = append(out, sweptSession{ss})
 	}
 	return out
@@ -69,9 +70,9 @@ func sweepOccupants(sb *sandbox) []sbx.Occupant {
 // sweptSession is a session as the remount sweep sees it.
 type sweptSession struct{ ss *session }
 
-func (o sweptSession) ID() string            { return o.ss.id() }
-func (o sweptSession) Base() layers.Manifest { return o.ss.base() }
-func (o sweptSession) Gone() bool            { return o.ss.isGone() }
+func (o sweptSession) ID() string            { return o.ss.ID() }
+func (o sweptSession) Base() layers.Manifest { return o.ss.Base() }
+func (o sweptSession) Gone() bool            { return o.ss.IsGone() }
 
 func (s *Supervisor) destroySandbox(c *call) (any, error) {
 	return s.sbm.Destroy(c.ctx, c.args.String("sandbox_id"), c.progress)
@@ -91,7 +92,7 @@ func (s *Supervisor) newSandboxManager() *sbx.Manager[*occupants] {
 		Occupants:    sandboxOccupants{s},
 		NewID:        s.ids.New,
 		Dir:          s.sandboxDir,
-		NewWork:      newOccupants,
+		NewWork:      workspace.NewTables,
 		Span:         s.sandboxSpan,
 		Detach:       func(id string) { s.cgroups.RemoveSandbox(id) },
 		Seal:         func(dir string) { s.obs.Seal(dir) },
@@ -115,14 +116,14 @@ func (a sandboxStore) DeleteSandboxRows(ctx context.Context, id string) error {
 type sandboxOccupants struct{ s *Supervisor }
 
 func (o sandboxOccupants) Stop(ctx context.Context, sb *sandbox, progress func(string)) {
-	o.s.stopSessions(ctx, sb, true, progress)
+	o.s.teardown.StopSessions(ctx, sb, true, progress)
 }
 
 // Forget removes the transcripts of sb's commands.
 func (o sandboxOccupants) Forget(sb *sandbox) {
 	sb.Mu.Lock()
-	ids := make([]string, 0, len(sb.Work.commands))
-	for id := range sb.Work.commands {
+	ids := make([]string, 0, len(sb.Work.Commands))
+	for id := range sb.Work.Commands {
 		ids = append(ids, id)
 	}
 	sb.Mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/doctor"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/views"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 func (s *Supervisor) health(c *call) (any, error) {
@@ -26,7 +27,7 @@ func (s *Supervisor) health(c *call) (any, error) {
 		UserNS: s.probes.UserNS, KernelOverlay: s.probes.KernelOverlay, FuseOverlay: s.probes.FuseOverlay,
 		FuseDevice: s.probes.FuseDevice, Docker: views.Availability{Available: s.docker.Available, Reason: s.docker.Reason},
 		StoreErr: s.store.Ping(c.ctx), DataDir: s.dirs.Data,
-		Sandboxes: nSandboxes, Sessions: s.sessionCount(), RunningCommands: s.runningCommands(), AnyFailed: failed,
+		Sandboxes: nSandboxes, Sessions: workspace.CountSessions(s.allSandboxes()), RunningCommands: workspace.CountRunning(s.allSandboxes()), AnyFailed: failed,
 		Cgroup: cg, Network: s.netHelperStatus(), EventStore: s.obsStats(nil),
 	}), nil
 }
@@ -40,8 +41,8 @@ func (s *Supervisor) daemon(c *call) (any, error) {
 	return views.Daemon(views.DaemonInput{Scope: scope, Started: s.started, Holders: holderViews(sbs),
 		Usage: views.RuntimeUsage{
 			ActiveRequests: s.active.Load(),
-			ActiveCommands: s.runningCommands(),
-			LiveSessions:   s.sessionCount(),
+			ActiveCommands: workspace.CountRunning(s.allSandboxes()),
+			LiveSessions:   workspace.CountSessions(s.allSandboxes()),
 			AdmissionInUse: len(s.conns),
 		}}), nil
 }
@@ -94,11 +95,11 @@ func (s *Supervisor) layerstack(c *call) (any, error) {
 		return out, nil
 	case c.args.Has("workspace_id"):
 		id := c.args.String("workspace_id")
-		ss, e := lookupSession(sb, id)
+		ss, e := workspace.LookupSession(sb, id)
 		if e != nil {
 			return nil, e
 		}
-		return views.LayerstackWorkspace(sb.Stack, id, ss.record().Lease.Layers, ss.upper(), nodes, depth), nil
+		return views.LayerstackWorkspace(sb.Stack, id, ss.Record().Lease.Layers, ss.Upper(), nodes, depth), nil
 	}
 	out, err := views.Layerstack(sb.Stack, nodes, depth)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/doctor"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/rpc"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/web"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // newHTTP binds the HTTP listener (§2.8) on addr, writes http.addr into
@@ -79,7 +80,7 @@ func (c webCommands) Follow(sandboxID, commandID string) (web.Transcript, error)
 	if sb == nil {
 		return nil, catalog.Errorf(catalog.NotFound, "sandbox not found: %s", sandboxID).With("sandbox_id", sandboxID)
 	}
-	cmd, e := c.s.lookupCommand(sb, commandID)
+	cmd, e := workspace.LookupCommand(sb, commandID)
 	if e != nil {
 		return nil, e
 	}
@@ -89,19 +90,19 @@ func (c webCommands) Follow(sandboxID, commandID string) (web.Transcript, error)
 type cmdTranscript struct{ cmd *command }
 
 func (t cmdTranscript) Rows(cursor, limit int) ([]string, int, int) {
-	rows, first, end, _ := t.cmd.tr.Rows(cursor, limit)
+	rows, first, end, _ := t.cmd.Transcript.Rows(cursor, limit)
 	return rows, first, end
 }
 
-func (t cmdTranscript) Changed() <-chan struct{} { return t.cmd.tr.Changed() }
-func (t cmdTranscript) Done() <-chan struct{}    { return t.cmd.done }
+func (t cmdTranscript) Changed() <-chan struct{} { return t.cmd.Transcript.Changed() }
+func (t cmdTranscript) Done() <-chan struct{}    { return t.cmd.Done }
 
 func (t cmdTranscript) Result() map[string]any {
-	t.cmd.mu.Lock()
-	defer t.cmd.mu.Unlock()
-	r := t.cmd.rec
+	t.cmd.Mu.Lock()
+	defer t.cmd.Mu.Unlock()
+	r := t.cmd.Rec
 	return map[string]any{"command_session_id": r.CommandSessionID, "workspace_session_id": r.WorkspaceSessionID,
-		"status": r.Status, "exit_code": r.ExitCode, "total_lines": t.cmd.tr.Total()}
+		"status": r.Status, "exit_code": r.ExitCode, "total_lines": t.cmd.Transcript.Total()}
 }
 
 // webForwarder opens /forward/isolated=… connections through the session's
@@ -118,8 +119,8 @@ func (f webForwarder) session(id string) *session {
 	}
 	f.s.mu.Unlock()
 	for _, sb := range sbs {
-		if ss, e := lookupSession(sb, id); e == nil {
-			if ss.isGone() || ss.rec.NetworkProfile != netIsolated {
+		if ss, e := workspace.LookupSession(sb, id); e == nil {
+			if ss.IsGone() || ss.Rec.NetworkProfile != workspace.NetIsolated {
 				return nil
 			}
 			return ss
@@ -135,7 +136,7 @@ func (f webForwarder) DialSession(ctx context.Context, id string, port int) (net
 	if ss == nil {
 		return nil, fmt.Errorf("dial %s:%d: %w", id, port, catalog.Errorf(catalog.NotFound, "no isolated workspace session %s", id))
 	}
-	return f.s.dialSession(ctx, ss, port)
+	return ss.Dial(ctx, port, time.Duration(f.s.cfg.HTTP.Forward.ConnectTimeoutS*float64(time.Second)))
 }
 
 // webDoctor runs the host diagnosis for the console's Doctor tab with the

@@ -20,12 +20,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/images"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // dockerProbe is health's docker entry, probed once at start (§10.3).
@@ -114,49 +114,14 @@ func imageFiles(hostname, network string) map[string]string {
 			"127.0.1.1\t" + hostname + "\n",
 	}
 	switch network {
-	case netShared:
+	case workspace.NetShared:
 		if b, err := os.ReadFile("/etc/resolv.conf"); err == nil {
 			files["/etc/resolv.conf"] = string(b)
 		}
-	case netIsolated:
+	case workspace.NetIsolated:
 		files["/etc/resolv.conf"] = nsholder.ResolvConf
 	}
 	return files
-}
-
-// envLookup finds name in a KEY=VALUE list.
-func envLookup(env []string, name string) (string, bool) {
-	for _, kv := range env {
-		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
-			return v, true
-		}
-	}
-	return "", false
-}
-
-// mergeEnv returns base overridden by over, one entry per name, base's
-// order first.
-func mergeEnv(base, over []string) []string {
-	if len(base) == 0 {
-		return over
-	}
-	idx := map[string]int{}
-	var out []string
-	for _, list := range [][]string{base, over} {
-		for _, kv := range list {
-			k, _, ok := strings.Cut(kv, "=")
-			if !ok || k == "" {
-				continue
-			}
-			if i, seen := idx[k]; seen {
-				out[i] = kv
-				continue
-			}
-			idx[k] = len(out)
-			out = append(out, kv)
-		}
-	}
-	return out
 }
 
 // loadImageEnv sets sb.ImageEnv from the cache (creation and recovery).

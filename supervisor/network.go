@@ -29,7 +29,6 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
-	"sort"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
@@ -37,16 +36,6 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/doctor"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
-
-// Network profiles.
-const (
-	netShared   = "shared"
-	netIsolated = "isolated"
-	netOffline  = "offline"
-)
-
-// maxForwards is the per-session forward limit (§3.6).
-const maxForwards = 16
 
 // findNetHelper resolves network.isolated.helper on PATH.
 func findNetHelper(want string) (nsholder.Egress, error) {
@@ -69,7 +58,7 @@ func findNetHelper(want string) (nsholder.Egress, error) {
 
 // netHelperStatus is health's "network" entry.
 func (s *Supervisor) netHelperStatus() map[string]any {
-	out := map[string]any{"profiles": []string{netShared, netIsolated, netOffline}, "allow_private": s.cfg.Network.Isolated.AllowPrivate}
+	out := map[string]any{"profiles": []string{workspace.NetShared, workspace.NetIsolated, workspace.NetOffline}, "allow_private": s.cfg.Network.Isolated.AllowPrivate}
 	if e, err := findNetHelper(s.cfg.Network.Isolated.Helper); err != nil {
 		out["isolated"] = map[string]any{"available": false, "helper": nil, "reason": err.Error()}
 	} else {
@@ -78,92 +67,40 @@ func (s *Supervisor) netHelperStatus() map[string]any {
 	return out
 }
 
-// forwardObjects lists a session's forwards by target port.
-func (ss *session) forwardObjects() []map[string]any {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	ports := make([]int, 0, len(ss.forwards))
-	for p := range ss.forwards {
-		ports = append(ports, p)
-	}
-	sort.Ints(ports)
-	out := make([]map[string]any, 0, len(ports))
-	for _, p := range ports {
-		out = append(out, ss.forwards[p].Object())
-	}
-	return out
-}
-
-// closeForwards ends every forward of a session (§5.7).
-func (ss *session) closeForwards() {
-	ss.mu.Lock()
-	fs := ss.forwards
-	ss.forwards = nil
-	ss.mu.Unlock()
-	for _, f := range fs {
-		f.Close()
-	}
-}
-
-// loopbackDialer reaches 127.0.0.1:port inside a session's own network
-// namespace.
-type loopbackDialer interface {
-	DialLoopback(ctx context.Context, port int, timeout time.Duration) (net.Conn, error)
-}
-
-// dialSession connects to 127.0.0.1:port inside a session with its own
-// network namespace, through its holder. It is the one way into such a
-// session, for forward_port's listeners and the HTTP /forward/isolated=…
-// routes alike.
-func (s *Supervisor) dialSession(ctx context.Context, ss *session, port int) (net.Conn, error) {
-	ss.mu.Lock()
-	h, gone := ss.holder, ss.gone
-	ss.mu.Unlock()
-	if gone || h == nil {
-		return nil, fmt.Errorf("dial %s:%d: %w", ss.id(), port, nsholder.ErrExited)
-	}
-	timeout := time.Duration(s.cfg.HTTP.Forward.ConnectTimeoutS * float64(time.Second))
-	ctx, cancel := context.WithTimeout(ctx, timeout+time.Second)
-	defer cancel()
-	c, err := h.DialLoopback(ctx, port, timeout)
-	if err != nil {
-		return nil, fmt.Errorf("dial %s:%d: %w", ss.id(), port, err)
-	}
-	return c, nil
-}
-
 func (s *Supervisor) forwardPort(c *call) (any, error) {
 	target := int(c.args.Uint("port"))
 	if !c.args.Has("workspace_session_id") {
-		return map[string]any{"workspace_session_id": nil, "network_profile": netShared, "target_port": target,
+		return map[string]any{"workspace_session_id": nil, "network_profile": workspace.NetShared, "target_port": target,
 			"host": "127.0.0.1", "port": target, "url": s.forwardURL("shared", target)}, nil
 	}
-	ss, e := lookupSession(c.sb, c.args.String("workspace_session_id"))
+	ss, e := workspace.LookupSession(c.sb, c.args.String("workspace_session_id"))
 	if e != nil {
 		return nil, e
 	}
-	if e := ss.admit(); e != nil {
+	if e := ss.Admit(); e != nil {
 		return nil, e
 	}
-	res := map[string]any{"workspace_session_id": ss.id(), "network_profile": ss.rec.NetworkProfile, "target_port": target,
+	res := map[string]any{"workspace_session_id": ss.ID(), "network_profile": ss.Rec.NetworkProfile, "target_port": target,
 		"host": "127.0.0.1", "url": nil}
-	if ss.rec.NetworkProfile == netShared {
+	if ss.Rec.NetworkProfile == workspace.NetShared {
 		res["port"], res["url"] = target, s.forwardURL("shared", target)
 		return res, nil
 	}
-	if ss.rec.NetworkProfile == netIsolated {
+	if ss.Rec.NetworkProfile == workspace.NetIsolated {
 		// offline sessions have no /forward route (§2.8): url stays null.
-		res["url"] = s.forwardURL("isolated="+ss.id(), target)
+		res["url"] = s.forwardURL("isolated="+ss.ID(), target)
 	}
-	f, existed, e := ss.addForward(target)
+	f, existed, e := ss.AddForward(target)
 	if e != nil {
 		return nil, e
 	}
 	res["port"] = f.Port()
 	if !existed {
-		dial := func(ctx context.Context, port int) (net.Conn, error) { return s.dialSession(ctx, ss, port) }
-		go f.Serve(context.WithoutCancel(c.ctx), dial, s.log.With("workspace_session_id", ss.id()))
-		s.eventCtx(c.ctx, c.sb, "forward.opened", map[string]any{"workspace_session_id": ss.id(), "target_port": target, "port": f.Port()})
+		dial := func(ctx context.Context, port int) (net.Conn, error) {
+			return ss.Dial(ctx, port, time.Duration(s.cfg.HTTP.Forward.ConnectTimeoutS*float64(time.Second)))
+		}
+		go f.Serve(context.WithoutCancel(c.ctx), dial, s.log.With("workspace_session_id", ss.ID()))
+		s.eventCtx(c.ctx, c.sb, "forward.opened", map[string]any{"workspace_session_id": ss.ID(), "target_port": target, "port": f.Port()})
 	}
 	return res, nil
 }
@@ -177,43 +114,17 @@ func (s *Supervisor) forwardURL(kind string, port int) any {
 	return fmt.Sprintf("%s/forward/%s/%d/", s.httpBase, kind, port)
 }
 
-// addForward returns the session's forward to target, opening its
-// listener when there is none yet.
-func (ss *session) addForward(target int) (*workspace.Forward, bool, *catalog.Error) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.gone {
-		return nil, false, notFoundSession(ss.id())
-	}
-	if f := ss.forwards[target]; f != nil {
-		return f, true, nil
-	}
-	if len(ss.forwards) >= maxForwards {
-		return nil, false, catalog.Errorf(catalog.ServerBusy, "forward limit reached for workspace session %s", ss.id()).
-			With("max_forwards", maxForwards).With("workspace_session_id", ss.id())
-	}
-	f, err := workspace.ListenForward(target)
-	if err != nil {
-		return nil, false, catalog.Errorf(catalog.OperationFailed, "forward_port: %v", err)
-	}
-	if ss.forwards == nil {
-		ss.forwards = map[int]*workspace.Forward{}
-	}
-	ss.forwards[target] = f
-	return f, false, nil
-}
-
 // egressFor is the helper of a new isolated session, or the creation's
 // error naming the missing package.
 func (s *Supervisor) egressFor(ss *session) (*nsholder.Egress, error) {
-	if ss.rec.NetworkProfile != netIsolated {
+	if ss.Rec.NetworkProfile != workspace.NetIsolated {
 		return nil, nil
 	}
 	e, err := findNetHelper(s.cfg.Network.Isolated.Helper)
 	if err != nil {
 		return nil, catalog.Errorf(catalog.OperationFailed, "workspace setup failed at network: %v", err).
-			With("stage", "network").With("network_profile", netIsolated)
+			With("stage", "network").With("network_profile", workspace.NetIsolated)
 	}
-	e.StateDir = ss.dir
+	e.StateDir = ss.Dir
 	return &e, nil
 }

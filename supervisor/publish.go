@@ -6,68 +6,34 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
-
-// parseResolutions validates publish_workspace_session's resolutions:
-// objects {path, strategy} with paths normalized per §7.2 and unique.
-// Whether each names a plan path is the planner's check.
-func parseResolutions(raw []any) (map[string]layers.Strategy, error) {
-	out := map[string]layers.Strategy{}
-	for i, r := range raw {
-		m, ok := r.(map[string]any)
-		if !ok {
-			return nil, catalog.Errorf(catalog.InvalidRequest, "resolutions[%d] must be an object {path, strategy}", i)
-		}
-		for k := range m {
-			if k != "path" && k != "strategy" {
-				return nil, catalog.Errorf(catalog.InvalidRequest, "resolutions[%d] has an unknown field: %s", i, k)
-			}
-		}
-		ps, ok1 := m["path"].(string)
-		st, ok2 := m["strategy"].(string)
-		if !ok1 || !ok2 {
-			return nil, catalog.Errorf(catalog.InvalidRequest, "resolutions[%d].path and strategy must be strings", i)
-		}
-		p, perr := catalog.WorkspacePath(ps, false)
-		if perr != nil {
-			return nil, perr
-		}
-		if !layers.Strategy(st).Valid() {
-			return nil, catalog.Errorf(catalog.InvalidRequest, "resolutions[%d].strategy must be one of merge, ours, theirs, reject", i)
-		}
-		if _, dup := out[p]; dup {
-			return nil, catalog.Errorf(catalog.InvalidRequest, "resolutions name %s twice", p).With("path", p)
-		}
-		out[p] = layers.Strategy(st)
-	}
-	return out, nil
-}
 
 func (s *Supervisor) publishWorkspaceSession(c *call) (any, error) {
 	id := c.args.String("workspace_session_id")
-	ss, e := lookupSession(c.sb, id)
+	ss, e := workspace.LookupSession(c.sb, id)
 	if e != nil {
 		return nil, e
 	}
-	if ss.implicit() {
-		return nil, notFoundSession(id) // implicit sessions publish themselves (§5.1)
+	if ss.Implicit() {
+		return nil, workspace.NotFoundSession(id) // implicit sessions publish themselves (§5.1)
 	}
-	resolutions, err := parseResolutions(c.args.Array("resolutions"))
+	resolutions, err := workspace.ParseResolutions(c.args.Array("resolutions"))
 	if err != nil {
 		return nil, err
 	}
 	dry := c.args.Bool("dry_run")
-	ss.gate.Lock()
-	defer ss.gate.Unlock()
-	if e := ss.admit(); e != nil {
+	ss.Gate.Lock()
+	defer ss.Gate.Unlock()
+	if e := ss.Admit(); e != nil {
 		return nil, e
 	}
-	running := ss.running()
+	running := ss.Running()
 	if !dry && len(running) > 0 {
 		return nil, catalog.Errorf(catalog.OperationFailed, "workspace session has active command sessions").
 			With("workspace_session_id", id).With("active_command_session_ids", running)
 	}
-	opt := s.publishOptions()
+	opt := workspace.PublishOptions(s.cfg, s.protected)
 	opt.DefaultStrategy = layers.Strategy(c.args.String("default_strategy"))
 	opt.Resolutions = resolutions
 	opt.DryRun = dry
@@ -80,34 +46,26 @@ func (s *Supervisor) publishWorkspaceSession(c *call) (any, error) {
 	case errors.As(err, &rej):
 		return nil, catalog.Errorf(catalog.OperationFailed, "workspace session publish was rejected").
 			With("workspace_session_id", id).With("stage", "publish").With("session_retained", true).
-			With("publish_rejection", rejectionBody(rej))
+			With("publish_rejection", workspace.RejectionBody(rej))
 	case err != nil:
 		return nil, catalog.Errorf(catalog.OperationFailed, "workspace session publish failed: %v", err).
 			With("workspace_session_id", id).With("stage", "capture").With("session_retained", true)
 	}
 	if dry {
 		return map[string]any{"workspace_session_id": id, "dry_run": true, "would_commit": plan.WouldCommit,
-			"publish": publishObjectDry(plan, res), "plan": plan, "destroyed": false, "active_command_session_ids": running}, nil
+			"publish": workspace.PublishObjectDry(plan, res), "plan": plan, "destroyed": false, "active_command_session_ids": running}, nil
 	}
-	pub := publishObject(plan, res, true)
+	pub := workspace.PublishObject(plan, res, true)
 	grace := time.Duration(c.args.Float("grace_s") * float64(time.Second))
-	bytes, derr := s.destroySession(c.ctx, c.sb, ss, grace)
+	bytes, derr := s.teardown.DestroySession(c.ctx, c.sb, ss, grace)
 	s.bump(c.ctx, c.sb)
 	if derr != nil {
-		ss.setState(sessFinalizeFailed)
+		ss.SetState(workspace.SessFinalizeFailed)
 		return nil, catalog.Errorf(catalog.OperationFailed, "workspace session was published but could not be closed").
 			With("workspace_session_id", id).With("stage", "destroy").With("publish_completed", true).
 			With("layer_committed", !res.NoOp).With("publish", pub).With("destroyed", false).
-			With("session_state", sessFinalizeFailed).With("recovery_operation", "destroy_workspace_session")
+			With("session_state", workspace.SessFinalizeFailed).With("recovery_operation", "destroy_workspace_session")
 	}
 	return map[string]any{"workspace_session_id": id, "dry_run": false, "publish": pub, "destroyed": true,
 		"evicted_upperdir_bytes": bytes}, nil
-}
-
-// publishObjectDry is a dry run's publish object: the head revision the plan
-// was computed against (§9.6).
-func publishObjectDry(plan *layers.Plan, res layers.PublishResult) map[string]any {
-	return map[string]any{"no_op": res.NoOp, "revision": plan.HeadRevision,
-		"route_summary": plan.RouteSummary, "outcome_summary": plan.OutcomeSummary,
-		"summary": publishSummary(plan.OutcomeSummary, !plan.WouldCommit, true, plan.Rejection != nil)}
 }

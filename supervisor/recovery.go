@@ -74,19 +74,19 @@ func (s *Supervisor) attachOutcome(ctx context.Context, sb *sandbox, wsID string
 	if len(extra) == 0 {
 		return
 	}
-	for _, cmd := range sb.Work.commands {
-		cmd.mu.Lock()
-		hit := cmd.rec.WorkspaceSessionID == wsID && cmd.rec.Interrupted && cmd.rec.InterruptReason == "supervisor_restart"
+	for _, cmd := range sb.Work.Commands {
+		cmd.Mu.Lock()
+		hit := cmd.Rec.WorkspaceSessionID == wsID && cmd.Rec.Interrupted && cmd.Rec.InterruptReason == "supervisor_restart"
 		if hit {
-			if cmd.rec.Extra == nil {
-				cmd.rec.Extra = map[string]any{}
+			if cmd.Rec.Extra == nil {
+				cmd.Rec.Extra = map[string]any{}
 			}
 			for k, v := range extra {
-				cmd.rec.Extra[k] = v
+				cmd.Rec.Extra[k] = v
 			}
 		}
-		rec := cmd.rec
-		cmd.mu.Unlock()
+		rec := cmd.Rec
+		cmd.Mu.Unlock()
 		if hit {
 			if err := s.store.Put(ctx, statedb.KindCommand, rec.CommandSessionID, sb.Rec.ID, rec); err != nil {
 				s.log.Warn("persist command", "command", rec.CommandSessionID, "err", err)
@@ -103,9 +103,9 @@ func (s *Supervisor) persistOutcome(ctx context.Context, sb *sandbox, drain *com
 	if drain == nil || len(extra) == 0 {
 		return
 	}
-	drain.mu.Lock()
-	rec := drain.rec
-	drain.mu.Unlock()
+	drain.Mu.Lock()
+	rec := drain.Rec
+	drain.Mu.Unlock()
 	rec.Extra = make(map[string]any, len(extra))
 	for k, v := range extra {
 		rec.Extra[k] = v

@@ -13,6 +13,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/resources"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // cgroups is the delegated cgroup subtree (§10.2); nil-safe.
@@ -49,7 +50,7 @@ func (s *Supervisor) sampleOnce(withStack bool) {
 		}
 		g := resources.Group{ID: sb.Rec.ID, Store: s.obs.Resources(scopeOf(sb))}
 		for _, ss := range sessionsSorted(sb) {
-			g.Sessions = append(g.Sessions, &resources.Session{ID: ss.id(), Pid: ss.holderPid()})
+			g.Sessions = append(g.Sessions, &resources.Session{ID: ss.ID(), Pid: ss.HolderPid()})
 		}
 		if withStack && sb.Stack != nil {
 			stack := sb.Stack
@@ -146,7 +147,7 @@ func (s *Supervisor) cgroupView(c *call) (any, error) {
 	sessions := sessionsSorted(c.sb)
 	cgPath := s.cgroups.SandboxPath(c.sb.Rec.ID)
 	if scope != resources.ScopeSandbox {
-		ss, e := lookupSession(c.sb, scope)
+		ss, e := workspace.LookupSession(c.sb, scope)
 		if e != nil {
 			return nil, e
 		}

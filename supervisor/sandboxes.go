@@ -8,6 +8,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // Sandbox states (§4.1), named here for the files that predate the package.
@@ -23,29 +24,24 @@ const (
 type (
 	sandboxRecord      = sbx.Record
 	resourceProfileRec = sbx.ResourceProfileRec
-	recoveryArtifact   = sbx.RecoveryArtifact
-	// sandbox is a registry entry carrying the workspace's occupants.
-	sandbox = sbx.Sandbox[*occupants]
+	// sandbox is a registry entry carrying the workspace's tables.
+	sandbox = workspace.Sandbox
+	// occupants are a sandbox's live sessions and commands.
+	occupants = workspace.Tables
 )
 
-// occupants are a sandbox's live sessions and commands, guarded by the
-// sandbox's Mu.
-type occupants struct {
-	sessions      map[string]*session // live sessions
-	commands      map[string]*command // running and retained terminal commands
-	terminalOrder []string            // retained terminal commands, oldest first
-	evicted       map[string]bool     // IDs evicted from retention
-	// Admission slots reserved by requests still starting their command
-	// or session (admission.go).
-	pendingCommands, pendingSessions int
-}
-
-func newOccupants() *occupants {
-	return &occupants{sessions: map[string]*session{}, commands: map[string]*command{}, evicted: map[string]bool{}}
-}
+// The workspace's types under the names the handlers use.
+type (
+	session       = workspace.Session
+	sessionRecord = workspace.SessionRecord
+	leaseRecord   = workspace.LeaseRecord
+	holder        = workspace.Holder
+	command       = workspace.Command
+	commandRecord = workspace.CommandRecord
+)
 
 func newSandbox(rec sandboxRecord, dir string) *sandbox {
-	return sbx.New(rec, dir, newOccupants())
+	return sbx.New(rec, dir, workspace.NewTables())
 }
 
 func nowRFC3339() string { return sbx.NowRFC3339() }
@@ -221,7 +217,9 @@ func (s *Supervisor) recover(ctx context.Context) error {
 	var sum recoverySummary
 	defer func() { s.recovered(&sum) }()
 	s.sbm.Recover(ctx, recs, sbx.RecoverHooks[*occupants]{
-		Leases:  s.persistedLeases,
+		Leases: func(ctx context.Context, sb *sandbox) [][]layers.LayerRef {
+			return workspace.PersistedLeases(ctx, s.store.DB, sb)
+		},
 		Removed: sum.removeSandbox,
 		Swept: func(sb *sandbox, res layers.SweepResult) {
 			s.bootSweepEvent(sb, res)
@@ -246,9 +244,20 @@ func (s *Supervisor) reopenSandbox(ctx context.Context, sb *sandbox, sum *recove
 		sum.FailedSandboxes = append(sum.FailedSandboxes, sb.Rec.ID)
 	}
 	if sb.Rec.State == stateReady {
-		sum.InterruptedCommands += s.loadCommands(ctx, sb)
-		sum.RemovedSessionDirs += s.removeOrphanSessionDirs(ctx, sb)
+		sum.InterruptedCommands += s.cmds.Load(ctx, sb)
+		sum.RemovedSessionDirs += workspace.RemoveOrphanSessionDirs(ctx, s.store.DB, s.log, sb)
 		s.restoreSessions(ctx, sb, sum)
 		s.notifyAutosquash(sb, "startup")
 	}
+}
+
+// allSandboxes lists every registered sandbox (admission's view).
+func (s *Supervisor) allSandboxes() []*sandbox {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	all := make([]*sandbox, 0, s.sandboxes.Len())
+	for _, sb := range s.sandboxes.All() {
+		all = append(all, sb)
+	}
+	return all
 }

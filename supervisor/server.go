@@ -24,6 +24,7 @@ import (
 	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/web"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // Options are the command-line inputs of `sandbox-supervisor serve`.
@@ -63,7 +64,9 @@ type Supervisor struct {
 	shimPath string
 
 	mu        sync.Mutex
-	admitMu   sync.Mutex // admission's check-and-reserve (admission.go)
+	admission *workspace.Admission // check-and-reserve of commands and sessions
+	cmds      *workspace.Commands  // ends, retains and looks up commands
+	teardown  *workspace.Teardown  // destroys sessions, stops a sandbox's sessions
 	sandboxes *sbx.Registry[*occupants]
 	squasher  *sbx.Squasher[*occupants]
 	sbm       *sbx.Manager[*occupants]
@@ -144,6 +147,7 @@ func Serve(ctx context.Context, opt Options) error {
 	s.protected = layers.CompilePatterns(cfg.Runtime.Publish.ProtectedPaths)
 	s.squasher = s.newSquasher()
 	s.sbm = s.newSandboxManager()
+	s.admission = workspace.NewAdmission(cfg, s.allSandboxes)
 	s.exporter = &sbx.Exporter[*occupants]{Reg: s.sandboxes, Log: log}
 	s.obs = newObsRegistry(cfg, dirs.Data, log, s.ids) // stores are created on first append
 	s.shimPath = execShim(self)
@@ -152,6 +156,9 @@ func Serve(ctx context.Context, opt Options) error {
 		return err
 	}
 	s.cgroups = setupCgroups("/sys/fs/cgroup", "/proc/self/cgroup")
+	s.cmds = &workspace.Commands{Cfg: cfg, DB: st.DB, Log: log, Data: dirs.Data, IDs: s.ids, Obs: s.obs, Attr: sessionHooks{s}, Bump: s.bump}
+	s.teardown = &workspace.Teardown{Cfg: cfg, DB: st.DB, Log: log, Obs: s.obs, Cgroups: s.cgroups, Cmds: s.cmds, Bump: s.bump,
+		FinalizeImplicit: s.finalizeImplicit}
 	log.Info("cgroups", "delegated", s.cgroups.Delegated, "root", s.cgroups.Root, "reason", s.cgroups.Reason)
 	if err := s.recover(ctx); err != nil {
 		return err

@@ -5,171 +5,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"sync"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/attribution"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
-
-// Session states (§5.5).
-const (
-	sessActive         = "active"
-	sessFinalizing     = "finalizing"
-	sessFinalizeFailed = "finalize_failed"
-	sessRestoring      = "restoring"
-	sessRestoreFailed  = "restore_failed"
-)
-
-const (
-	policyNoOp    = "no_op"                // explicit sessions
-	policyPublish = "publish_then_destroy" // implicit sessions
-)
-
-// sessionRecord is the persisted session (§5.5).
-type sessionRecord struct {
-	WorkspaceSessionID string          `json:"workspace_session_id"`
-	SandboxID          string          `json:"sandbox_id"`
-	Agent              *string         `json:"agent"`
-	NetworkProfile     string          `json:"network_profile"`
-	FinalizePolicy     string          `json:"finalize_policy"`
-	State              string          `json:"state"`
-	CreatedAt          string          `json:"created_at"`
-	BaseRevision       layers.Revision `json:"base_revision"`
-	Lease              leaseRecord     `json:"lease"`
-	OverlayDriver      string          `json:"overlay_driver"`
-}
-
-type leaseRecord struct {
-	LeaseID string            `json:"lease_id"`
-	Layers  []layers.LayerRef `json:"layers"`
-}
-
-// holder is what a session uses of its holder process (*nsholder.Client):
-// its life, its command runner, its file operations and its loopback dial.
-type holder interface {
-	Pid() int
-	Done() <-chan struct{}
-	Events() <-chan nsholder.Event
-	Close(grace time.Duration) error
-	commandRunner
-	fileHolder
-	loopbackDialer
-}
-
-// session is a live workspace session. gate is its admission gate (§5.5):
-// starting commands, file operations, publish and destroy are serialized on
-// it, so a file operation never races a finalization. mu guards the rest.
-type session struct {
-	gate sync.Mutex
-	attr attribution.Tracker // checkpoints, activity captures, FUSE write ranges
-
-	mu     sync.Mutex
-	rec    sessionRecord
-	dir    string
-	holder holder
-	lease  *layers.Lease
-	ledger map[string]*command // running commands
-	gone   bool                // destroyed: whoever waited at the gate finds it gone
-	// forwards are the session's forward_port listeners by target port
-	// (network.go); they end with the session.
-	forwards map[int]*workspace.Forward
-}
-
-func (ss *session) isGone() bool {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return ss.gone
-}
-
-func (ss *session) id() string     { return ss.rec.WorkspaceSessionID }
-func (ss *session) upper() string  { return filepath.Join(ss.dir, "upper") }
-func (ss *session) implicit() bool { return ss.rec.FinalizePolicy == policyPublish }
-
-// base is the session's leased manifest: its frozen view (§5.3).
-func (ss *session) base() layers.Manifest {
-	return layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: ss.rec.BaseRevision.ManifestVersion, Layers: ss.rec.Lease.Layers}
-}
-
-func (ss *session) state() string {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return ss.rec.State
-}
-
-func (ss *session) setState(st string) {
-	ss.mu.Lock()
-	ss.rec.State = st
-	ss.mu.Unlock()
-}
-
-// running returns the IDs of the session's running commands, sorted.
-func (ss *session) running() []string {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	ids := make([]string, 0, len(ss.ledger))
-	for id := range ss.ledger {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	return ids
-}
-
-func notFoundSession(id string) *catalog.Error {
-	return catalog.Errorf(catalog.NotFound, "workspace session not found: %s", id).With("workspace_session_id", id)
-}
-
-// lookupSession finds a live session of the sandbox.
-func lookupSession(sb *sandbox, id string) (*session, *catalog.Error) {
-	sb.Mu.Lock()
-	ss := sb.Work.sessions[id]
-	sb.Mu.Unlock()
-	if ss == nil {
-		return nil, notFoundSession(id)
-	}
-	return ss, nil
-}
-
-// admit checks that a session accepts commands and file operations (§5.5).
-func (ss *session) admit() *catalog.Error {
-	if ss.isGone() {
-		return notFoundSession(ss.id())
-	}
-	switch st := ss.state(); st {
-	case sessActive:
-		return nil
-	case sessFinalizing, sessRestoring:
-		return catalog.Errorf(catalog.OperationConflict, "workspace session %s is %s", ss.id(), st).
-			With("workspace_session_id", ss.id()).With("session_state", st)
-	default:
-		return catalog.Errorf(catalog.OperationFailed, "workspace session %s is %s", ss.id(), st).
-			With("workspace_session_id", ss.id()).With("session_state", st)
-	}
-}
-
-func (s *Supervisor) sessionCount() int {
-	s.mu.Lock()
-	all := make([]*sandbox, 0, s.sandboxes.Len())
-	for _, sb := range s.sandboxes.All() {
-		all = append(all, sb)
-	}
-	s.mu.Unlock()
-	n := 0
-	for _, sb := range all {
-		sb.Mu.Lock()
-		n += len(sb.Work.sessions)
-		sb.Mu.Unlock()
-	}
-	return n
-}
 
 // newSession runs §5.2 inside a workspace_session.create span.
 func (s *Supervisor) newSession(ctx context.Context, sb *sandbox, policy, network string, agent *string) (*session, error) {
@@ -177,7 +23,7 @@ func (s *Supervisor) newSession(ctx context.Context, sb *sandbox, policy, networ
 	ss, err := s.openSession(ctx, sb, policy, network, agent)
 	var attrs map[string]any
 	if ss != nil {
-		attrs = map[string]any{"workspace_session_id": ss.id(), "layer_count": len(ss.rec.Lease.Layers)}
+		attrs = map[string]any{"workspace_session_id": ss.ID(), "layer_count": len(ss.Rec.Lease.Layers)}
 	}
 	sp.done(err, attrs)
 	return ss, err
@@ -187,11 +33,11 @@ func (s *Supervisor) newSession(ctx context.Context, sb *sandbox, policy, networ
 // directories, start the holder, persist the record. Any failure rolls back
 // every step.
 func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, network string, agent *string) (*session, error) {
-	sl, e := s.admitSession(sb)
+	sl, e := s.admission.Session(sb)
 	if e != nil {
 		return nil, e
 	}
-	defer sl.release() // a no-op once the session is in sb.Work.sessions
+	defer sl.Release() // a no-op once the session is in sb.Work.sessions
 	id := s.ids.New("ws-")
 	lease, err := sb.Stack.Acquire("workspace-session:" + id)
 	if err != nil {
@@ -204,22 +50,22 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 			With("layer_count", len(m.Layers)).With("max_chain_depth", s.cfg.Runtime.Workspace.MaxChainDepth)
 	}
 	ss := &session{
-		dir:    filepath.Join(sb.Dir, "sessions", id),
-		lease:  lease,
-		ledger: map[string]*command{},
-		rec: sessionRecord{
+		Dir:    filepath.Join(sb.Dir, "sessions", id),
+		Lease:  lease,
+		Ledger: map[string]*command{},
+		Rec: sessionRecord{
 			WorkspaceSessionID: id, SandboxID: sb.Rec.ID, Agent: agent, NetworkProfile: network, FinalizePolicy: policy,
-			State: sessActive, CreatedAt: nowRFC3339(), BaseRevision: m.Revision(),
+			State: workspace.SessActive, CreatedAt: nowRFC3339(), BaseRevision: m.Revision(),
 			Lease:         leaseRecord{LeaseID: lease.ID(), Layers: m.Layers},
 			OverlayDriver: sb.Rec.OverlayDriver,
 		},
 	}
 	rollback := func() {
-		removeTree(ss.dir)
+		workspace.RemoveTree(ss.Dir)
 		_, _ = lease.Release()
 	}
 	for _, d := range []string{"upper", "scratch", "attribution"} {
-		if err := os.MkdirAll(filepath.Join(ss.dir, d), 0o700); err != nil {
+		if err := os.MkdirAll(filepath.Join(ss.Dir, d), 0o700); err != nil {
 			rollback()
 			return nil, catalog.Errorf(catalog.OperationFailed, "workspace setup failed at directories: %v", err).With("stage", "directories")
 		}
@@ -228,42 +74,42 @@ func (s *Supervisor) openSession(ctx context.Context, sb *sandbox, policy, netwo
 		rollback()
 		return nil, err
 	}
-	if err := s.store.Put(ctx, statedb.KindSession, id, sb.Rec.ID, ss.rec); err != nil {
-		_ = ss.holder.Close(0)
+	if err := s.store.Put(ctx, statedb.KindSession, id, sb.Rec.ID, ss.Rec); err != nil {
+		_ = ss.Holder.Close(0)
 		rollback()
 		return nil, err
 	}
 	sb.Mu.Lock()
-	sb.Work.sessions[id] = ss
-	sl.releaseLocked()
+	sb.Work.Sessions[id] = ss
+	sl.ReleaseLocked()
 	sb.Rec.LiveWorkspaceSessions = append(sb.Rec.LiveWorkspaceSessions, id)
 	sb.Mu.Unlock()
-	s.eventCtx(ctx, sb, "lease.acquired", map[string]any{"workspace_session_id": id, "revision": ss.rec.BaseRevision})
+	s.eventCtx(ctx, sb, "lease.acquired", map[string]any{"workspace_session_id": id, "revision": ss.Rec.BaseRevision})
 	return ss, nil
 }
 
 // startHolder starts the session's holder over its persisted lease and
 // upper dir with a fresh work dir, and watches it.
 func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) error {
-	work := filepath.Join(ss.dir, "work")
-	removeTree(work) // the kernel wants a fresh, empty work dir per mount
+	work := filepath.Join(ss.Dir, "work")
+	workspace.RemoveTree(work) // the kernel wants a fresh, empty work dir per mount
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at directories: %v", err).With("stage", "directories")
 	}
-	m := ss.base()
+	m := ss.Base()
 	cfg := nsholder.Config{
-		SessionID:       ss.id(),
+		SessionID:       ss.ID(),
 		Lowers:          sb.Stack.LayerDirs(m),
-		Upper:           ss.upper(),
+		Upper:           ss.Upper(),
 		Work:            work,
-		Scratch:         filepath.Join(ss.dir, "scratch"),
+		Scratch:         filepath.Join(ss.Dir, "scratch"),
 		HostPaths:       s.cfg.Sandbox.HostPaths,
 		HiddenPaths:     append([]string{s.dirs.Data, s.dirs.Config, s.dirs.Runtime}, s.cfg.Sandbox.HiddenPaths...),
-		IsolatedNetwork: ss.rec.NetworkProfile == netIsolated || ss.rec.NetworkProfile == netOffline,
-		BlockPrivate:    ss.rec.NetworkProfile == netIsolated && !s.cfg.Network.Isolated.AllowPrivate,
+		IsolatedNetwork: ss.Rec.NetworkProfile == workspace.NetIsolated || ss.Rec.NetworkProfile == workspace.NetOffline,
+		BlockPrivate:    ss.Rec.NetworkProfile == workspace.NetIsolated && !s.cfg.Network.Isolated.AllowPrivate,
 		IDMapping:       s.cfg.Sandbox.IDMapping,
 		Shim:            s.shimPath,
-		Overlay:         ss.rec.OverlayDriver,
+		Overlay:         ss.Rec.OverlayDriver,
 		CoalesceMs:      s.cfg.Observability.FileActivity.CoalesceMs,
 	}
 	egress, err := s.egressFor(ss)
@@ -283,18 +129,18 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 			return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at mount_root: image rootfs %s: %v", sb.Rec.Rootfs, err).With("stage", "mount_root")
 		}
 		cfg.HostPaths = nil
-		cfg.Image = &nsholder.ImageRoot{Rootfs: img.Rootfs, Files: imageFiles(ss.id(), ss.rec.NetworkProfile)}
+		cfg.Image = &nsholder.ImageRoot{Rootfs: img.Rootfs, Files: imageFiles(ss.ID(), ss.Rec.NetworkProfile)}
 	}
 	setup := time.Duration(s.cfg.Runtime.Workspace.SetupTimeoutS * float64(time.Second))
 	hctx, cancel := context.WithTimeout(ctx, setup)
 	defer cancel()
-	sp, _ := s.spanCtx(ctx, sb, "holder", "holder.spawn", map[string]any{"workspace_session_id": ss.id(),
-		"overlay_driver": ss.rec.OverlayDriver, "lowers": len(cfg.Lowers), "network_profile": ss.rec.NetworkProfile})
+	sp, _ := s.spanCtx(ctx, sb, "holder", "holder.spawn", map[string]any{"workspace_session_id": ss.ID(),
+		"overlay_driver": ss.Rec.OverlayDriver, "lowers": len(cfg.Lowers), "network_profile": ss.Rec.NetworkProfile})
 	h, err := nsholder.Start(hctx, s.self, cfg)
 	if err == nil {
 		// Measured by the holder during its setup, which ended just now.
-		sp.measured("holder.mount_overlay", h.OverlayMountTime(), map[string]any{"workspace_session_id": ss.id(),
-			"driver": ss.rec.OverlayDriver, "lowers": len(cfg.Lowers)})
+		sp.measured("holder.mount_overlay", h.OverlayMountTime(), map[string]any{"workspace_session_id": ss.ID(),
+			"driver": ss.Rec.OverlayDriver, "lowers": len(cfg.Lowers)})
 		sp.done(nil, map[string]any{"pid": h.Pid()})
 	} else {
 		sp.done(err, nil)
@@ -306,17 +152,17 @@ func (s *Supervisor) startHolder(ctx context.Context, sb *sandbox, ss *session) 
 		}
 		return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at spawn: %v", err).With("stage", "spawn")
 	}
-	ss.mu.Lock()
-	ss.holder = h
-	ss.mu.Unlock()
-	if err := s.cgroups.Attach(sb.Rec.ID, ss.id(), h.Pid()); err != nil {
+	ss.Mu.Lock()
+	ss.Holder = h
+	ss.Mu.Unlock()
+	if err := s.cgroups.Attach(sb.Rec.ID, ss.ID(), h.Pid()); err != nil {
 		// Samples then come from /proc; nothing else depends on the cgroup.
-		s.log.Warn("attach holder to its cgroup", "workspace_session_id", ss.id(), "err", err)
+		s.log.Warn("attach holder to its cgroup", "workspace_session_id", ss.ID(), "err", err)
 	}
 	if !sb.GoBackground(func() { s.watchHolder(sb, ss, h) }) {
-		ss.mu.Lock()
-		ss.holder = nil
-		ss.mu.Unlock()
+		ss.Mu.Lock()
+		ss.Holder = nil
+		ss.Mu.Unlock()
 		_ = h.Close(0)
 		return catalog.Errorf(catalog.OperationConflict, "sandbox %s is being destroyed", sb.Rec.ID).With("sandbox_id", sb.Rec.ID)
 	}
@@ -328,7 +174,7 @@ func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h holder) {
 	events := h.Events()
 	for ev := range events {
 		if ev.FS == nil {
-			s.commandEvent(sb, ss, ev)
+			s.cmds.Event(sb, ss, ev)
 			continue
 		}
 		// FUSE notices come in bursts (a release per written file): the
@@ -354,13 +200,13 @@ func (s *Supervisor) watchHolder(sb *sandbox, ss *session, h holder) {
 		}
 		s.fuseNotices(sb, ss, batch)
 		if next != nil {
-			s.commandEvent(sb, ss, *next)
+			s.cmds.Event(sb, ss, *next)
 		}
 	}
 	<-h.Done()
-	ss.mu.Lock()
-	current := ss.holder == h
-	ss.mu.Unlock()
+	ss.Mu.Lock()
+	current := ss.Holder == h
+	ss.Mu.Unlock()
 	if !current {
 		return // replaced or closed on purpose
 	}
@@ -377,141 +223,55 @@ func (s *Supervisor) holderExited(sb *sandbox, ss *session) {
 	if s.obs.Store(scopeOf(sb)) != nil {
 		trace = s.syntheticTrace("holder")
 	}
-	s.event(sb, trace, "holder.exited", map[string]any{"workspace_session_id": ss.id(), "pid": ss.holderPid(), "status": "exited_unexpectedly"})
-	ss.mu.Lock()
-	ss.holder = nil // the session refuses new work from here on
-	cmds := make([]*command, 0, len(ss.ledger))
-	for _, c := range ss.ledger {
+	s.event(sb, trace, "holder.exited", map[string]any{"workspace_session_id": ss.ID(), "pid": ss.HolderPid(), "status": "exited_unexpectedly"})
+	ss.Mu.Lock()
+	ss.Holder = nil // the session refuses new work from here on
+	cmds := make([]*command, 0, len(ss.Ledger))
+	for _, c := range ss.Ledger {
 		cmds = append(cmds, c)
 	}
-	ss.ledger = map[string]*command{}
-	ss.mu.Unlock()
+	ss.Ledger = map[string]*command{}
+	ss.Mu.Unlock()
 	for _, c := range cmds {
-		s.finishCommand(sb, c, "holder_exited", nil)
+		s.cmds.Finish(sb, c, "holder_exited", nil)
 	}
 	ctx := context.Background()
 	defer s.bump(ctx, sb)
-	ss.gate.Lock()
-	defer ss.gate.Unlock()
-	if ss.isGone() {
+	ss.Gate.Lock()
+	defer ss.Gate.Unlock()
+	if ss.IsGone() {
 		return
 	}
-	if ss.implicit() {
+	if ss.Implicit() {
 		// Its work is kept (a rename of the upper dir), then it is destroyed (§5.6).
 		msg := "the session's holder exited unexpectedly"
-		sp := s.startSpan(sb, trace, "", "workspace_session.finalize", map[string]any{"workspace_session_id": ss.id(), "reason": "holder_exited"})
+		sp := s.startSpan(sb, trace, "", "workspace_session.finalize", map[string]any{"workspace_session_id": ss.ID(), "reason": "holder_exited"})
 		fctx := withSpan(ctx, sp)
-		artifact := s.keepRecoveryArtifact(fctx, sb, ss, "holder_exited", map[string]any{"path": nil, "reason": "holder_exited",
+		artifact := s.teardown.KeepRecoveryArtifact(fctx, sb, ss, "holder_exited", map[string]any{"path": nil, "reason": "holder_exited",
 			"source_conflict": nil, "protected_drop": nil, "message": msg, "conflicts": []any{}})
-		_, err := s.destroySession(fctx, sb, ss, 0)
+		_, err := s.teardown.DestroySession(fctx, sb, ss, 0)
 		sp.done(err, map[string]any{"recovery_artifact": artifact})
 		return
 	}
-	if ss.state() == sessActive {
+	if ss.State() == workspace.SessActive {
 		// One automatic re-creation over the same lease and upper dir.
-		ss.setState(sessRestoring)
-		sp := s.startSpan(sb, trace, "", "workspace_session.restore", map[string]any{"workspace_session_id": ss.id(), "reason": "holder_exited"})
+		ss.SetState(workspace.SessRestoring)
+		sp := s.startSpan(sb, trace, "", "workspace_session.restore", map[string]any{"workspace_session_id": ss.ID(), "reason": "holder_exited"})
 		rctx := withSpan(ctx, sp)
 		err := s.startHolder(rctx, sb, ss)
 		sp.done(err, nil)
 		if err != nil {
-			ss.setState(sessRestoreFailed)
-			s.eventCtx(rctx, sb, "workspace_session.restore_failed", map[string]any{"workspace_session_id": ss.id(), "error": err.Error()})
+			ss.SetState(workspace.SessRestoreFailed)
+			s.eventCtx(rctx, sb, "workspace_session.restore_failed", map[string]any{"workspace_session_id": ss.ID(), "error": err.Error()})
 		} else {
-			ss.setState(sessActive)
-			s.eventCtx(rctx, sb, "workspace_session.restored", map[string]any{"workspace_session_id": ss.id()})
+			ss.SetState(workspace.SessActive)
+			s.eventCtx(rctx, sb, "workspace_session.restored", map[string]any{"workspace_session_id": ss.ID()})
 		}
 	}
-	ss.mu.Lock()
-	rec := ss.rec
-	ss.mu.Unlock()
+	ss.Mu.Lock()
+	rec := ss.Rec
+	ss.Mu.Unlock()
 	_ = s.store.Put(ctx, statedb.KindSession, rec.WorkspaceSessionID, sb.Rec.ID, rec)
-}
-
-// destroySession tears a session down (§5.7) inside a
-// workspace_session.destroy span.
-func (s *Supervisor) destroySession(ctx context.Context, sb *sandbox, ss *session, grace time.Duration) (int64, error) {
-	sp, ctx := s.spanCtx(ctx, sb, "", "workspace_session.destroy", map[string]any{"workspace_session_id": ss.id()})
-	n, err := s.closeSession(ctx, sb, ss, grace)
-	sp.done(err, map[string]any{"evicted_upperdir_bytes": n})
-	return n, err
-}
-
-// sessionTrashDir (below a sandbox's directory) holds the directories of
-// closed sessions while they are removed in the background.
-const sessionTrashDir = "trash"
-
-// closeSession tears a session down: holder, lease, directory, record.
-func (s *Supervisor) closeSession(ctx context.Context, sb *sandbox, ss *session, grace time.Duration) (int64, error) {
-	upperBytes := dirBytes(ctx, ss.upper())
-	ss.mu.Lock()
-	h := ss.holder
-	ss.holder = nil
-	ss.gone = true
-	ss.mu.Unlock()
-	ss.closeForwards()
-	if h != nil {
-		if err := h.Close(grace); err != nil {
-			s.log.Warn("close holder", "workspace_session_id", ss.id(), "err", err)
-		}
-	}
-	// The record goes first: a crash after it leaves only an orphan
-	// directory (removed at the next start) and layers no persisted lease
-	// pins (swept), so a destroy cut short completes at restart instead of
-	// leaving a record whose upper dir is half gone (restore_failed).
-	if err := s.store.Delete(ctx, statedb.KindSession, ss.id()); err != nil {
-		return upperBytes, err
-	}
-	s.cgroups.RemoveSession(ss.id())
-	if ss.lease != nil {
-		if _, err := ss.lease.Release(); err != nil {
-			s.log.Warn("release lease", "workspace_session_id", ss.id(), "err", err)
-		}
-	}
-	// Moved to the sandbox's trash at once, removed in the background:
-	// deleting a large upper dir and its attribution copies took longer
-	// than publishing it. sessions/ only ever holds live sessions; a crash
-	// before the removal ends leaves trash that the next start empties
-	// (removeOrphanSessionDirs).
-	trash := filepath.Join(sb.Dir, sessionTrashDir)
-	gone := filepath.Join(trash, ss.id())
-	if err := os.MkdirAll(trash, 0o700); err != nil {
-		removeTree(ss.dir)
-	} else if err := os.Rename(ss.dir, gone); err != nil {
-		removeTree(ss.dir)
-	} else if !sb.GoBackground(func() { removeTree(gone) }) {
-		removeTree(gone)
-	}
-	sb.Mu.Lock()
-	delete(sb.Work.sessions, ss.id())
-	live := sb.Rec.LiveWorkspaceSessions[:0]
-	for _, id := range sb.Rec.LiveWorkspaceSessions {
-		if id != ss.id() {
-			live = append(live, id)
-		}
-	}
-	sb.Rec.LiveWorkspaceSessions = live
-	sb.Mu.Unlock()
-	s.eventCtx(ctx, sb, "lease.released", map[string]any{"workspace_session_id": ss.id(), "revision": ss.rec.BaseRevision})
-	return upperBytes, nil
-}
-
-// sessionObject is the contract's session object (§3.5).
-func (ss *session) object(ctx context.Context) map[string]any {
-	ss.mu.Lock()
-	rec := ss.rec
-	var pid any
-	if ss.holder != nil {
-		pid = ss.holder.Pid()
-	}
-	ss.mu.Unlock()
-	return map[string]any{
-		"workspace_session_id": rec.WorkspaceSessionID, "agent": rec.Agent, "network_profile": rec.NetworkProfile,
-		"finalize_policy": rec.FinalizePolicy, "state": rec.State, "created_at": rec.CreatedAt,
-		"base_revision": rec.BaseRevision, "overlay_driver": rec.OverlayDriver,
-		"active_command_session_ids": ss.running(), "upper_bytes": dirBytes(ctx, ss.upper()), "holder_pid": pid,
-		"forwards": ss.forwardObjects(),
-	}
 }
 
 func (s *Supervisor) createWorkspaceSession(c *call) (any, error) {
@@ -520,62 +280,16 @@ func (s *Supervisor) createWorkspaceSession(c *call) (any, error) {
 		a := c.args.String("agent")
 		agent = &a
 	}
-	ss, err := s.newSession(c.ctx, c.sb, policyNoOp, c.args.String("network_profile"), agent)
+	ss, err := s.newSession(c.ctx, c.sb, workspace.PolicyNoOp, c.args.String("network_profile"), agent)
 	if err != nil {
 		return nil, err
 	}
 	s.bump(c.ctx, c.sb)
-	rec := ss.rec
+	rec := ss.Rec
 	return map[string]any{
 		"workspace_session_id": rec.WorkspaceSessionID, "network_profile": rec.NetworkProfile, "finalize_policy": rec.FinalizePolicy,
 		"agent": rec.Agent, "created_at": rec.CreatedAt, "base_revision": rec.BaseRevision, "overlay_driver": rec.OverlayDriver,
 	}, nil
-}
-
-func (s *Supervisor) destroyWorkspaceSession(c *call) (any, error) {
-	ss, e := lookupSession(c.sb, c.args.String("workspace_session_id"))
-	if e != nil {
-		return nil, e
-	}
-	ss.gate.Lock()
-	defer ss.gate.Unlock()
-	if ss.isGone() {
-		return nil, notFoundSession(ss.id()) // published or destroyed while we waited
-	}
-	if st := ss.state(); st == sessFinalizing || st == sessRestoring {
-		return nil, catalog.Errorf(catalog.OperationConflict, "workspace session %s is %s", ss.id(), st).
-			With("workspace_session_id", ss.id()).With("session_state", st)
-	}
-	ss.mu.Lock()
-	alive := ss.holder != nil
-	ss.mu.Unlock()
-	if running := ss.running(); alive && len(running) > 0 {
-		return nil, catalog.Errorf(catalog.OperationFailed, "workspace session has active command sessions").
-			With("workspace_session_id", ss.id()).With("active_command_session_ids", running)
-	}
-	grace := time.Duration(c.args.Float("grace_s") * float64(time.Second))
-	bytes, err := s.destroySession(c.ctx, c.sb, ss, grace)
-	if err != nil {
-		return nil, err
-	}
-	s.bump(c.ctx, c.sb)
-	return map[string]any{"workspace_session_id": ss.id(), "destroyed": true, "evicted_upperdir_bytes": bytes,
-		"active_leases_after": len(c.sb.Stack.Leases())}, nil
-}
-
-func (s *Supervisor) listWorkspaceSessions(c *call) (any, error) {
-	c.sb.Mu.Lock()
-	all := make([]*session, 0, len(c.sb.Work.sessions))
-	for _, ss := range c.sb.Work.sessions {
-		all = append(all, ss)
-	}
-	c.sb.Mu.Unlock()
-	sort.Slice(all, func(i, j int) bool { return all[i].id() < all[j].id() }) // IDs sort by creation time
-	out := make([]map[string]any, 0, len(all))
-	for _, ss := range all {
-		out = append(out, ss.object(c.ctx))
-	}
-	return map[string]any{"workspace_sessions": out}, nil
 }
 
 // restoreSessions brings a sandbox's persisted sessions back at start (§4.5,
@@ -596,22 +310,22 @@ func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox, sum *reco
 	slots := make(chan struct{}, 4)
 	for _, rec := range recs {
 		m := layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: rec.Lease.Layers}
-		ss := &session{rec: rec, dir: filepath.Join(sb.Dir, "sessions", rec.WorkspaceSessionID), ledger: map[string]*command{},
-			lease: sb.Stack.Restore(rec.Lease.LeaseID, m, "workspace-session:"+rec.WorkspaceSessionID)}
+		ss := &session{Rec: rec, Dir: filepath.Join(sb.Dir, "sessions", rec.WorkspaceSessionID), Ledger: map[string]*command{},
+			Lease: sb.Stack.Restore(rec.Lease.LeaseID, m, "workspace-session:"+rec.WorkspaceSessionID)}
 		sb.Mu.Lock()
-		sb.Work.sessions[rec.WorkspaceSessionID] = ss
+		sb.Work.Sessions[rec.WorkspaceSessionID] = ss
 		sb.Rec.LiveWorkspaceSessions = append(sb.Rec.LiveWorkspaceSessions, rec.WorkspaceSessionID)
 		sb.Mu.Unlock()
-		if ss.implicit() {
+		if ss.Implicit() {
 			s.attachOutcome(ctx, sb, rec.WorkspaceSessionID, s.finalizeImplicit(ctx, sb, ss, nil))
 			sum.FinalizedSessions = append(sum.FinalizedSessions, rec.WorkspaceSessionID)
 			continue
 		}
-		if rec.State == sessRestoreFailed || rec.State == sessFinalizeFailed {
+		if rec.State == workspace.SessRestoreFailed || rec.State == workspace.SessFinalizeFailed {
 			sum.KeptFailedSessions = append(sum.KeptFailedSessions, rec.WorkspaceSessionID)
 			continue // data stays until destroyed
 		}
-		ss.setState(sessRestoring)
+		ss.SetState(workspace.SessRestoring)
 		restoring.Go(func() {
 			slots <- struct{}{}
 			defer func() { <-slots }()
@@ -625,16 +339,16 @@ func (s *Supervisor) restoreSessions(ctx context.Context, sb *sandbox, sum *reco
 // persisted lease and upper dir; several run at once (holder set-up is
 // mostly waiting on the kernel), so a restart with many sessions is quick.
 func (s *Supervisor) restoreHolder(ctx context.Context, sb *sandbox, ss *session, sum *recoverySummary, sumMu *sync.Mutex) {
-	id := ss.id()
+	id := ss.ID()
 	sp, rctx := s.spanCtx(ctx, sb, "recovery", "workspace_session.restore", map[string]any{"workspace_session_id": id, "reason": "supervisor_start"})
 	err := s.startHolder(rctx, sb, ss)
 	sp.done(err, nil)
 	sumMu.Lock()
 	if err != nil {
-		ss.setState(sessRestoreFailed)
+		ss.SetState(workspace.SessRestoreFailed)
 		sum.RestoreFailedSessions = append(sum.RestoreFailedSessions, id)
 	} else {
-		ss.setState(sessActive)
+		ss.SetState(workspace.SessActive)
 		sum.RestoredSessions = append(sum.RestoredSessions, id)
 	}
 	sumMu.Unlock()
@@ -643,42 +357,21 @@ func (s *Supervisor) restoreHolder(ctx context.Context, sb *sandbox, ss *session
 	} else {
 		s.eventCtx(ctx, sb, "workspace_session.restored", map[string]any{"workspace_session_id": id})
 	}
-	ss.mu.Lock()
-	r := ss.rec
-	ss.mu.Unlock()
+	ss.Mu.Lock()
+	r := ss.Rec
+	ss.Mu.Unlock()
 	_ = s.store.Put(ctx, statedb.KindSession, r.WorkspaceSessionID, sb.Rec.ID, r)
 }
 
-// removeTree deletes a directory that may contain the mode-000 work dir the
-// kernel overlay leaves behind, and entries a session made (so never by
-// joined path: layers.RemoveAll). Best effort: callers that must know check
-// that the directory is gone (removeSandbox).
-func removeTree(dir string) {
-	_ = layers.RemoveAll(dir)
+func (s *Supervisor) listWorkspaceSessions(c *call) (any, error) {
+	return workspace.ListSessions(c.ctx, c.sb), nil
 }
 
-// dirBytes sums the sizes of the regular files below dir, a tree a session
-// controls (best effort; symlinks are never followed, see walkUpperTree).
-func dirBytes(ctx context.Context, dir string) int64 {
-	var n int64
-	_ = walkUpperTree(ctx, dir, func(_ string, fi fs.FileInfo) error {
-		if fi.Mode().IsRegular() {
-			n += fi.Size()
-		}
-		return nil
-	})
-	return n
-}
-
-// walkUpperTree walks a tree a session controls (its upper dir, a recovery
-// artifact) through a layers.Root: descriptor-relative, never following a
-// symlink, so a directory the session swaps for a symlink to a host
-// directory cannot lead the supervisor there.
-func walkUpperTree(ctx context.Context, dir string, fn layers.WalkFunc) error {
-	root, err := layers.OpenRoot(dir)
+func (s *Supervisor) destroyWorkspaceSession(c *call) (any, error) {
+	res, err := s.teardown.Destroy(c.ctx, c.sb, c.args.String("workspace_session_id"),
+		time.Duration(c.args.Float("grace_s")*float64(time.Second)))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer root.Close()
-	return root.Walk(ctx, fn)
+	return res, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/rpc"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // opSpan derives the attributes of an operation's span.
@@ -45,9 +46,9 @@ var opSpans = map[string]opSpan{
 	"exec_command": {
 		start: func(c *call) map[string]any {
 			created := !c.args.Has("workspace_session_id")
-			policy := policyNoOp
+			policy := workspace.PolicyNoOp
 			if created {
-				policy = policyPublish
+				policy = workspace.PolicyPublish
 			}
 			return map[string]any{"session_created": created, "finalize_policy": policy}
 		},

@@ -2,81 +2,7 @@ package supervisor
 
 import (
 	"context"
-	"encoding/json"
-	"os"
-	"path/filepath"
-	"syscall"
-	"time"
-
-	"github.com/ephemeral-ai-lab/sandbox/layers"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 )
-
-// stopSessions ends every session of a sandbox: running commands are
-// signalled (SIGTERM, exit grace, SIGKILL). With destroy, every session is
-// destroyed (destroy_sandbox: nothing is published); without, implicit
-// sessions are finalized and explicit ones left persisted with their holder
-// stopped (supervisor shutdown, §4.5).
-func (s *Supervisor) stopSessions(ctx context.Context, sb *sandbox, destroy bool, progress func(string)) {
-	sb.Mu.Lock()
-	all := make([]*session, 0, len(sb.Work.sessions))
-	for _, ss := range sb.Work.sessions {
-		all = append(all, ss)
-	}
-	sb.Mu.Unlock()
-	grace := time.Duration(s.cfg.Runtime.Workspace.ExitGraceS * float64(time.Second))
-	for _, ss := range all {
-		progress("stopping workspace session " + ss.id())
-		for _, id := range ss.running() {
-			ss.mu.Lock()
-			cmd := ss.ledger[id]
-			ss.mu.Unlock()
-			if cmd != nil {
-				s.interrupt(sb, ss, cmd, grace)
-			}
-		}
-		switch {
-		case destroy:
-			// The gate waits for a background finalization of this
-			// session to end; then there is nothing left to destroy.
-			ss.gate.Lock()
-			if !ss.isGone() {
-				_, _ = s.destroySession(ctx, sb, ss, grace)
-			}
-			ss.gate.Unlock()
-		case ss.implicit():
-			s.finalizeImplicit(ctx, sb, ss, nil)
-		default:
-			ss.mu.Lock()
-			h := ss.holder
-			ss.holder = nil
-			ss.mu.Unlock()
-			if h != nil {
-				_ = h.Close(grace)
-			}
-		}
-	}
-}
-
-// interrupt ends a running command because its session is going away: it
-// is reported with interrupted:true (supervisor_restart).
-func (s *Supervisor) interrupt(sb *sandbox, ss *session, cmd *command, grace time.Duration) {
-	ss.mu.Lock()
-	h := ss.holder
-	delete(ss.ledger, cmd.rec.CommandSessionID)
-	ss.mu.Unlock()
-	if h != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = h.Signal(ctx, cmd.proc.ID, syscall.SIGTERM)
-		select {
-		case <-cmd.done:
-		case <-time.After(grace):
-			_ = h.Signal(ctx, cmd.proc.ID, syscall.SIGKILL)
-		}
-		cancel()
-	}
-	s.finishCommand(sb, cmd, "supervisor_restart", nil)
-}
 
 // shutdown stops every sandbox's sessions when the supervisor exits.
 func (s *Supervisor) shutdown(ctx context.Context) {
@@ -87,39 +13,6 @@ func (s *Supervisor) shutdown(ctx context.Context) {
 	}
 	s.mu.Unlock()
 	for _, sb := range all {
-		s.stopSessions(ctx, sb, false, func(string) {})
+		s.teardown.StopSessions(ctx, sb, false, func(string) {})
 	}
-}
-
-// persistedLeases are the layer lists pinned by persisted sessions; the
-// boot sweep must keep them (§8.7).
-func (s *Supervisor) persistedLeases(ctx context.Context, sb *sandbox) [][]layers.LayerRef {
-	var out [][]layers.LayerRef
-	_ = s.store.List(ctx, statedb.KindSession, sb.Rec.ID, func(b []byte) error {
-		var r sessionRecord
-		if json.Unmarshal(b, &r) == nil {
-			out = append(out, r.Lease.Layers)
-		}
-		return nil
-	})
-	return out
-}
-
-// removeOrphanSessionDirs deletes session directories without a record
-// (a crash during session creation) and empties the trash of closed
-// sessions a crash left behind (closeSession).
-func (s *Supervisor) removeOrphanSessionDirs(ctx context.Context, sb *sandbox) (removed int) {
-	removeTree(filepath.Join(sb.Dir, sessionTrashDir))
-	ents, err := os.ReadDir(filepath.Join(sb.Dir, "sessions"))
-	if err != nil {
-		return 0
-	}
-	for _, e := range ents {
-		if ok, err := s.store.Exists(ctx, statedb.KindSession, e.Name()); err == nil && !ok {
-			s.log.Info("recovery: removing orphan session directory", "sandbox", sb.Rec.ID, "dir", e.Name())
-			removeTree(filepath.Join(sb.Dir, "sessions", e.Name()))
-			removed++
-		}
-	}
-	return removed
 }

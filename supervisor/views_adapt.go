@@ -8,6 +8,7 @@ import (
 	"sort"
 
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/views"
@@ -19,36 +20,20 @@ func (s *Supervisor) sandboxesSorted() []*sandbox { return s.sandboxes.Sorted() 
 // sessionsSorted returns the sandbox's live sessions ordered by ID.
 func sessionsSorted(sb *sandbox) []*session {
 	sb.Mu.Lock()
-	all := make([]*session, 0, len(sb.Work.sessions))
-	for _, ss := range sb.Work.sessions {
+	all := make([]*session, 0, len(sb.Work.Sessions))
+	for _, ss := range sb.Work.Sessions {
 		all = append(all, ss)
 	}
 	sb.Mu.Unlock()
-	sort.Slice(all, func(i, j int) bool { return all[i].rec.WorkspaceSessionID < all[j].rec.WorkspaceSessionID })
+	sort.Slice(all, func(i, j int) bool { return all[i].Rec.WorkspaceSessionID < all[j].Rec.WorkspaceSessionID })
 	return all
-}
-
-// holderPid is the session's live holder PID, 0 without a holder.
-func (ss *session) holderPid() int {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.holder == nil {
-		return 0
-	}
-	return ss.holder.Pid()
-}
-
-func (ss *session) record() sessionRecord {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return ss.rec
 }
 
 // sessionView copies what the views show of one session.
 func sessionView(ss *session) views.Session {
-	r := ss.record()
+	r := ss.Record()
 	return views.Session{ID: r.WorkspaceSessionID, Agent: r.Agent, State: r.State, NetworkProfile: r.NetworkProfile,
-		FinalizePolicy: r.FinalizePolicy, OverlayDriver: r.OverlayDriver, Lease: r.Lease.Layers, HolderPid: ss.holderPid()}
+		FinalizePolicy: r.FinalizePolicy, OverlayDriver: r.OverlayDriver, Lease: r.Lease.Layers, HolderPid: ss.HolderPid()}
 }
 
 func sessionViews(sessions []*session) []views.Session {
@@ -64,8 +49,8 @@ func holderViews(sbs []*sandbox) []views.Holder {
 	var out []views.Holder
 	for _, sb := range sbs {
 		for _, ss := range sessionsSorted(sb) {
-			if pid := ss.holderPid(); pid > 0 {
-				out = append(out, views.Holder{SandboxID: sb.Rec.ID, WorkspaceID: ss.id(), Pid: pid})
+			if pid := ss.HolderPid(); pid > 0 {
+				out = append(out, views.Holder{SandboxID: sb.Rec.ID, WorkspaceID: ss.ID(), Pid: pid})
 			}
 		}
 	}
@@ -82,18 +67,18 @@ func (src snapshotSource) Sandbox() views.Sandbox {
 	sb := src.sb
 	sb.Mu.Lock()
 	rec := sb.Rec
-	cmds := make([]*command, 0, len(sb.Work.commands))
-	for _, cmd := range sb.Work.commands {
+	cmds := make([]*command, 0, len(sb.Work.Commands))
+	for _, cmd := range sb.Work.Commands {
 		cmds = append(cmds, cmd)
 	}
 	sb.Mu.Unlock()
 	out := views.Sandbox{ID: rec.ID, State: rec.State, Failed: rec.State == stateFailed, Error: rec.Error,
 		RuntimeDir: sb.Dir, Stack: sb.Stack, Sessions: sessionViews(sessionsSorted(sb))}
 	for _, cmd := range cmds {
-		cmd.mu.Lock()
-		cr := cmd.rec
-		cmd.mu.Unlock()
-		if cr.Status != cmdRunning {
+		cmd.Mu.Lock()
+		cr := cmd.Rec
+		cmd.Mu.Unlock()
+		if cr.Status != workspace.CmdRunning {
 			continue // the status read_command_lines reports
 		}
 		out.Running = append(out.Running, views.Command{SessionID: cr.WorkspaceSessionID, ID: cr.CommandSessionID, Cmd: cr.Cmd})

@@ -2,11 +2,18 @@
 // their holders, commands and their transcripts, file operations, publish,
 // diff, finalization, teardown and port forwards (contract §5, §6, §8).
 //
-// The move out of the root package is under way: the transcript (§6.3) and
-// the port-forward listeners and relays (§3.6, §5.7) are here; sessions,
-// commands and the rest still live in the root package and reach the
-// sandbox registry through supervisor/sandbox, carrying their per-sandbox
-// tables as the registry entry's opaque Work value.
+// The move out of the root package is under way. Here: the session and
+// command types and a sandbox's Tables of them (the registry entry's Work
+// value); the holder interfaces; Admission (check-and-reserve of commands
+// and sessions); Commands (spawn with its environment, holder events, end,
+// kill, retention, lookup, restore at start); Teardown (a session's destroy,
+// the stop of a sandbox's sessions); Diff; the file views, path rules and
+// edit engine; the publish objects; the transcript (§6.3) and the
+// port-forward listeners and relays (§3.6, §5.7). Still in the root
+// package: session creation, holder start and restore, holder death,
+// publish and implicit finalization (they lean on the attribution glue and
+// the image cache there), and the handlers. What the root still does for
+// a command's end reaches it through SessionHooks.
 //
 // It must never import the root supervisor package or decide how a sandbox
 // itself is created, squashed or removed (that is supervisor/sandbox).

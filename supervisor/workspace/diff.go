@@ -1,4 +1,4 @@
-package supervisor
+package workspace
 
 import (
 	"context"
@@ -99,50 +99,58 @@ func (d wsDiffSide) hasMode() bool { return d.kind == "file" || d.kind == "direc
 // errWsDiffUpperChanged marks a capture or read that raced a write in the upper dir.
 var errWsDiffUpperChanged = errors.New("upper dir changed")
 
-func (s *Supervisor) diffWorkspaceSession(c *call) (any, error) {
-	id := c.args.String("workspace_session_id")
-	against := c.args.String("against")
-	maxBytes := int64(c.args.Uint("max_bytes"))
-	filters, e := wsDiffFilters(c.args.Array("paths"))
-	if e != nil {
-		return nil, e
-	}
-	ss, e := lookupSession(c.sb, id)
+// DiffRequest is what diff_workspace_session asks for.
+type DiffRequest struct {
+	ID, Against string
+	MaxBytes    int64
+	// Paths is the normalized paths filter (DiffFilters); nil means everything.
+	Paths []string
+	// ExpansionLimit is runtime.publish.expansion_limit.
+	ExpansionLimit int
+}
+
+// Diff is diff_workspace_session (§3.5) on session r.ID of sb.
+func Diff(ctx context.Context, sb *Sandbox, r DiffRequest) (map[string]any, error) {
+	id := r.ID
+	against := r.Against
+	maxBytes := r.MaxBytes
+	filters := r.Paths
+	ss, e := LookupSession(sb, id)
 	if e != nil {
 		return nil, e
 	}
 	// The gate keeps publish, destroy and file operations from changing or
 	// removing the upper dir under the walk (running commands still may:
 	// a walk that races one is retried).
-	ss.gate.Lock()
-	defer ss.gate.Unlock()
-	if _, e := lookupSession(c.sb, id); e != nil {
+	ss.Gate.Lock()
+	defer ss.Gate.Unlock()
+	if _, e := LookupSession(sb, id); e != nil {
 		return nil, e // destroyed while we waited
 	}
-	if st := ss.state(); st == sessFinalizing {
+	if st := ss.State(); st == SessFinalizing {
 		return nil, catalog.Errorf(catalog.OperationConflict, "workspace session %s is %s", id, st).
 			With("workspace_session_id", id).With("session_state", st)
 	}
-	ss.mu.Lock()
-	rec := ss.rec
-	ss.mu.Unlock()
-	baseView := c.sb.Stack.View(layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: rec.Lease.Layers})
-	lease, err := c.sb.Stack.Acquire("workspace-diff:" + id)
+	ss.Mu.Lock()
+	rec := ss.Rec
+	ss.Mu.Unlock()
+	baseView := sb.Stack.View(layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: rec.Lease.Layers})
+	lease, err := sb.Stack.Acquire("workspace-diff:" + id)
 	if err != nil {
 		return nil, fmt.Errorf("read head: %w", err)
 	}
 	defer func() { _, _ = lease.Release() }()
 	head := lease.Manifest()
-	headView := c.sb.Stack.View(head)
+	headView := sb.Stack.View(head)
 	left := baseView
 	if against == "head" {
 		left = headView
 	}
-	d := &wsDiffer{ctx: c.ctx, base: baseView, head: headView, left: left, ignorer: layers.NewIgnorer(baseView),
-		expansionLimit: s.cfg.Runtime.Publish.ExpansionLimit, budget: maxBytes}
+	d := &wsDiffer{ctx: ctx, base: baseView, head: headView, left: left, ignorer: layers.NewIgnorer(baseView),
+		expansionLimit: r.ExpansionLimit, budget: maxBytes}
 	var res map[string]any
 	for try := 1; ; try++ {
-		res, err = d.run(ss.upper(), filters, head.RootHash() != rec.BaseRevision.RootHash)
+		res, err = d.run(ss.Upper(), filters, head.RootHash() != rec.BaseRevision.RootHash)
 		if err == nil || !errors.Is(err, errWsDiffUpperChanged) || try == wsDiffCaptureTries {
 			break
 		}
@@ -157,8 +165,8 @@ func (s *Supervisor) diffWorkspaceSession(c *call) (any, error) {
 	return res, nil
 }
 
-// wsDiffFilters normalizes the paths argument (§7.2); nil means everything.
-func wsDiffFilters(raw []any) ([]string, *catalog.Error) {
+// DiffFilters normalizes the paths argument (§7.2); nil means everything.
+func DiffFilters(raw []any) ([]string, *catalog.Error) {
 	if raw == nil {
 		return nil, nil
 	}
