@@ -23,19 +23,11 @@ func (s *Supervisor) fileSession(c *call) (*session, func(), error) {
 	if e != nil {
 		return nil, nil, e
 	}
-	ss.Gate.Lock()
-	if e := ss.Admit(); e != nil {
-		ss.Gate.Unlock()
+	_, release, e := ss.Enter()
+	if e != nil {
 		return nil, nil, e
 	}
-	ss.Mu.Lock()
-	h := ss.Holder
-	ss.Mu.Unlock()
-	if h == nil {
-		ss.Gate.Unlock()
-		return nil, nil, catalog.Errorf(catalog.OperationFailed, "holder exited").With("workspace_session_id", ss.ID())
-	}
-	return ss, ss.Gate.Unlock, nil
+	return ss, release, nil
 }
 
 // viewFor returns the read view of a file operation and a release func.
@@ -45,9 +37,7 @@ func (s *Supervisor) viewFor(c *call) (workspace.FileView, *session, func(), err
 		return nil, nil, nil, err
 	}
 	if ss != nil {
-		ss.Mu.Lock()
-		h := ss.Holder
-		ss.Mu.Unlock()
+		h := ss.CurrentHolder()
 		return workspace.SessionFiles{H: h}, ss, release, nil
 	}
 	// A lease, not a bare read of head: a squash may replace head's layers

@@ -144,9 +144,7 @@ func (m *Commands) Kill(cmd *Command, why string, sig syscall.Signal, grace time
 	}
 	ss := cmd.Session
 	cmd.Mu.Unlock()
-	ss.Mu.Lock()
-	h := ss.Holder
-	ss.Mu.Unlock()
+	h := ss.CurrentHolder()
 	if h == nil || cmd.Terminal() {
 		return
 	}
@@ -241,17 +239,11 @@ func (m *Commands) commandEnv(sb *Sandbox, wsID, cmdID string) []string {
 // sl is the command's admission slot, consumed when the command enters
 // sb.Work.commands.
 func (m *Commands) Spawn(ctx context.Context, sb *Sandbox, ss *Session, cmdline string, sl *Slot) (*Command, error) {
-	ss.Gate.Lock()
-	defer ss.Gate.Unlock()
-	if e := ss.Admit(); e != nil {
+	h, release, e := ss.Enter()
+	if e != nil {
 		return nil, e
 	}
-	ss.Mu.Lock()
-	h := ss.Holder
-	ss.Mu.Unlock()
-	if h == nil {
-		return nil, catalog.Errorf(catalog.OperationFailed, "holder exited").With("workspace_session_id", ss.ID())
-	}
+	defer release()
 	id := m.IDs.New("cmd-")
 	dir := filepath.Join(m.Data, "commands", id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -244,9 +244,7 @@ func WriteType(created bool) string {
 
 // SessionWrite writes through the holder, keeping an existing file's mode.
 func SessionWrite(ctx context.Context, ss *Session, p string, data []byte) (bool, error) {
-	ss.Mu.Lock()
-	h := ss.Holder
-	ss.Mu.Unlock()
+	h := ss.CurrentHolder()
 	sp := obs.From(ctx).Child("holder.file_op", map[string]any{"op": "write", "path": p, "bytes": len(data)})
 	created, err := h.WriteFile(ctx, p, data, nil)
 	sp.Done(err, nil)

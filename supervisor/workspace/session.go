@@ -145,6 +145,30 @@ func LookupSession(sb *Sandbox, id string) (*Session, *catalog.Error) {
 	return ss, nil
 }
 
+// CurrentHolder is the session's holder, nil once it has exited.
+func (ss *Session) CurrentHolder() Holder {
+	ss.Mu.Lock()
+	defer ss.Mu.Unlock()
+	return ss.Holder
+}
+
+// Enter is the one way a request reaches a live session's holder: it takes
+// the session's gate (publish, destroy and the other file operations wait
+// for it), checks that the session admits work and that its holder still
+// runs. On success the caller holds the gate until it calls release.
+func (ss *Session) Enter() (h Holder, release func(), e *catalog.Error) {
+	ss.Gate.Lock()
+	if e := ss.Admit(); e != nil {
+		ss.Gate.Unlock()
+		return nil, nil, e
+	}
+	if h = ss.CurrentHolder(); h == nil {
+		ss.Gate.Unlock()
+		return nil, nil, catalog.Errorf(catalog.OperationFailed, "holder exited").With("workspace_session_id", ss.ID())
+	}
+	return h, ss.Gate.Unlock, nil
+}
+
 // Admit checks that a session accepts commands and file operations (§5.5).
 func (ss *Session) Admit() *catalog.Error {
 	if ss.IsGone() {
