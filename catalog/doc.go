@@ -8,6 +8,8 @@
 // here, so an operation is described exactly once. Validation messages are
 // the contract's (§2.6); where the contract gives no wording for a range
 // violation we say "<name> must be between A and B" (or "at least"/"at most").
+//
+// It must never know how an operation is implemented: nothing of this module is imported here.
 package catalog
 
 //go:generate go run ./internal/gendoc -o ../docs/operations.md

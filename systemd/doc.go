@@ -8,4 +8,6 @@
 // NOTIFY_SOCKET is unset, Listener returns nil without LISTEN_FDS and
 // JournalHandler returns nil outside a systemd unit. It imports nothing of
 // this module.
+//
+// It must never need root.
 package systemd

@@ -1,6 +1,9 @@
 // Package tests holds the end-to-end tests: they build the real binaries,
 // start a supervisor on a temporary EPHEMERAL_SANDBOX_HOME and drive the
 // CLIs, the MCP server and the raw socket as users and agents do.
+//
+// They must never drive the supervisor other than through its binaries (a
+// few read what it left on disk with package layers).
 package tests
 
 import (

@@ -2,6 +2,8 @@
 // it accepts connections, records each request line and answers with canned
 // lines. It checks only what a client sends; the real supervisor is tested
 // end to end in tests/.
+//
+// It must never stand in for the supervisor in an end-to-end test.
 package clitest
 
 import (

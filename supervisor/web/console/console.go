@@ -4,6 +4,8 @@
 // the console works offline and needs no Node at build time. The web package
 // serves them behind the UI token; everything the pages show comes from
 // POST /api/rpc and the SSE streams.
+//
+// It must never load anything from outside the listener or run inline script.
 package console
 
 import (
