@@ -66,35 +66,6 @@ func (s *Supervisor) bootSweepEvent(sb *sandbox, res layers.SweepResult) {
 	})
 }
 
-// attachOutcome gives the commands of an implicit session that a restart
-// interrupted the outcome of its finalization at start-up (§4.5: "the
-// outcome fields are attached to each of its interrupted commands"), so an
-// agent polling its command learns whether its work was published.
-func (s *Supervisor) attachOutcome(ctx context.Context, sb *sandbox, wsID string, extra map[string]any) {
-	if len(extra) == 0 {
-		return
-	}
-	for _, cmd := range sb.Work.Commands {
-		cmd.Mu.Lock()
-		hit := cmd.Rec.WorkspaceSessionID == wsID && cmd.Rec.Interrupted && cmd.Rec.InterruptReason == "supervisor_restart"
-		if hit {
-			if cmd.Rec.Extra == nil {
-				cmd.Rec.Extra = map[string]any{}
-			}
-			for k, v := range extra {
-				cmd.Rec.Extra[k] = v
-			}
-		}
-		rec := cmd.Rec
-		cmd.Mu.Unlock()
-		if hit {
-			if err := s.store.Put(ctx, statedb.KindCommand, rec.CommandSessionID, sb.Rec.ID, rec); err != nil {
-				s.log.Warn("persist command", "command", rec.CommandSessionID, "err", err)
-			}
-		}
-	}
-}
-
 // persistOutcome stores the finalization outcome on the draining command's
 // record before the session is destroyed: the session record goes first in
 // destroySession, so a crash after it must not lose what was published

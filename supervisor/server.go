@@ -65,6 +65,7 @@ type Supervisor struct {
 
 	mu        sync.Mutex
 	admission *workspace.Admission // check-and-reserve of commands and sessions
+	holders   *workspace.Holders   // session creation, holders, restore at start
 	cmds      *workspace.Commands  // ends, retains and looks up commands
 	teardown  *workspace.Teardown  // destroys sessions, stops a sandbox's sessions
 	sandboxes *sbx.Registry[*occupants]
@@ -159,6 +160,16 @@ func Serve(ctx context.Context, opt Options) error {
 	s.cmds = &workspace.Commands{Cfg: cfg, DB: st.DB, Log: log, Data: dirs.Data, IDs: s.ids, Obs: s.obs, Attr: sessionHooks{s}, Bump: s.bump}
 	s.teardown = &workspace.Teardown{Cfg: cfg, DB: st.DB, Log: log, Obs: s.obs, Cgroups: s.cgroups, Cmds: s.cmds, Bump: s.bump,
 		FinalizeImplicit: s.finalizeImplicit}
+	s.holders = &workspace.Holders{Cfg: cfg, DB: st.DB, Log: log, Obs: s.obs, IDs: s.ids, Admission: s.admission, Cmds: s.cmds,
+		Teardown: s.teardown, Self: s.self, Shim: s.shimPath, Hidden: []string{dirs.Data, dirs.Config, dirs.Runtime},
+		Cgroups: s.cgroups, FuseNotices: s.fuseNotices, FinalizeImplicit: s.finalizeImplicit, Bump: s.bump,
+		ImageRootfs: func(ref string) (string, error) {
+			img, err := s.images.Lookup(ref)
+			if err != nil {
+				return "", err
+			}
+			return img.Rootfs, nil
+		}}
 	log.Info("cgroups", "delegated", s.cgroups.Delegated, "root", s.cgroups.Root, "reason", s.cgroups.Reason)
 	if err := s.recover(ctx); err != nil {
 		return err

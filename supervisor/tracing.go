@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"math"
-	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
@@ -20,7 +19,7 @@ import (
 // sandbox's records go to, the supervisor.dispatch root span of a request,
 // the events and trace handlers and the HTTP event stream.
 //
-// The span helpers (startSpan, spanCtx, event, eventCtx, spanFrom and the
+// The span helpers (spanCtx, event, eventCtx, spanFrom and the
 // methods of span) are adapters that keep the domain code's call sites as
 // they were before obs existed; code that moves out of this package calls
 // obs.Start / obs.Event on the request context instead.
@@ -65,8 +64,6 @@ func scopeOf(sb *sandbox) obs.Scope {
 
 func (sp *span) o() *obs.Span { return (*obs.Span)(sp) }
 
-func withSpan(ctx context.Context, sp *span) context.Context { return obs.With(ctx, sp.o()) }
-
 func spanFrom(ctx context.Context) *span { return (*span)(obs.From(ctx)) }
 
 func (sp *span) child(name string, attrs map[string]any) *span {
@@ -79,20 +76,10 @@ func (sp *span) end(status string, attrs map[string]any) { sp.o().End(status, at
 
 func (sp *span) done(err error, attrs map[string]any) { sp.o().Done(err, attrs) }
 
-func (sp *span) measured(name string, d time.Duration, attrs map[string]any) {
-	sp.o().Measured(name, d, attrs)
-}
-
 func spanStatus(err error) string { return obs.Status(err) }
 
 // syntheticTrace mints a trace id for records outside a request (§10.2).
 func (s *Supervisor) syntheticTrace(origin string) string { return s.obs.SyntheticTrace(origin) }
-
-// startSpan starts a span in sb's store (nil: system store); trace ""
-// mints a synthetic id.
-func (s *Supervisor) startSpan(sb *sandbox, trace, parent, name string, attrs map[string]any) *span {
-	return (*span)(s.obs.StartSpan(scopeOf(sb), trace, parent, name, attrs))
-}
 
 // spanCtx is obs.Start with sb's store for work outside a request. The
 // origin of a synthetic trace follows from the span's name (every caller
