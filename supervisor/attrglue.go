@@ -25,12 +25,11 @@ type (
 
 const ownerOriginal = attribution.OwnerOriginal
 
-func nullable(s string) *string                       { return attribution.Nullable(s) }
-func deref(p *string) string                          { return attribution.Deref(p) }
-func rfc3339ms(t time.Time) string                    { return attribution.RFC3339ms(t) }
-func textLines(b []byte) []string                     { return attribution.TextLines(b) }
-func contentDigest(b []byte) string                   { return attribution.ContentDigest(b) }
-func sessionOwner(id string, agent *string) lineOwner { return attribution.SessionOwner(id, agent) }
+func nullable(s string) *string     { return attribution.Nullable(s) }
+func deref(p *string) string        { return attribution.Deref(p) }
+func rfc3339ms(t time.Time) string  { return attribution.RFC3339ms(t) }
+func textLines(b []byte) []string   { return attribution.TextLines(b) }
+func contentDigest(b []byte) string { return attribution.ContentDigest(b) }
 func tileRanges(owners []lineOwner, wholesale bool) []attribution.OwnerRange {
 	return attribution.TileRanges(owners, wholesale)
 }
@@ -226,5 +225,22 @@ func (h sessionHooks) CaptureActivity(ctx context.Context, sb *sandbox, ss *sess
 }
 
 func (h sessionHooks) FinalizeImplicit(ctx context.Context, sb *sandbox, ss *session, drain *command) map[string]any {
-	return h.s.finalizeImplicit(ctx, sb, ss, drain)
+	return h.s.publisher.FinalizeImplicit(ctx, sb, ss, drain)
+}
+
+// publishHooks give workspace.Publisher the root's attribution glue and
+// the notices of a committed layer.
+type publishHooks struct{ s *Supervisor }
+
+func (h publishHooks) LayerCommitted(ctx context.Context, sb *sandbox, res layers.PublishResult, owner lineOwner) {
+	h.s.notifyAutosquash(sb, "layer_committed")
+	h.s.recordLayerOrigin(ctx, sb, res, owner)
+}
+
+func (h publishHooks) SessionLineOwners(ss *session, path string, content []byte) []lineOwner {
+	return h.s.sessionLineOwners(ss, path, content)
+}
+
+func (h publishHooks) RecordPublishAudit(ctx context.Context, sb *sandbox, prev layers.Manifest, res layers.PublishResult, files []auditFile) error {
+	return h.s.recordPublishAudit(ctx, sb, prev, res, files)
 }

@@ -1,10 +1,7 @@
 package supervisor
 
 import (
-	"context"
-
 	"github.com/ephemeral-ai-lab/sandbox/layers"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 )
 
 // recoverySummary is what one start-up recovery (§4.5) did. It is reported
@@ -64,24 +61,4 @@ func (s *Supervisor) bootSweepEvent(sb *sandbox, res layers.SweepResult) {
 		"boot_sweep": true, "removed_layer_ids": nonNil(res.RemovedLayerIDs),
 		"removed_staging_entries": res.RemovedStagingEntries, "skipped_reason": skipped,
 	})
-}
-
-// persistOutcome stores the finalization outcome on the draining command's
-// record before the session is destroyed: the session record goes first in
-// destroySession, so a crash after it must not lose what was published
-// (the restart then reports the command interrupted, with the outcome).
-func (s *Supervisor) persistOutcome(ctx context.Context, sb *sandbox, drain *command, extra map[string]any) {
-	if drain == nil || len(extra) == 0 {
-		return
-	}
-	drain.Mu.Lock()
-	rec := drain.Rec
-	drain.Mu.Unlock()
-	rec.Extra = make(map[string]any, len(extra))
-	for k, v := range extra {
-		rec.Extra[k] = v
-	}
-	if err := s.store.Put(ctx, statedb.KindCommand, rec.CommandSessionID, sb.Rec.ID, rec); err != nil {
-		s.log.Warn("persist finalization outcome", "command", rec.CommandSessionID, "err", err)
-	}
 }

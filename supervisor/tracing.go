@@ -10,7 +10,6 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
-	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/web"
 )
@@ -138,21 +137,6 @@ func (sp *span) finish(err error) {
 		attrs = map[string]any{"error_kind": kind}
 	}
 	sp.end(spanStatus(err), attrs)
-}
-
-// conflictPaths lists at most 20 rejected paths of a publish rejection.
-func conflictPaths(rej *layers.Rejection) []string {
-	out := []string{}
-	if rej == nil {
-		return out
-	}
-	for _, c := range rej.Conflicts {
-		if len(out) == 20 {
-			break
-		}
-		out = append(out, c.Path)
-	}
-	return out
 }
 
 // ---- queries ----

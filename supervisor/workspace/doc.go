@@ -12,9 +12,9 @@
 // port-forward listeners and relays (§3.6, §5.7); Holders (session
 // creation, holder start and watch, holder death, restore at start), whose
 // image cache, cgroup and attribution needs come in as fields the root
-// sets. Still in the root package: publish and implicit finalization (they
-// lean on the attribution glue there), and the handlers. What the root
-// still does for a command's end reaches it through SessionHooks.
+// sets; Publisher (publish and implicit finalization), whose attribution
+// and audit calls go through PublishHooks. Still in the root package: the
+// handlers and the attribution glue behind SessionHooks and PublishHooks.
 //
 // It must never import the root supervisor package or decide how a sandbox
 // itself is created, squashed or removed (that is supervisor/sandbox).
