@@ -67,6 +67,7 @@ type Supervisor struct {
 	admission *workspace.Admission // check-and-reserve of commands and sessions
 	holders   *workspace.Holders   // session creation, holders, restore at start
 	publisher *workspace.Publisher // publish and implicit finalization
+	glue      *attrGlue            // attribution's view of sandboxes and sessions
 	cmds      *workspace.Commands  // ends, retains and looks up commands
 	teardown  *workspace.Teardown  // destroys sessions, stops a sandbox's sessions
 	sandboxes *sbx.Registry[*occupants]
@@ -158,6 +159,7 @@ func Serve(ctx context.Context, opt Options) error {
 		return err
 	}
 	s.cgroups = setupCgroups("/sys/fs/cgroup", "/proc/self/cgroup")
+	s.glue = &attrGlue{cfg: cfg, store: st, log: log, recordLayerOrigin: s.recordLayerOrigin}
 	s.cmds = &workspace.Commands{Cfg: cfg, DB: st.DB, Log: log, Data: dirs.Data, IDs: s.ids, Obs: s.obs, Attr: sessionHooks{s}, Bump: s.bump}
 	s.publisher = &workspace.Publisher{Cfg: cfg, DB: st.DB, Log: log, Obs: s.obs, Protected: s.protected, Attr: publishHooks{s}, Bump: s.bump}
 	s.teardown = &workspace.Teardown{Cfg: cfg, DB: st.DB, Log: log, Obs: s.obs, Cgroups: s.cgroups, Cmds: s.cmds, Bump: s.bump,
@@ -165,7 +167,7 @@ func Serve(ctx context.Context, opt Options) error {
 	s.publisher.Teardown = s.teardown
 	s.holders = &workspace.Holders{Cfg: cfg, DB: st.DB, Log: log, Obs: s.obs, IDs: s.ids, Admission: s.admission, Cmds: s.cmds,
 		Teardown: s.teardown, Self: s.self, Shim: s.shimPath, Hidden: []string{dirs.Data, dirs.Config, dirs.Runtime},
-		Cgroups: s.cgroups, FuseNotices: s.fuseNotices, FinalizeImplicit: s.publisher.FinalizeImplicit, Bump: s.bump,
+		Cgroups: s.cgroups, FuseNotices: s.glue.fuseNotices, FinalizeImplicit: s.publisher.FinalizeImplicit, Bump: s.bump,
 		ImageRootfs: func(ref string) (string, error) {
 			img, err := s.images.Lookup(ref)
 			if err != nil {
