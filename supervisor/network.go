@@ -77,7 +77,7 @@ func (s *Supervisor) forwardPort(c *call) (any, error) {
 			return ss.Dial(ctx, port, time.Duration(s.cfg.HTTP.Forward.ConnectTimeoutS*float64(time.Second)))
 		}
 		go f.Serve(context.WithoutCancel(c.ctx), dial, s.log.With("workspace_session_id", ss.ID()))
-		s.eventCtx(c.ctx, c.sb, "forward.opened", map[string]any{"workspace_session_id": ss.ID(), "target_port": target, "port": f.Port()})
+		eventCtxIn(s.obs, c.ctx, c.sb, "forward.opened", map[string]any{"workspace_session_id": ss.ID(), "target_port": target, "port": f.Port()})
 	}
 	return res, nil
 }

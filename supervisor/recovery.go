@@ -33,7 +33,7 @@ func (r *recoverySummary) sweep(res layers.SweepResult) {
 
 // recovered records the summary event and logs it.
 func (s *Supervisor) recovered(r *recoverySummary) {
-	s.event(nil, s.syntheticTrace("recovery"), "supervisor.recovered", map[string]any{
+	eventIn(s.obs, nil, s.obs.SyntheticTrace("recovery"), "supervisor.recovered", map[string]any{
 		"removed_sandboxes":       nonNil(r.RemovedSandboxes),
 		"failed_sandboxes":        nonNil(r.FailedSandboxes),
 		"restored_sessions":       nonNil(r.RestoredSessions),
@@ -57,7 +57,7 @@ func (s *Supervisor) bootSweepEvent(sb *sandbox, res layers.SweepResult) {
 	if res.SkippedReason != "" {
 		skipped = res.SkippedReason
 	}
-	s.event(sb, s.syntheticTrace("recovery"), "layerstack.squash", map[string]any{
+	eventIn(s.obs, sb, s.obs.SyntheticTrace("recovery"), "layerstack.squash", map[string]any{
 		"boot_sweep": true, "removed_layer_ids": nonNil(res.RemovedLayerIDs),
 		"removed_staging_entries": res.RemovedStagingEntries, "skipped_reason": skipped,
 	})

@@ -179,7 +179,7 @@ func Serve(ctx context.Context, opt Options) error {
 	if err := s.recover(ctx); err != nil {
 		return err
 	}
-	s.event(nil, "", "supervisor.boot", map[string]any{"version": s.version, "probes": map[string]any{
+	eventIn(s.obs, nil, "", "supervisor.boot", map[string]any{"version": s.version, "probes": map[string]any{
 		"user_namespaces": s.probes.UserNS, "kernel_overlay": s.probes.KernelOverlay, "lowerdir_plus": s.probes.LowerdirPlus,
 		"fuse_device": s.probes.FuseDevice, "fuse_overlay": s.probes.FuseOverlay,
 		"cgroup": map[string]any{"delegated": s.cgroups.Delegated, "reason": s.cgroups.Reason}}})

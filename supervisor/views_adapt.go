@@ -90,7 +90,7 @@ func (src snapshotSource) Resources() (map[string]any, map[string]map[string]any
 	return src.s.snapshotResources(src.sb)
 }
 
-func (src snapshotSource) EventStore() any { return src.s.obsStats(src.sb) }
+func (src snapshotSource) EventStore() any { return obsStats(src.s.obs, src.sb) }
 
 func (src snapshotSource) NoSamples() string { return src.s.noSamples("sandbox", snapshotWindowMs) }
 
