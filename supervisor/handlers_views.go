@@ -106,7 +106,7 @@ func (s *Supervisor) layerstack(c *call) (any, error) {
 		return nil, err
 	}
 	if window >= 0 {
-		trend, err := s.stackTrend(sb, window)
+		trend, err := stackTrend(resourceView(s.cfg, s.obs), sb, window)
 		if err != nil {
 			return nil, err
 		}
