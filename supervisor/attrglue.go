@@ -8,12 +8,14 @@ package supervisor
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/attribution"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 )
 
 type (
@@ -25,12 +27,11 @@ type (
 
 const ownerOriginal = attribution.OwnerOriginal
 
-func nullable(s string) *string                       { return attribution.Nullable(s) }
-func deref(p *string) string                          { return attribution.Deref(p) }
-func rfc3339ms(t time.Time) string                    { return attribution.RFC3339ms(t) }
-func textLines(b []byte) []string                     { return attribution.TextLines(b) }
-func contentDigest(b []byte) string                   { return attribution.ContentDigest(b) }
-func sessionOwner(id string, agent *string) lineOwner { return attribution.SessionOwner(id, agent) }
+func nullable(s string) *string     { return attribution.Nullable(s) }
+func deref(p *string) string        { return attribution.Deref(p) }
+func rfc3339ms(t time.Time) string  { return attribution.RFC3339ms(t) }
+func textLines(b []byte) []string   { return attribution.TextLines(b) }
+func contentDigest(b []byte) string { return attribution.ContentDigest(b) }
 func tileRanges(owners []lineOwner, wholesale bool) []attribution.OwnerRange {
 	return attribution.TileRanges(owners, wholesale)
 }
@@ -48,8 +49,19 @@ func (s *store) deleteSandboxActivity(ctx context.Context, sandboxID string) err
 	return s.attr().DeleteSandboxActivity(ctx, sandboxID)
 }
 
+// attrGlue turns the supervisor's sandboxes and sessions into the plain
+// values of supervisor/attribution; its methods are what workspace's
+// SessionHooks and PublishHooks and the file handlers call.
+type attrGlue struct {
+	cfg   *config.Config
+	store *store
+	log   *slog.Logger
+	// recordLayerOrigin is the git trace of a committed layer's owner.
+	recordLayerOrigin func(ctx context.Context, sb *sandbox, res layers.PublishResult, owner lineOwner)
+}
+
 // audit is attribution's view of a sandbox.
-func (s *Supervisor) audit(sb *sandbox) *attribution.Audit {
+func (s *attrGlue) audit(sb *sandbox) *attribution.Audit {
 	return &attribution.Audit{SandboxID: sb.Rec.ID, Stack: sb.Stack, Store: s.store.attr(), Log: s.log}
 }
 
@@ -63,7 +75,7 @@ func sessionBase(ss *session) (layers.Manifest, sessionRecord) {
 
 // workspace is attribution's view of a session; sb may be nil where the
 // base is not needed (line owners of a publish).
-func (s *Supervisor) workspace(sb *sandbox, ss *session) attribution.Workspace {
+func (s *attrGlue) workspace(sb *sandbox, ss *session) attribution.Workspace {
 	base, rec := sessionBase(ss)
 	w := attribution.Workspace{ID: rec.WorkspaceSessionID, Agent: rec.Agent, Dir: ss.Dir, Upper: ss.Upper(), Log: s.log}
 	if sb != nil {
@@ -74,45 +86,45 @@ func (s *Supervisor) workspace(sb *sandbox, ss *session) attribution.Workspace {
 
 // checkpointSession takes an attribution checkpoint of a session (kernel
 // driver and file operations; see attribution.Tracker.Checkpoint).
-func (s *Supervisor) checkpointSession(ctx context.Context, sb *sandbox, ss *session, commandID string, approximate bool, paths ...string) {
+func (s *attrGlue) checkpointSession(ctx context.Context, sb *sandbox, ss *session, commandID string, approximate bool, paths ...string) {
 	ss.Attr.Checkpoint(ctx, s.workspace(sb, ss), commandID, approximate, paths...)
 }
 
 // sessionLineOwners returns the owner of each line of content, the
 // session's version of path, for publication. Call it before the session
 // directory is removed.
-func (s *Supervisor) sessionLineOwners(ss *session, path string, content []byte) []lineOwner {
+func (s *attrGlue) sessionLineOwners(ss *session, path string, content []byte) []lineOwner {
 	return ss.Attr.LineOwners(s.workspace(nil, ss), path, content)
 }
 
 // recordPublishAudit appends the audit records of a committed publish
 // (attribution.Audit.RecordPublish).
-func (s *Supervisor) recordPublishAudit(ctx context.Context, sb *sandbox, prev layers.Manifest, res layers.PublishResult, files []auditFile) error {
+func (s *attrGlue) recordPublishAudit(ctx context.Context, sb *sandbox, prev layers.Manifest, res layers.PublishResult, files []auditFile) error {
 	return s.audit(sb).RecordPublish(ctx, prev, res, files)
 }
 
 // auditSessionless records a sessionless file_write/file_edit of path
 // (owner operation:<request_id>, command_session_id null). Call it after a
 // successful Update; a no-op is ignored. prev may be the zero Manifest.
-func (s *Supervisor) auditSessionless(ctx context.Context, sb *sandbox, prev layers.Manifest, res layers.PublishResult, path, requestID string) {
+func (s *attrGlue) auditSessionless(ctx context.Context, sb *sandbox, prev layers.Manifest, res layers.PublishResult, path, requestID string) {
 	s.recordLayerOrigin(ctx, sb, res, attribution.OperationOwner(requestID))
 	_ = s.recordPublishAudit(ctx, sb, prev, res, []auditFile{{Path: path, Owner: attribution.OperationOwner(requestID)}})
 }
 
-func (s *Supervisor) viewOwners(ctx context.Context, sb *sandbox, v *layers.View, version int, p string) (owners []lineOwner, content []byte, text, wholesale bool, err error) {
+func (s *attrGlue) viewOwners(ctx context.Context, sb *sandbox, v *layers.View, version int, p string) (owners []lineOwner, content []byte, text, wholesale bool, err error) {
 	return s.audit(sb).ViewOwners(ctx, v, version, p)
 }
 
 // ---- file activity ----
 
 // activityEnabled: observability.enabled and file_activity.enabled.
-func (s *Supervisor) activityEnabled() bool {
+func (s *attrGlue) activityEnabled() bool {
 	return s.cfg.Observability.Enabled && s.cfg.Observability.FileActivity.Enabled
 }
 
 // recordActivity stores records of one sandbox. Observability never fails
 // a runtime operation: a storage error is logged and the records dropped.
-func (s *Supervisor) recordActivity(ctx context.Context, sb *sandbox, recs []attribution.ActivityRecord) {
+func (s *attrGlue) recordActivity(ctx context.Context, sb *sandbox, recs []attribution.ActivityRecord) {
 	if len(recs) == 0 || !s.activityEnabled() {
 		return
 	}
@@ -127,7 +139,7 @@ func (s *Supervisor) recordActivity(ctx context.Context, sb *sandbox, recs []att
 
 // captureActivity records the upper-dir difference since the previous
 // capture (§11.4 capture); see attribution.Tracker.CaptureActivity.
-func (s *Supervisor) captureActivity(ctx context.Context, sb *sandbox, ss *session, cmd, requestID, source string, paths ...string) {
+func (s *attrGlue) captureActivity(ctx context.Context, sb *sandbox, ss *session, cmd, requestID, source string, paths ...string) {
 	if !s.activityEnabled() {
 		return
 	}
@@ -138,7 +150,7 @@ func (s *Supervisor) captureActivity(ctx context.Context, sb *sandbox, ss *sessi
 // with its request_id: for the kernel driver through capture of the one
 // path, for the FUSE driver directly (the holder's own writes are not
 // among the FUSE records).
-func (s *Supervisor) fileOpActivity(ctx context.Context, sb *sandbox, ss *session, requestID, p string, created bool, size int) {
+func (s *attrGlue) fileOpActivity(ctx context.Context, sb *sandbox, ss *session, requestID, p string, created bool, size int) {
 	if ss.Rec.OverlayDriver != "fuse" {
 		s.captureActivity(ctx, sb, ss, "", requestID, "capture", p)
 		return
@@ -169,7 +181,7 @@ func (s *Supervisor) fileActivity(c *call) (any, error) {
 		q.Limit = int(c.args.Uint("limit"))
 	}
 	out := map[string]any{"view": "file_activity", "sandbox_id": c.sb.Rec.ID, "records": []json.RawMessage{}, "truncated": false}
-	if !s.activityEnabled() {
+	if !s.glue.activityEnabled() {
 		return out, nil
 	}
 	recs, truncated, err := s.store.attr().QueryActivity(c.ctx, c.sb.Rec.ID, q)
@@ -187,7 +199,7 @@ func (s *Supervisor) fileActivity(c *call) (any, error) {
 
 // fuseNotices applies notices of a FUSE session's holder, in order
 // (attribution.Tracker.FuseNotices).
-func (s *Supervisor) fuseNotices(sb *sandbox, ss *session, ns []*nsholder.FSNotice) {
+func (s *attrGlue) fuseNotices(sb *sandbox, ss *session, ns []*nsholder.FSNotice) {
 	plain := make([]attribution.FSNotice, 0, len(ns))
 	for _, n := range ns {
 		var p attribution.FSNotice
@@ -205,7 +217,7 @@ func (s *Supervisor) fuseNotices(sb *sandbox, ss *session, ns []*nsholder.FSNoti
 }
 
 // fuseCommandEnd is the command-end checkpoint of a FUSE session.
-func (s *Supervisor) fuseCommandEnd(sb *sandbox, ss *session, cmd string) {
+func (s *attrGlue) fuseCommandEnd(sb *sandbox, ss *session, cmd string) {
 	ss.Attr.FuseCommandEnd(context.Background(), s.workspace(sb, ss), cmd)
 }
 
@@ -214,17 +226,34 @@ func (s *Supervisor) fuseCommandEnd(sb *sandbox, ss *session, cmd string) {
 type sessionHooks struct{ s *Supervisor }
 
 func (h sessionHooks) FuseCommandEnd(sb *sandbox, ss *session, cmd string) {
-	h.s.fuseCommandEnd(sb, ss, cmd)
+	h.s.glue.fuseCommandEnd(sb, ss, cmd)
 }
 
 func (h sessionHooks) CheckpointSession(ctx context.Context, sb *sandbox, ss *session, commandID string, approximate bool, paths ...string) {
-	h.s.checkpointSession(ctx, sb, ss, commandID, approximate, paths...)
+	h.s.glue.checkpointSession(ctx, sb, ss, commandID, approximate, paths...)
 }
 
 func (h sessionHooks) CaptureActivity(ctx context.Context, sb *sandbox, ss *session, cmd, requestID, source string, paths ...string) {
-	h.s.captureActivity(ctx, sb, ss, cmd, requestID, source, paths...)
+	h.s.glue.captureActivity(ctx, sb, ss, cmd, requestID, source, paths...)
 }
 
 func (h sessionHooks) FinalizeImplicit(ctx context.Context, sb *sandbox, ss *session, drain *command) map[string]any {
-	return h.s.finalizeImplicit(ctx, sb, ss, drain)
+	return h.s.publisher.FinalizeImplicit(ctx, sb, ss, drain)
+}
+
+// publishHooks give workspace.Publisher the root's attribution glue and
+// the notices of a committed layer.
+type publishHooks struct{ s *Supervisor }
+
+func (h publishHooks) LayerCommitted(ctx context.Context, sb *sandbox, res layers.PublishResult, owner lineOwner) {
+	h.s.notifyAutosquash(sb, "layer_committed")
+	h.s.recordLayerOrigin(ctx, sb, res, owner)
+}
+
+func (h publishHooks) SessionLineOwners(ss *session, path string, content []byte) []lineOwner {
+	return h.s.glue.sessionLineOwners(ss, path, content)
+}
+
+func (h publishHooks) RecordPublishAudit(ctx context.Context, sb *sandbox, prev layers.Manifest, res layers.PublishResult, files []auditFile) error {
+	return h.s.glue.recordPublishAudit(ctx, sb, prev, res, files)
 }

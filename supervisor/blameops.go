@@ -53,7 +53,7 @@ func (s *Supervisor) blameHead(c *call, p string) (any, error) {
 		}
 	}()
 	head := lease.Manifest()
-	owners, content, text, wholesale, err := s.viewOwners(c.ctx, c.sb, c.sb.Stack.View(head), head.Version, p)
+	owners, content, text, wholesale, err := s.glue.viewOwners(c.ctx, c.sb, c.sb.Stack.View(head), head.Version, p)
 	if workspace.Absent(err) {
 		nf := workspace.FileNotFound(p)
 		if rec, rerr := s.store.attr().LatestAudit(c.ctx, c.sb.Rec.ID, p, head.Version); rerr == nil && rec != nil {
@@ -91,7 +91,7 @@ func (s *Supervisor) blameSession(c *call, p string) (any, error) {
 		return nil, notRegular(p, e.Kind)
 	}
 	_, rec := sessionBase(ss)
-	owners, wholesale, err := s.audit(c.sb).SessionBlameOwners(c.ctx, &ss.Attr, s.workspace(c.sb, ss), p, e.Size, func() ([]byte, error) {
+	owners, wholesale, err := s.glue.audit(c.sb).SessionBlameOwners(c.ctx, &ss.Attr, s.glue.workspace(c.sb, ss), p, e.Size, func() ([]byte, error) {
 		b, err := v.ReadFile(c.ctx, p, attribution.TextMax)
 		if errors.Is(err, nsholder.ErrTooLarge) {
 			return nil, nil

@@ -53,6 +53,7 @@ func testSandbox(t *testing.T, files map[string]string) (*Supervisor, *sandbox) 
 		t.Fatal(err)
 	}
 	s := &Supervisor{store: st, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	s.glue = &attrGlue{store: st, log: s.log, recordLayerOrigin: s.recordLayerOrigin}
 	sb := newSandbox(sandboxRecord{ID: "sbx-test"}, sbDir)
 	sb.Stack = stack
 	return s, sb
@@ -73,7 +74,7 @@ func write(t *testing.T, s *Supervisor, sb *sandbox, p, content, requestID strin
 		if requestID == "zero-prev" {
 			prev = layers.Manifest{}
 		}
-		s.auditSessionless(context.Background(), sb, prev, res, p, requestID)
+		s.glue.auditSessionless(context.Background(), sb, prev, res, p, requestID)
 	}
 	return res
 }

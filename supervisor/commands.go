@@ -25,7 +25,7 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 		}
 	} else {
 		var err error
-		if ss, err = s.newSession(c.ctx, sb, workspace.PolicyPublish, "shared", nil); err != nil {
+		if ss, err = s.holders.New(c.ctx, sb, workspace.PolicyPublish, "shared", nil); err != nil {
 			return nil, err
 		}
 	}

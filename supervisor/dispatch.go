@@ -105,7 +105,7 @@ func (s *Supervisor) run(h handler) rpc.Handler {
 	return func(r *rpc.Request) (any, error) {
 		c := &call{ctx: r.Ctx, req: r.Req, op: r.Op, args: r.Args, progress: r.Progress}
 		c.sb, _ = r.State.(*sandbox)
-		c.span = s.requestSpan(c) // root span of non-observability ops; c.ctx carries it
+		c.span = requestSpan(s.obs, c) // root span of non-observability ops; c.ctx carries it
 		res, err := s.runTraced(c, h)
 		err = rpc.ClientGone(c.ctx, err)
 		c.span.finish(err)

@@ -71,8 +71,8 @@ func (s *Supervisor) fileWrite(c *call) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		s.checkpointSession(c.ctx, c.sb, ss, "", false, p)
-		s.fileOpActivity(c.ctx, c.sb, ss, c.req.RequestID, p, created, len(content))
+		s.glue.checkpointSession(c.ctx, c.sb, ss, "", false, p)
+		s.glue.fileOpActivity(c.ctx, c.sb, ss, c.req.RequestID, p, created, len(content))
 		s.bump(c.ctx, c.sb)
 		return map[string]any{"type": workspace.WriteType(created), "path": p, "bytes_written": len(content)}, nil
 	}
@@ -96,7 +96,7 @@ func (s *Supervisor) fileWrite(c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.auditSessionless(c.ctx, c.sb, prev, res, p, c.req.RequestID)
+	s.glue.auditSessionless(c.ctx, c.sb, prev, res, p, c.req.RequestID)
 	s.bump(c.ctx, c.sb)
 	if !res.NoOp {
 		s.notifyAutosquash(c.sb, "layer_committed")
@@ -134,8 +134,8 @@ func (s *Supervisor) fileEdit(c *call) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		s.checkpointSession(c.ctx, c.sb, ss, "", false, p)
-		s.fileOpActivity(c.ctx, c.sb, ss, c.req.RequestID, p, created, len(out))
+		s.glue.checkpointSession(c.ctx, c.sb, ss, "", false, p)
+		s.glue.fileOpActivity(c.ctx, c.sb, ss, c.req.RequestID, p, created, len(out))
 		s.bump(c.ctx, c.sb)
 		return result(len(out), n), nil
 	}
@@ -160,7 +160,7 @@ func (s *Supervisor) fileEdit(c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.auditSessionless(c.ctx, c.sb, prev, res, p, c.req.RequestID)
+	s.glue.auditSessionless(c.ctx, c.sb, prev, res, p, c.req.RequestID)
 	s.bump(c.ctx, c.sb)
 	if !res.NoOp {
 		s.notifyAutosquash(c.sb, "layer_committed")

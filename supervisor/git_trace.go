@@ -101,7 +101,7 @@ func (s *Supervisor) traceRecord(ctx context.Context, sb *sandbox, commit, ts st
 	rec := newTraceRecord(commit, ts, meta)
 	v := sb.Stack.View(m)
 	for _, p := range paths {
-		owners, content, text, wholesale, err := s.viewOwners(ctx, sb, v, m.Version, p)
+		owners, content, text, wholesale, err := s.glue.viewOwners(ctx, sb, v, m.Version, p)
 		if err != nil {
 			continue // not a regular file at that layer
 		}

@@ -46,7 +46,7 @@ func (s *Supervisor) newSquasher() *sbx.Squasher[*occupants] {
 
 // sandboxSpan opens a span for the sandbox package.
 func (s *Supervisor) sandboxSpan(ctx context.Context, sb *sandbox, origin, name string, attrs map[string]any) (sbx.Span, context.Context) {
-	sp, ctx := s.spanCtx(ctx, sb, origin, name, attrs)
+	sp, ctx := spanIn(s.obs, ctx, sb, origin, name, attrs)
 	return stepSpan{sp}, ctx
 }
 

@@ -28,7 +28,7 @@ func (s *Supervisor) health(c *call) (any, error) {
 		FuseDevice: s.probes.FuseDevice, Docker: views.Availability{Available: s.docker.Available, Reason: s.docker.Reason},
 		StoreErr: s.store.Ping(c.ctx), DataDir: s.dirs.Data,
 		Sandboxes: nSandboxes, Sessions: workspace.CountSessions(s.allSandboxes()), RunningCommands: workspace.CountRunning(s.allSandboxes()), AnyFailed: failed,
-		Cgroup: cg, Network: s.netHelperStatus(), EventStore: s.obsStats(nil),
+		Cgroup: cg, Network: s.netHelperStatus(), EventStore: obsStats(s.obs, nil),
 	}), nil
 }
 
@@ -106,7 +106,7 @@ func (s *Supervisor) layerstack(c *call) (any, error) {
 		return nil, err
 	}
 	if window >= 0 {
-		trend, err := s.stackTrend(sb, window)
+		trend, err := stackTrend(resourceView(s.cfg, s.obs), sb, window)
 		if err != nil {
 			return nil, err
 		}

@@ -23,9 +23,7 @@ import (
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
-	"github.com/ephemeral-ai-lab/sandbox/nsholder"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/images"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
 // dockerProbe is health's docker entry, probed once at start (§10.3).
@@ -102,26 +100,6 @@ func (s *Supervisor) acquireImage(c *call, image string, count int) (*images.Res
 		}
 	}
 	return res, release, nil
-}
-
-// imageFiles are the files the supervisor provides in an image session's
-// root (§5.4): /etc/hosts and /etc/hostname for the session's hostname,
-// and for a shared network the host's resolver configuration.
-func imageFiles(hostname, network string) map[string]string {
-	files := map[string]string{
-		"/etc/hostname": hostname + "\n",
-		"/etc/hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" +
-			"127.0.1.1\t" + hostname + "\n",
-	}
-	switch network {
-	case workspace.NetShared:
-		if b, err := os.ReadFile("/etc/resolv.conf"); err == nil {
-			files["/etc/resolv.conf"] = string(b)
-		}
-	case workspace.NetIsolated:
-		files["/etc/resolv.conf"] = nsholder.ResolvConf
-	}
-	return files
 }
 
 // loadImageEnv sets sb.ImageEnv from the cache (creation and recovery).

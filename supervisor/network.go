@@ -28,38 +28,15 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os/exec"
 	"time"
 
-	"github.com/ephemeral-ai-lab/sandbox/catalog"
-	"github.com/ephemeral-ai-lab/sandbox/nsholder"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/doctor"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
-
-// findNetHelper resolves network.isolated.helper on PATH.
-func findNetHelper(want string) (nsholder.Egress, error) {
-	names := []string{nsholder.HelperPasta, nsholder.HelperSlirp4netns}
-	if want != "" && want != "auto" {
-		names = []string{want}
-	}
-	var pkgs []string
-	for _, n := range names {
-		if p, err := exec.LookPath(n); err == nil {
-			return nsholder.Egress{Helper: n, Path: p}, nil
-		}
-		pkgs = append(pkgs, doctor.HelperPackage(n))
-	}
-	if len(names) == 1 {
-		return nsholder.Egress{}, fmt.Errorf("network_profile isolated needs %s (network.isolated.helper), which is not installed: install the Debian package %s", names[0], pkgs[0])
-	}
-	return nsholder.Egress{}, fmt.Errorf("network_profile isolated needs pasta or slirp4netns, and neither is installed: install the Debian package passt (or slirp4netns)")
-}
 
 // netHelperStatus is health's "network" entry.
 func (s *Supervisor) netHelperStatus() map[string]any {
 	out := map[string]any{"profiles": []string{workspace.NetShared, workspace.NetIsolated, workspace.NetOffline}, "allow_private": s.cfg.Network.Isolated.AllowPrivate}
-	if e, err := findNetHelper(s.cfg.Network.Isolated.Helper); err != nil {
+	if e, err := workspace.FindNetHelper(s.cfg.Network.Isolated.Helper); err != nil {
 		out["isolated"] = map[string]any{"available": false, "helper": nil, "reason": err.Error()}
 	} else {
 		out["isolated"] = map[string]any{"available": true, "helper": e.Helper, "path": e.Path, "reason": nil}
@@ -100,7 +77,7 @@ func (s *Supervisor) forwardPort(c *call) (any, error) {
 			return ss.Dial(ctx, port, time.Duration(s.cfg.HTTP.Forward.ConnectTimeoutS*float64(time.Second)))
 		}
 		go f.Serve(context.WithoutCancel(c.ctx), dial, s.log.With("workspace_session_id", ss.ID()))
-		s.eventCtx(c.ctx, c.sb, "forward.opened", map[string]any{"workspace_session_id": ss.ID(), "target_port": target, "port": f.Port()})
+		eventCtxIn(s.obs, c.ctx, c.sb, "forward.opened", map[string]any{"workspace_session_id": ss.ID(), "target_port": target, "port": f.Port()})
 	}
 	return res, nil
 }
@@ -112,19 +89,4 @@ func (s *Supervisor) forwardURL(kind string, port int) any {
 		return nil
 	}
 	return fmt.Sprintf("%s/forward/%s/%d/", s.httpBase, kind, port)
-}
-
-// egressFor is the helper of a new isolated session, or the creation's
-// error naming the missing package.
-func (s *Supervisor) egressFor(ss *session) (*nsholder.Egress, error) {
-	if ss.Rec.NetworkProfile != workspace.NetIsolated {
-		return nil, nil
-	}
-	e, err := findNetHelper(s.cfg.Network.Isolated.Helper)
-	if err != nil {
-		return nil, catalog.Errorf(catalog.OperationFailed, "workspace setup failed at network: %v", err).
-			With("stage", "network").With("network_profile", workspace.NetIsolated)
-	}
-	e.StateDir = ss.Dir
-	return &e, nil
 }

@@ -37,7 +37,7 @@ func (s *Supervisor) publishWorkspaceSession(c *call) (any, error) {
 	opt.DefaultStrategy = layers.Strategy(c.args.String("default_strategy"))
 	opt.Resolutions = resolutions
 	opt.DryRun = dry
-	plan, res, err := s.publishSession(c.ctx, c.sb, ss, opt, nil)
+	plan, res, err := s.publisher.Publish(c.ctx, c.sb, ss, opt, nil)
 	var re *layers.ResolutionError
 	var rej *layers.Rejection
 	switch {

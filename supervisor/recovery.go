@@ -1,10 +1,7 @@
 package supervisor
 
 import (
-	"context"
-
 	"github.com/ephemeral-ai-lab/sandbox/layers"
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 )
 
 // recoverySummary is what one start-up recovery (§4.5) did. It is reported
@@ -36,7 +33,7 @@ func (r *recoverySummary) sweep(res layers.SweepResult) {
 
 // recovered records the summary event and logs it.
 func (s *Supervisor) recovered(r *recoverySummary) {
-	s.event(nil, s.syntheticTrace("recovery"), "supervisor.recovered", map[string]any{
+	eventIn(s.obs, nil, s.obs.SyntheticTrace("recovery"), "supervisor.recovered", map[string]any{
 		"removed_sandboxes":       nonNil(r.RemovedSandboxes),
 		"failed_sandboxes":        nonNil(r.FailedSandboxes),
 		"restored_sessions":       nonNil(r.RestoredSessions),
@@ -60,57 +57,8 @@ func (s *Supervisor) bootSweepEvent(sb *sandbox, res layers.SweepResult) {
 	if res.SkippedReason != "" {
 		skipped = res.SkippedReason
 	}
-	s.event(sb, s.syntheticTrace("recovery"), "layerstack.squash", map[string]any{
+	eventIn(s.obs, sb, s.obs.SyntheticTrace("recovery"), "layerstack.squash", map[string]any{
 		"boot_sweep": true, "removed_layer_ids": nonNil(res.RemovedLayerIDs),
 		"removed_staging_entries": res.RemovedStagingEntries, "skipped_reason": skipped,
 	})
-}
-
-// attachOutcome gives the commands of an implicit session that a restart
-// interrupted the outcome of its finalization at start-up (§4.5: "the
-// outcome fields are attached to each of its interrupted commands"), so an
-// agent polling its command learns whether its work was published.
-func (s *Supervisor) attachOutcome(ctx context.Context, sb *sandbox, wsID string, extra map[string]any) {
-	if len(extra) == 0 {
-		return
-	}
-	for _, cmd := range sb.Work.Commands {
-		cmd.Mu.Lock()
-		hit := cmd.Rec.WorkspaceSessionID == wsID && cmd.Rec.Interrupted && cmd.Rec.InterruptReason == "supervisor_restart"
-		if hit {
-			if cmd.Rec.Extra == nil {
-				cmd.Rec.Extra = map[string]any{}
-			}
-			for k, v := range extra {
-				cmd.Rec.Extra[k] = v
-			}
-		}
-		rec := cmd.Rec
-		cmd.Mu.Unlock()
-		if hit {
-			if err := s.store.Put(ctx, statedb.KindCommand, rec.CommandSessionID, sb.Rec.ID, rec); err != nil {
-				s.log.Warn("persist command", "command", rec.CommandSessionID, "err", err)
-			}
-		}
-	}
-}
-
-// persistOutcome stores the finalization outcome on the draining command's
-// record before the session is destroyed: the session record goes first in
-// destroySession, so a crash after it must not lose what was published
-// (the restart then reports the command interrupted, with the outcome).
-func (s *Supervisor) persistOutcome(ctx context.Context, sb *sandbox, drain *command, extra map[string]any) {
-	if drain == nil || len(extra) == 0 {
-		return
-	}
-	drain.Mu.Lock()
-	rec := drain.Rec
-	drain.Mu.Unlock()
-	rec.Extra = make(map[string]any, len(extra))
-	for k, v := range extra {
-		rec.Extra[k] = v
-	}
-	if err := s.store.Put(ctx, statedb.KindCommand, rec.CommandSessionID, sb.Rec.ID, rec); err != nil {
-		s.log.Warn("persist finalization outcome", "command", rec.CommandSessionID, "err", err)
-	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/resources"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
@@ -72,8 +73,9 @@ func (s *Supervisor) sampleOnce(withStack bool) {
 	resources.Sample(s.cgroups, "/proc", groups)
 }
 
-func (s *Supervisor) resourceView() resources.View {
-	return resources.View{Reg: s.obs, SampleIntervalMs: s.cfg.Observability.ResourceStats.SampleIntervalMs}
+// resourceView reads the resource samples of reg.
+func resourceView(cfg *config.Config, reg *obs.Registry) resources.View {
+	return resources.View{Reg: reg, SampleIntervalMs: cfg.Observability.ResourceStats.SampleIntervalMs}
 }
 
 // windowMs validates window_ms against observability.views.resource_window_ms.
@@ -97,7 +99,7 @@ func (s *Supervisor) resources(c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := s.resourceView()
+	v := resourceView(s.cfg, s.obs)
 	since := time.Now().UnixMilli() - window
 	if c.sb != nil {
 		series, err := v.Series(c.ctx, scopeOf(c.sb), resources.ScopeSandbox, since, obs.MaxRecords, 1)
@@ -154,7 +156,7 @@ func (s *Supervisor) cgroupView(c *call) (any, error) {
 		sessions = []*session{ss}
 		cgPath = s.cgroups.SessionPath(scope)
 	}
-	v := s.resourceView()
+	v := resourceView(s.cfg, s.obs)
 	// The topology (≤ 512 rows) takes up to about half of the response.
 	series, err := v.Series(c.ctx, scopeOf(c.sb), scope, time.Now().UnixMilli()-window, obs.MaxRecords/2, 0.5)
 	if err != nil {
@@ -180,8 +182,8 @@ func (s *Supervisor) cgroupView(c *call) (any, error) {
 
 // snapshotResources is snapshot's resources blocks: {latest, history} for
 // the sandbox and each session, from the samples of the last minute.
-func (s *Supervisor) snapshotResources(sb *sandbox) (sandboxRes map[string]any, bySession map[string]map[string]any, err error) {
-	sandboxRes, bySession, err = s.resourceView().Snapshot(context.Background(), scopeOf(sb), len(sessionsSorted(sb)))
+func snapshotResources(v resources.View, sb *sandbox) (sandboxRes map[string]any, bySession map[string]map[string]any, err error) {
+	sandboxRes, bySession, err = v.Snapshot(context.Background(), scopeOf(sb), len(sessionsSorted(sb)))
 	if err != nil {
 		return nil, nil, storeError(err)
 	}
@@ -189,8 +191,8 @@ func (s *Supervisor) snapshotResources(sb *sandbox) (sandboxRes map[string]any, 
 }
 
 // stackTrend is layerstack's trend: the stack samples of the window.
-func (s *Supervisor) stackTrend(sb *sandbox, windowMs int64) ([]resources.Point, error) {
-	series, err := s.resourceView().Series(context.Background(), scopeOf(sb), resources.ScopeStack, time.Now().UnixMilli()-windowMs, obs.MaxRecords/2, 0.5)
+func stackTrend(v resources.View, sb *sandbox, windowMs int64) ([]resources.Point, error) {
+	series, err := v.Series(context.Background(), scopeOf(sb), resources.ScopeStack, time.Now().UnixMilli()-windowMs, obs.MaxRecords/2, 0.5)
 	if err != nil {
 		return nil, storeError(err)
 	}
@@ -199,8 +201,3 @@ func (s *Supervisor) stackTrend(sb *sandbox, windowMs int64) ([]resources.Point,
 
 // snapshotWindowMs is the window snapshot's resources come from.
 const snapshotWindowMs = resources.SnapshotWindowMs
-
-// noSamples is the error of a view without samples in its window.
-func (s *Supervisor) noSamples(what string, windowMs int64) string {
-	return s.resourceView().NoSamples(what, windowMs)
-}

@@ -34,8 +34,6 @@ type (
 type (
 	session       = workspace.Session
 	sessionRecord = workspace.SessionRecord
-	leaseRecord   = workspace.LeaseRecord
-	holder        = workspace.Holder
 	command       = workspace.Command
 	commandRecord = workspace.CommandRecord
 )
@@ -246,7 +244,12 @@ func (s *Supervisor) reopenSandbox(ctx context.Context, sb *sandbox, sum *recove
 	if sb.Rec.State == stateReady {
 		sum.InterruptedCommands += s.cmds.Load(ctx, sb)
 		sum.RemovedSessionDirs += workspace.RemoveOrphanSessionDirs(ctx, s.store.DB, s.log, sb)
-		s.restoreSessions(ctx, sb, sum)
+		var rs workspace.RestoreSummary
+		s.holders.Restore(ctx, sb, &rs)
+		sum.FinalizedSessions = append(sum.FinalizedSessions, rs.Finalized...)
+		sum.KeptFailedSessions = append(sum.KeptFailedSessions, rs.KeptFailed...)
+		sum.RestoredSessions = append(sum.RestoredSessions, rs.Restored...)
+		sum.RestoreFailedSessions = append(sum.RestoreFailedSessions, rs.RestoreFailed...)
 		s.notifyAutosquash(sb, "startup")
 	}
 }

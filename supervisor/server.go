@@ -65,6 +65,9 @@ type Supervisor struct {
 
 	mu        sync.Mutex
 	admission *workspace.Admission // check-and-reserve of commands and sessions
+	holders   *workspace.Holders   // session creation, holders, restore at start
+	publisher *workspace.Publisher // publish and implicit finalization
+	glue      *attrGlue            // attribution's view of sandboxes and sessions
 	cmds      *workspace.Commands  // ends, retains and looks up commands
 	teardown  *workspace.Teardown  // destroys sessions, stops a sandbox's sessions
 	sandboxes *sbx.Registry[*occupants]
@@ -156,14 +159,27 @@ func Serve(ctx context.Context, opt Options) error {
 		return err
 	}
 	s.cgroups = setupCgroups("/sys/fs/cgroup", "/proc/self/cgroup")
+	s.glue = &attrGlue{cfg: cfg, store: st, log: log, recordLayerOrigin: s.recordLayerOrigin}
 	s.cmds = &workspace.Commands{Cfg: cfg, DB: st.DB, Log: log, Data: dirs.Data, IDs: s.ids, Obs: s.obs, Attr: sessionHooks{s}, Bump: s.bump}
+	s.publisher = &workspace.Publisher{Cfg: cfg, DB: st.DB, Log: log, Obs: s.obs, Protected: s.protected, Attr: publishHooks{s}, Bump: s.bump}
 	s.teardown = &workspace.Teardown{Cfg: cfg, DB: st.DB, Log: log, Obs: s.obs, Cgroups: s.cgroups, Cmds: s.cmds, Bump: s.bump,
-		FinalizeImplicit: s.finalizeImplicit}
+		FinalizeImplicit: s.publisher.FinalizeImplicit}
+	s.publisher.Teardown = s.teardown
+	s.holders = &workspace.Holders{Cfg: cfg, DB: st.DB, Log: log, Obs: s.obs, IDs: s.ids, Admission: s.admission, Cmds: s.cmds,
+		Teardown: s.teardown, Self: s.self, Shim: s.shimPath, Hidden: []string{dirs.Data, dirs.Config, dirs.Runtime},
+		Cgroups: s.cgroups, FuseNotices: s.glue.fuseNotices, FinalizeImplicit: s.publisher.FinalizeImplicit, Bump: s.bump,
+		ImageRootfs: func(ref string) (string, error) {
+			img, err := s.images.Lookup(ref)
+			if err != nil {
+				return "", err
+			}
+			return img.Rootfs, nil
+		}}
 	log.Info("cgroups", "delegated", s.cgroups.Delegated, "root", s.cgroups.Root, "reason", s.cgroups.Reason)
 	if err := s.recover(ctx); err != nil {
 		return err
 	}
-	s.event(nil, "", "supervisor.boot", map[string]any{"version": s.version, "probes": map[string]any{
+	eventIn(s.obs, nil, "", "supervisor.boot", map[string]any{"version": s.version, "probes": map[string]any{
 		"user_namespaces": s.probes.UserNS, "kernel_overlay": s.probes.KernelOverlay, "lowerdir_plus": s.probes.LowerdirPlus,
 		"fuse_device": s.probes.FuseDevice, "fuse_overlay": s.probes.FuseOverlay,
 		"cgroup": map[string]any{"delegated": s.cgroups.Delegated, "reason": s.cgroups.Reason}}})

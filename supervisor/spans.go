@@ -102,7 +102,7 @@ func (s *Supervisor) runTraced(c *call, h handler) (any, error) {
 	if osp.start != nil {
 		attrs = osp.start(c)
 	}
-	sp, ctx := s.spanCtx(c.ctx, c.sb, "", c.op.Span, attrs)
+	sp, ctx := spanIn(s.obs, c.ctx, c.sb, "", c.op.Span, attrs)
 	c.ctx = ctx
 	res, err := h(s, c)
 	err = rpc.ClientGone(c.ctx, err)

@@ -5,13 +5,11 @@ import (
 	"errors"
 	"log/slog"
 	"math"
-	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
-	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/web"
 )
@@ -20,7 +18,7 @@ import (
 // sandbox's records go to, the supervisor.dispatch root span of a request,
 // the events and trace handlers and the HTTP event stream.
 //
-// The span helpers (startSpan, spanCtx, event, eventCtx, spanFrom and the
+// The span helpers (spanIn, eventIn, eventCtxIn, spanFrom and the
 // methods of span) are adapters that keep the domain code's call sites as
 // they were before obs existed; code that moves out of this package calls
 // obs.Start / obs.Event on the request context instead.
@@ -65,8 +63,6 @@ func scopeOf(sb *sandbox) obs.Scope {
 
 func (sp *span) o() *obs.Span { return (*obs.Span)(sp) }
 
-func withSpan(ctx context.Context, sp *span) context.Context { return obs.With(ctx, sp.o()) }
-
 func spanFrom(ctx context.Context) *span { return (*span)(obs.From(ctx)) }
 
 func (sp *span) child(name string, attrs map[string]any) *span {
@@ -79,59 +75,46 @@ func (sp *span) end(status string, attrs map[string]any) { sp.o().End(status, at
 
 func (sp *span) done(err error, attrs map[string]any) { sp.o().Done(err, attrs) }
 
-func (sp *span) measured(name string, d time.Duration, attrs map[string]any) {
-	sp.o().Measured(name, d, attrs)
-}
-
 func spanStatus(err error) string { return obs.Status(err) }
-
-// syntheticTrace mints a trace id for records outside a request (§10.2).
-func (s *Supervisor) syntheticTrace(origin string) string { return s.obs.SyntheticTrace(origin) }
-
-// startSpan starts a span in sb's store (nil: system store); trace ""
-// mints a synthetic id.
-func (s *Supervisor) startSpan(sb *sandbox, trace, parent, name string, attrs map[string]any) *span {
-	return (*span)(s.obs.StartSpan(scopeOf(sb), trace, parent, name, attrs))
-}
 
 // spanCtx is obs.Start with sb's store for work outside a request. The
 // origin of a synthetic trace follows from the span's name (every caller
 // passes that same origin or "").
-func (s *Supervisor) spanCtx(ctx context.Context, sb *sandbox, _ /* origin */, name string, attrs map[string]any) (*span, context.Context) {
-	ctx, sp := obs.Start(obs.WithScope(ctx, s.obs, scopeOf(sb)), name, attrs)
+func spanIn(reg *obs.Registry, ctx context.Context, sb *sandbox, _ /* origin */, name string, attrs map[string]any) (*span, context.Context) {
+	ctx, sp := obs.Start(obs.WithScope(ctx, reg, scopeOf(sb)), name, attrs)
 	return (*span)(sp), ctx
 }
 
 // event records an event in sb's store (nil: system store); trace ""
 // mints a synthetic trace id.
-func (s *Supervisor) event(sb *sandbox, trace, name string, attrs map[string]any) {
-	s.obs.Event(scopeOf(sb), trace, name, attrs)
+func eventIn(reg *obs.Registry, sb *sandbox, trace, name string, attrs map[string]any) {
+	reg.Event(scopeOf(sb), trace, name, attrs)
 }
 
 // eventCtx records an event in sb's store, in the trace of the span ctx
 // carries (as its child), or outside any request when there is none.
-func (s *Supervisor) eventCtx(ctx context.Context, sb *sandbox, name string, attrs map[string]any) {
+func eventCtxIn(reg *obs.Registry, ctx context.Context, sb *sandbox, name string, attrs map[string]any) {
 	sp := obs.From(ctx)
-	s.obs.Record(scopeOf(sb), sp.Trace(), sp.ID(), name, attrs)
+	reg.Record(scopeOf(sb), sp.Trace(), sp.ID(), name, attrs)
 }
 
 // obsStats returns the counters of sb's store, or with sb nil the totals of
 // every store (health's event_store).
-func (s *Supervisor) obsStats(sb *sandbox) SinkStats {
+func obsStats(reg *obs.Registry, sb *sandbox) SinkStats {
 	if sb == nil {
-		return s.obs.Totals()
+		return reg.Totals()
 	}
-	return s.obs.Store(scopeOf(sb)).Stats()
+	return reg.Store(scopeOf(sb)).Stats()
 }
 
 // requestSpan opens the supervisor.dispatch root span of a request (its
 // trace is the request_id) and puts it in c.ctx; observability operations
 // are not traced (§3.7).
-func (s *Supervisor) requestSpan(c *call) *span {
+func requestSpan(reg *obs.Registry, c *call) *span {
 	if c.op.Group == catalog.Observability {
 		return nil
 	}
-	sp := s.obs.StartSpan(scopeOf(c.sb), c.req.RequestID, "", "supervisor.dispatch", map[string]any{"op": c.op.ID})
+	sp := reg.StartSpan(scopeOf(c.sb), c.req.RequestID, "", "supervisor.dispatch", map[string]any{"op": c.op.ID})
 	c.ctx = obs.With(c.ctx, sp)
 	return (*span)(sp)
 }
@@ -151,21 +134,6 @@ func (sp *span) finish(err error) {
 		attrs = map[string]any{"error_kind": kind}
 	}
 	sp.end(spanStatus(err), attrs)
-}
-
-// conflictPaths lists at most 20 rejected paths of a publish rejection.
-func conflictPaths(rej *layers.Rejection) []string {
-	out := []string{}
-	if rej == nil {
-		return out
-	}
-	for _, c := range rej.Conflicts {
-		if len(out) == 20 {
-			break
-		}
-		out = append(out, c.Path)
-	}
-	return out
 }
 
 // ---- queries ----

@@ -22,16 +22,16 @@ func TestRequestSpan(t *testing.T) {
 		}
 		return &call{ctx: context.Background(), req: &catalog.Request{Op: opID, RequestID: reqID}, op: op, sb: sb}
 	}
-	if c := call("events", "req-obs"); s.requestSpan(c) != nil || spanFrom(c.ctx) != nil {
+	if c := call("events", "req-obs"); requestSpan(s.obs, c) != nil || spanFrom(c.ctx) != nil {
 		t.Fatal("an observability operation was traced")
 	}
 	c := call("file_read", "req-fail")
-	sp := s.requestSpan(c)
+	sp := requestSpan(s.obs, c)
 	if sp == nil || spanFrom(c.ctx) != sp {
 		t.Fatal("no root span in the request context")
 	}
-	s.eventCtx(c.ctx, sb, "lease.acquired", nil)
-	child, _ := s.spanCtx(c.ctx, sb, "", "holder.file_op", nil)
+	eventCtxIn(s.obs, c.ctx, sb, "lease.acquired", nil)
+	child, _ := spanIn(s.obs, c.ctx, sb, "", "holder.file_op", nil)
 	child.done(errors.New("gone"), nil)
 	sp.finish(catalog.Errorf(catalog.NotFound, "no such file"))
 

@@ -87,12 +87,14 @@ func (src snapshotSource) Sandbox() views.Sandbox {
 }
 
 func (src snapshotSource) Resources() (map[string]any, map[string]map[string]any, error) {
-	return src.s.snapshotResources(src.sb)
+	return snapshotResources(resourceView(src.s.cfg, src.s.obs), src.sb)
 }
 
-func (src snapshotSource) EventStore() any { return src.s.obsStats(src.sb) }
+func (src snapshotSource) EventStore() any { return obsStats(src.s.obs, src.sb) }
 
-func (src snapshotSource) NoSamples() string { return src.s.noSamples("sandbox", snapshotWindowMs) }
+func (src snapshotSource) NoSamples() string {
+	return resourceView(src.s.cfg, src.s.obs).NoSamples("sandbox", snapshotWindowMs)
+}
 
 // What other files of the supervisor still call by their old names; the
 // lead re-points these callers at merge.

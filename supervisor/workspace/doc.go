@@ -9,11 +9,12 @@
 // kill, retention, lookup, restore at start); Teardown (a session's destroy,
 // the stop of a sandbox's sessions); Diff; the file views, path rules and
 // edit engine; the publish objects; the transcript (§6.3) and the
-// port-forward listeners and relays (§3.6, §5.7). Still in the root
-// package: session creation, holder start and restore, holder death,
-// publish and implicit finalization (they lean on the attribution glue and
-// the image cache there), and the handlers. What the root still does for
-// a command's end reaches it through SessionHooks.
+// port-forward listeners and relays (§3.6, §5.7); Holders (session
+// creation, holder start and watch, holder death, restore at start), whose
+// image cache, cgroup and attribution needs come in as fields the root
+// sets; Publisher (publish and implicit finalization), whose attribution
+// and audit calls go through PublishHooks. Still in the root package: the
+// handlers and the attribution glue behind SessionHooks and PublishHooks.
 //
 // It must never import the root supervisor package or decide how a sandbox
 // itself is created, squashed or removed (that is supervisor/sandbox).

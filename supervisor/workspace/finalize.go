@@ -1,0 +1,203 @@
+package workspace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/attribution"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
+)
+
+// PublishHooks are what a committed publish asks of the rest of the
+// supervisor: attribution of the session's lines, the audit records, and
+// the notices of a new layer (autosquash, the git trace of its origin).
+type PublishHooks interface {
+	// LayerCommitted tells the supervisor a publish by owner committed res.
+	LayerCommitted(ctx context.Context, sb *Sandbox, res layers.PublishResult, owner attribution.LineOwner)
+	// SessionLineOwners is the owner of each line of content, the
+	// session's version of path; called before the session is removed.
+	SessionLineOwners(ss *Session, path string, content []byte) []attribution.LineOwner
+	// RecordPublishAudit appends the audit records of a committed publish;
+	// it logs its own failures.
+	RecordPublishAudit(ctx context.Context, sb *Sandbox, prev layers.Manifest, res layers.PublishResult, files []attribution.AuditFile) error
+}
+
+// Publisher captures a session's upper dir and publishes it (§9), and
+// finalizes implicit sessions (§6.6).
+type Publisher struct {
+	Cfg       *config.Config
+	DB        *statedb.DB
+	Log       *slog.Logger
+	Obs       *obs.Registry
+	Protected *layers.Patterns // runtime.publish.protected_paths
+	Teardown  *Teardown
+	Attr      PublishHooks
+	// Bump records a client-visible change of sb (§4.4).
+	Bump func(ctx context.Context, sb *Sandbox)
+}
+
+// event records an event in sb's store, in the trace of the span ctx
+// carries (as its child), or outside any request when there is none.
+func (p *Publisher) event(ctx context.Context, sb *Sandbox, name string, attrs map[string]any) {
+	sp := obs.From(ctx)
+	p.Obs.Record(scope(sb), sp.Trace(), sp.ID(), name, attrs)
+}
+
+// Publish captures a session's upper dir and resolves it against the
+// current head (§9): exactly one layer or nothing. After a commit the
+// committed files' line attribution is recorded (§11.2); drain names the
+// command whose completion published an implicit session.
+func (p *Publisher) Publish(ctx context.Context, sb *Sandbox, ss *Session, opt layers.PublishOptions, drain *Command) (*layers.Plan, layers.PublishResult, error) {
+	base := ss.Base()
+	sp := obs.From(ctx).Child("workspace_session.capture_changes", map[string]any{"workspace_session_id": ss.ID()})
+	cs, err := layers.Capture(ctx, ss.Upper(), sb.Stack.View(base))
+	sp.Done(err, nil)
+	if err != nil {
+		return nil, layers.PublishResult{}, fmt.Errorf("capture: %w", err)
+	}
+	defer cs.Close()
+	sp = obs.From(ctx).Child("layerstack.publish", map[string]any{"base": base.Revision(), "dry_run": opt.DryRun})
+	plan, res, err := sb.Stack.PublishChangeset(ctx, base, cs, opt)
+	added := 0
+	if err == nil && !opt.DryRun && !res.NoOp {
+		added = 1
+	}
+	sp.Done(err, map[string]any{"bytes": res.Bytes, "revision": res.Revision, "no_op": res.NoOp, "layers_added": added})
+	if err != nil || opt.DryRun || res.NoOp {
+		return plan, res, err
+	}
+	owner := attribution.SessionOwner(ss.ID(), ss.Rec.Agent)
+	if drain != nil {
+		owner.CommandSessionID = drain.Rec.CommandSessionID
+	}
+	p.Attr.LayerCommitted(ctx, sb, res, owner)
+	files := make([]attribution.AuditFile, 0, len(plan.Committed))
+	for _, cf := range plan.Committed {
+		if cf.Kind != layers.ChangeWrite {
+			continue
+		}
+		f := attribution.AuditFile{Path: cf.Path, Wholesale: cf.Route == "ignored", Owner: owner}
+		// The session's own version of the file (for a merge it differs from
+		// what was committed) carries the per-line writers of §11.3.
+		// Read beneath the upper dir's Root, as capture did.
+		if data, rerr := cs.Root.ReadFile(cf.Path); rerr == nil {
+			f.Session, f.SessionContent = p.Attr.SessionLineOwners(ss, cf.Path, data), data
+		}
+		files = append(files, f)
+	}
+	_ = p.Attr.RecordPublishAudit(ctx, sb, plan.HeadManifest, res, files) // logged inside; never fails a publish
+	return plan, res, nil
+}
+
+// FinalizeImplicit ends an implicit session (§6.6): quiesce (the holder and
+// its PID namespace die), capture, publish, destroy. It returns the fields
+// the draining command reports. A rejected publish keeps the upper dir as a
+// recovery artifact so no agent's work vanishes (§9.9).
+func (p *Publisher) FinalizeImplicit(ctx context.Context, sb *Sandbox, ss *Session, drain *Command) map[string]any {
+	attrs := map[string]any{"workspace_session_id": ss.ID()}
+	if drain != nil {
+		attrs["command_session_id"] = drain.Rec.CommandSessionID
+	}
+	ctx, fsp := obs.Start(obs.WithScope(ctx, p.Obs, scope(sb)), "workspace_session.finalize", attrs)
+	extra := p.finalize(ctx, sb, ss, drain)
+	var ferr error
+	if extra["finalization_failed"] == true {
+		ferr = errors.New("finalization failed")
+	}
+	fsp.Done(ferr, map[string]any{"publish_rejected": extra["publish_rejected"] == true})
+	return extra
+}
+
+// finalize is FinalizeImplicit's work.
+func (p *Publisher) finalize(ctx context.Context, sb *Sandbox, ss *Session, drain *Command) map[string]any {
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(p.Cfg.Runtime.Workspace.FinalizeTimeoutS*float64(time.Second)))
+	defer cancel()
+	ss.Gate.Lock()
+	defer ss.Gate.Unlock()
+	if ss.IsGone() {
+		return map[string]any{} // destroyed while we waited: nothing left to publish
+	}
+	ss.SetState(SessFinalizing)
+	ss.Mu.Lock()
+	h := ss.Holder
+	ss.Holder = nil
+	ss.Mu.Unlock()
+	if h != nil {
+		_ = h.Close(0) // SIGKILL of the whole PID namespace: nothing writes during capture
+	}
+	opt := PublishOptions(p.Cfg, p.Protected)
+	opt.Implicit = true
+	pctx, psp := obs.Start(obs.WithScope(ctx, p.Obs, scope(sb)), "workspace_session.publish", map[string]any{"workspace_session_id": ss.ID(), "dry_run": false})
+	plan, res, err := p.Publish(pctx, sb, ss, opt, drain)
+	pattrs := map[string]any{"no_op": res.NoOp, "revision": res.Revision, "committed": err == nil && !res.NoOp, "destroyed": false, "stage": "publish"}
+	if plan != nil {
+		pattrs["source_count"], pattrs["ignored_count"] = plan.RouteSummary.SourceCount, plan.RouteSummary.IgnoredCount
+	}
+	psp.Done(err, pattrs)
+	extra := map[string]any{}
+	var rej *layers.Rejection
+	switch {
+	case err == nil:
+		extra["publish"] = PublishObject(plan, res, false)
+	default:
+		if !errors.As(err, &rej) {
+			msg := err.Error()
+			rej = &layers.Rejection{Reason: "publish_error", Message: &msg, Conflicts: []layers.RejectedPath{}}
+		}
+		body := RejectionBody(rej)
+		if artifact := p.Teardown.KeepRecoveryArtifact(ctx, sb, ss, rej.Reason, body); artifact != "" {
+			body["recovery_artifact"] = artifact
+		}
+		extra["publish_rejected"], extra["publish_reject_class"], extra["publish_rejection"] = true, rej.Reason, body
+		p.event(ctx, sb, "workspace_session.finalize.publish_failed", map[string]any{"workspace_session_id": ss.ID(),
+			"reject_class": rej.Reason, "detail": err.Error(), "conflict_paths": conflictPaths(rej)})
+	}
+	p.persistOutcome(ctx, sb, drain, extra)
+	if _, err := p.Teardown.DestroySession(ctx, sb, ss, 0); err != nil {
+		ss.SetState(SessFinalizeFailed)
+		extra["finalization_failed"], extra["finalization_failure_class"], extra["finalization_attempts"] = true, "holder_finalization_destroy_failed", 1
+	}
+	p.Bump(ctx, sb)
+	return extra
+}
+
+// persistOutcome stores the finalization outcome on the draining command's
+// record before the session is destroyed: the session record goes first in
+// destroySession, so a crash after it must not lose what was published
+// (the restart then reports the command interrupted, with the outcome).
+func (p *Publisher) persistOutcome(ctx context.Context, sb *Sandbox, drain *Command, extra map[string]any) {
+	if drain == nil || len(extra) == 0 {
+		return
+	}
+	drain.Mu.Lock()
+	rec := drain.Rec
+	drain.Mu.Unlock()
+	rec.Extra = make(map[string]any, len(extra))
+	for k, v := range extra {
+		rec.Extra[k] = v
+	}
+	if err := p.DB.Put(ctx, statedb.KindCommand, rec.CommandSessionID, sb.Rec.ID, rec); err != nil {
+		p.Log.Warn("persist finalization outcome", "command", rec.CommandSessionID, "err", err)
+	}
+}
+
+// conflictPaths lists at most 20 rejected paths of a publish rejection.
+func conflictPaths(rej *layers.Rejection) []string {
+	out := []string{}
+	if rej == nil {
+		return out
+	}
+	for _, c := range rej.Conflicts {
+		if len(out) == 20 {
+			break
+		}
+		out = append(out, c.Path)
+	}
+	return out
+}
