@@ -10,6 +10,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
@@ -40,7 +41,7 @@ func (s *Supervisor) newSquasher() *sbx.Squasher[*occupants] {
 			s.inflight.Add(1)
 			return s.inflight.Done
 		},
-		Bounded: boundedError,
+		Bounded: obs.BoundedError,
 	}
 }
 

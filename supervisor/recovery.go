@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/views"
 )
 
 // recoverySummary is what one start-up recovery (§4.5) did. It is reported
@@ -34,15 +35,15 @@ func (r *recoverySummary) sweep(res layers.SweepResult) {
 // recovered records the summary event and logs it.
 func (s *Supervisor) recovered(r *recoverySummary) {
 	eventIn(s.obs, nil, s.obs.SyntheticTrace("recovery"), "supervisor.recovered", map[string]any{
-		"removed_sandboxes":       nonNil(r.RemovedSandboxes),
-		"failed_sandboxes":        nonNil(r.FailedSandboxes),
-		"restored_sessions":       nonNil(r.RestoredSessions),
-		"restore_failed_sessions": nonNil(r.RestoreFailedSessions),
-		"kept_failed_sessions":    nonNil(r.KeptFailedSessions),
-		"finalized_sessions":      nonNil(r.FinalizedSessions),
+		"removed_sandboxes":       views.NonNil(r.RemovedSandboxes),
+		"failed_sandboxes":        views.NonNil(r.FailedSandboxes),
+		"restored_sessions":       views.NonNil(r.RestoredSessions),
+		"restore_failed_sessions": views.NonNil(r.RestoreFailedSessions),
+		"kept_failed_sessions":    views.NonNil(r.KeptFailedSessions),
+		"finalized_sessions":      views.NonNil(r.FinalizedSessions),
 		"interrupted_commands":    r.InterruptedCommands,
 		"removed_session_dirs":    r.RemovedSessionDirs,
-		"swept_layers":            nonNil(r.SweptLayers),
+		"swept_layers":            views.NonNil(r.SweptLayers),
 		"swept_staging_entries":   r.SweptStagingEntries,
 	})
 }
@@ -58,7 +59,7 @@ func (s *Supervisor) bootSweepEvent(sb *sandbox, res layers.SweepResult) {
 		skipped = res.SkippedReason
 	}
 	eventIn(s.obs, sb, s.obs.SyntheticTrace("recovery"), "layerstack.squash", map[string]any{
-		"boot_sweep": true, "removed_layer_ids": nonNil(res.RemovedLayerIDs),
+		"boot_sweep": true, "removed_layer_ids": views.NonNil(res.RemovedLayerIDs),
 		"removed_staging_entries": res.RemovedStagingEntries, "skipped_reason": skipped,
 	})
 }

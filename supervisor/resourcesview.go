@@ -14,6 +14,7 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/resources"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/views"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
@@ -57,7 +58,7 @@ func (s *Supervisor) sampleOnce(withStack bool) {
 			stack := sb.Stack
 			g.Stack = func() (*resources.StackMetrics, error) {
 				nodes, depth := s.walkBounds()
-				sum, err := summarizeStack(stack, nodes, depth)
+				sum, err := views.SummarizeStack(stack, nodes, depth)
 				if err != nil {
 					return nil, err
 				}

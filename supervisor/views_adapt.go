@@ -7,10 +7,8 @@ package supervisor
 import (
 	"sort"
 
-	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 
-	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/views"
 )
 
@@ -96,14 +94,7 @@ func (src snapshotSource) NoSamples() string {
 	return resourceView(src.s.cfg, src.s.obs).NoSamples("sandbox", snapshotWindowMs)
 }
 
-// What other files of the supervisor still call by their old names; the
-// lead re-points these callers at merge.
-func boundedError(msg string) string { return obs.BoundedError(msg) }
-func nonNil(s []string) []string     { return views.NonNil(s) }
-func summarizeStack(st *layers.Stack, maxNodes, maxDepth int) (views.StackSummary, error) {
-	return views.SummarizeStack(st, maxNodes, maxDepth)
-}
-
+// buildTopology is the topology view of the given live sessions.
 func buildTopology(procRoot string, sessions []*session) map[string]any {
 	return views.BuildTopology(procRoot, sessionViews(sessions))
 }
