@@ -6,13 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
-	"os"
 	"slices"
 	"strings"
 	"testing"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 )
@@ -113,26 +109,6 @@ func TestErrorMapping(t *testing.T) {
 	}
 }
 
-// socketPair returns the two ends of a connected Unix stream socket.
-func socketPair(t *testing.T) (ours, peer *net.UnixConn) {
-	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := func(fd int) *net.UnixConn {
-		f := os.NewFile(uintptr(fd), "socketpair")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c.(*net.UnixConn)
-	}
-	return conn(fds[0]), conn(fds[1])
-}
-
 // TestRequestContext: a request's context derives from its connection and
 // carries the request ID. When the client hangs up, the operations the
 // catalog declares cancellable see their context cancelled with cause
@@ -150,7 +126,7 @@ func TestRequestContext(t *testing.T) {
 	for op, args := range requests {
 		t.Run(op, func(t *testing.T) {
 			decl, _ := catalog.Lookup(op)
-			ours, peer := socketPair(t)
+			ours, peer := unixPair(t)
 			peer.Close() // the client is gone before its request runs
 			var seen context.Context
 			m := New(Config{})
