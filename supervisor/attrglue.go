@@ -19,10 +19,9 @@ import (
 )
 
 type (
-	lineOwner   = attribution.LineOwner
-	auditRecord = attribution.AuditRecord
-	auditFile   = attribution.AuditFile
-	blameKey    = attribution.BlameKey
+	lineOwner = attribution.LineOwner
+	auditFile = attribution.AuditFile
+	blameKey  = attribution.BlameKey
 )
 
 const ownerOriginal = attribution.OwnerOriginal
@@ -37,10 +36,9 @@ func tileRanges(owners []lineOwner, wholesale bool) []attribution.OwnerRange {
 }
 
 // attr is attribution's view of the state database (audit, file_activity).
-func (s *store) attr() attribution.Store { return attribution.Store{DB: s.db} }
+func (s *store) attr() attribution.Store { return attribution.Store{DB: s.SQL()} }
 
 func (s *store) initAudit(ctx context.Context) error    { return s.attr().InitAudit(ctx) }
-func (s *store) ensureAudit(ctx context.Context) error  { return s.attr().InitAudit(ctx) }
 func (s *store) initActivity(ctx context.Context) error { return s.attr().InitActivity(ctx) }
 func (s *store) deleteSandboxAudit(ctx context.Context, sandboxID string) error {
 	return s.attr().DeleteSandboxAudit(ctx, sandboxID)

@@ -132,20 +132,11 @@ func (s *Supervisor) layerOrigin(ctx context.Context, sandboxID, layerID string)
 	}
 	// Layers published before origins were recorded: the first line the
 	// layer itself wrote.
-	if err := s.store.ensureAudit(ctx); err != nil {
-		return layerOrigin{}, err
-	}
-	rows, err := s.store.db.QueryContext(ctx, `SELECT record FROM audit WHERE sandbox_id = ? AND layer_id = ? ORDER BY seq`, sandboxID, layerID)
+	recs, err := s.store.attr().LayerAudit(ctx, sandboxID, layerID)
 	if err != nil {
 		return layerOrigin{}, err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var text string
-		var rec auditRecord
-		if rows.Scan(&text) != nil || json.Unmarshal([]byte(text), &rec) != nil {
-			continue
-		}
+	for _, rec := range recs {
 		for _, o := range rec.LineOwners() {
 			if o.HasMeta() && o.LayerID == layerID {
 				o.CommandSessionID = ""

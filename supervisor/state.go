@@ -2,19 +2,16 @@ package supervisor
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 )
 
 // store is the state database as the supervisor wires it: statedb's
-// records plus the audit and file activity tables, whose code (audit.go,
-// activity.go) still works on the same *sql.DB through db. When that code
-// has its own package this shrinks to *statedb.DB.
+// records plus the audit and file activity tables, which package
+// attribution owns and reads through attr() on the same database.
 type store struct {
 	*statedb.DB
-	db *sql.DB
 }
 
 // openStore opens the state database and creates the audit and file
@@ -24,7 +21,7 @@ func openStore(ctx context.Context, dataDir string) (*store, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &store{DB: d, db: d.SQL()}
+	st := &store{DB: d}
 	if err := st.initAudit(ctx); err != nil {
 		d.Close()
 		return nil, err

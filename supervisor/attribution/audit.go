@@ -191,6 +191,26 @@ func (s Store) LatestAudit(ctx context.Context, sandboxID, path string, maxVersi
 	return rec, nil
 }
 
+// LayerAudit returns the audit records a layer's publication wrote, in
+// order; records that do not decode are skipped (the audit is best effort).
+func (s Store) LayerAudit(ctx context.Context, sandboxID, layerID string) ([]AuditRecord, error) {
+	rows, err := s.DB.QueryContext(ctx, `SELECT record FROM audit WHERE sandbox_id = ? AND layer_id = ? ORDER BY seq`, sandboxID, layerID)
+	if err != nil {
+		return nil, fmt.Errorf("read audit of layer %s: %w", layerID, err)
+	}
+	defer rows.Close()
+	var out []AuditRecord
+	for rows.Next() {
+		var text string
+		var rec AuditRecord
+		if rows.Scan(&text) != nil || json.Unmarshal([]byte(text), &rec) != nil {
+			continue
+		}
+		out = append(out, rec)
+	}
+	return out, rows.Err()
+}
+
 // DeleteSandboxAudit removes the audit rows of a destroyed sandbox.
 func (s Store) DeleteSandboxAudit(ctx context.Context, sandboxID string) error {
 	if _, err := s.DB.ExecContext(ctx, `DELETE FROM audit WHERE sandbox_id = ?`, sandboxID); err != nil {

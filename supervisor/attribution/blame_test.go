@@ -597,3 +597,30 @@ func TestBlameCheckpointLimits(t *testing.T) {
 		t.Fatalf("after room was freed: %s", got)
 	}
 }
+
+// TestLayerAudit: the records of one layer in write order, none of another
+// layer or sandbox.
+func TestLayerAudit(t *testing.T) {
+	ctx := context.Background()
+	st := testStore(t)
+	if err := st.InitAudit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	recs := []AuditRecord{{V: 1, LayerID: "L1", Path: "b"}, {V: 1, LayerID: "L2", Path: "x"}, {V: 1, LayerID: "L1", Path: "a"}}
+	if err := st.AppendAudit(ctx, "sbx-1", recs); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.AppendAudit(ctx, "sbx-2", []AuditRecord{{V: 1, LayerID: "L1", Path: "other"}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.LayerAudit(ctx, "sbx-1", "L1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Path != "b" || got[1].Path != "a" {
+		t.Fatalf("LayerAudit = %+v", got)
+	}
+	if got, err := st.LayerAudit(ctx, "sbx-1", "L9"); err != nil || len(got) != 0 {
+		t.Fatalf("unknown layer: %v %v", got, err)
+	}
+}
