@@ -105,6 +105,7 @@ var (
 	_ fs.NodeSetxattrer     = (*node)(nil)
 	_ fs.NodeListxattrer    = (*node)(nil)
 	_ fs.NodeRemovexattrer  = (*node)(nil)
+	_ fs.NodeOnForgetter    = (*node)(nil)
 )
 
 // path returns the node's path relative to the mount root; ok is false for
@@ -272,31 +273,29 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 func (o *ofs) fresh(id fs.StableAttr) fs.StableAttr {
 	o.retiredMu.Lock()
 	defer o.retiredMu.Unlock()
-	for {
-		old, ok := o.retired[id]
-		if !ok {
-			return id
-		}
-		if old.Forgotten() {
-			delete(o.retired, id)
-			return id
-		}
+	for o.retired[id] != nil {
 		id.Gen++
 	}
+	return id
 }
 
-// retire records the identity of a node a swap detached.
+// retire records the identity of a node a swap detaches; call it before
+// the node leaves the tree, so its OnForget comes after.
 func (o *ofs) retire(in *fs.Inode) {
 	o.retiredMu.Lock()
-	defer o.retiredMu.Unlock()
-	if len(o.retired) >= 4096 { // bounded: drop what the kernel forgot
-		for id, old := range o.retired {
-			if old.Forgotten() {
-				delete(o.retired, id)
-			}
-		}
-	}
 	o.retired[in.StableAttr()] = in
+	o.retiredMu.Unlock()
+}
+
+// OnForget drops the node's retired identity once the kernel has
+// forgotten the node: nothing can revive it any more.
+func (n *node) OnForget() {
+	id := n.StableAttr()
+	n.o.retiredMu.Lock()
+	if n.o.retired[id] == &n.Inode {
+		delete(n.o.retired, id)
+	}
+	n.o.retiredMu.Unlock()
 }
 
 func opsOf(in *fs.Inode) (*node, bool) {

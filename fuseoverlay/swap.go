@@ -452,11 +452,11 @@ func (w *swapWalk) dir(d *node, p string, oldLayers []int) {
 // detach unlinks the node of name from d so its old path no longer
 // resolves, and queues the kernel invalidation.
 func (w *swapWalk) detach(d *node, name string, ch *fs.Inode, kind noticeKind) {
-	d.RmChild(name)
 	// The kernel may keep the detached inode (an open file, a cwd): a
 	// later lookup of an entry that shows the same number must not get
 	// it back, with its old pages (fresh).
 	w.o.retire(ch)
+	d.RmChild(name)
 	nt := notice{kind: kind, dir: &d.Inode, name: name}
 	if kind == noticeDelete {
 		nt.child = ch
