@@ -291,7 +291,13 @@ func (o *ofs) swap(c Chain) ([]notice, error) {
 		return nil, err
 	}
 	old := chain{fds: o.fds, files: o.files, devs: o.devs}
-	newUpper := nw.fds[0] != old.fds[0]
+	// Another descriptor of the same directory is no new upper: nothing
+	// in it changes, and writers may stay.
+	newUpper := false
+	if nw.fds[0] != old.fds[0] {
+		var a, b unix.Stat_t
+		newUpper = unix.Fstat(old.fds[0], &a) != nil || unix.Fstat(nw.fds[0], &b) != nil || a.Dev != b.Dev || a.Ino != b.Ino
+	}
 	if newUpper {
 		if hs := o.openWriters(); len(hs) > 0 {
 			return nil, &WriteHandlesError{Handles: hs}

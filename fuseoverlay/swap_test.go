@@ -563,6 +563,14 @@ func TestSwapUpperRefused(t *testing.T) {
 		t.Fatalf("upper swap with a handle open for writing: %v, want a WriteHandlesError naming a", err)
 	}
 	check("write handle")
+	// Another descriptor of the upper it has is no new upper: writers stay.
+	same, err := os.Open(f.upper)
+	must(t, err)
+	defer same.Close()
+	if err := f.srv.Swap(t.Context(), Chain{Upper: same, Lowers: []*os.File{low}}); err != nil {
+		t.Errorf("swap onto the same upper with a writer: %v", err)
+	}
+	check("same upper")
 	// A lower swap (same upper) does not mind writers.
 	if err := f.srv.SwapLower(t.Context(), []*os.File{low}); err != nil {
 		t.Errorf("lower swap with a writer: %v", err)
