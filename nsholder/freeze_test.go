@@ -297,6 +297,9 @@ func TestSwapUpperHolder(t *testing.T) {
 			if err := s.h.SwapLower(ctx, SwapRequest{Lowers: chain, Upper: f.upper}); err != nil {
 				t.Fatalf("SwapLower with the new upper: %v", err)
 			}
+			if !stopped(hostPid(t, s.h.Pid(), across.p.Pid)) {
+				t.Errorf("SwapLower continued a frozen session")
+			}
 			must(t, s.h.Thaw(ctx))
 			ci, err = s.h.Chain(ctx)
 			if err != nil || strings.Join(ci.Lowers, ",") != strings.Join(chain, ",") || ci.UpperIno != newSt.Ino || ci.UpperDev != newSt.Dev {
