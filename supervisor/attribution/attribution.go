@@ -57,6 +57,11 @@ type ckEntry struct {
 	Key    string `json:"key,omitempty"`
 	Digest string `json:"digest"`
 	Bytes  int64  `json:"bytes,omitempty"` // size of the stored content copy
+	// Sess and Agent, in a fork, name the session that wrote the stored
+	// checkpoint's lines that name none (a checkpoint inherited as is;
+	// fork.go).
+	Sess  string `json:"workspace_session_id,omitempty"`
+	Agent string `json:"agent,omitempty"`
 	ckIdentity
 }
 
@@ -286,6 +291,13 @@ func loadCheckpoint(dir string, e *ckEntry) ([]ckLine, []byte, bool) {
 	lines := decodeRuns(f.Lines)
 	if len(lines) != len(TextLines(content)) {
 		return nil, nil, false
+	}
+	if e.Sess != "" {
+		for i := range lines {
+			if !lines[i].Base && lines[i].Sess == "" {
+				lines[i].Sess, lines[i].Agent = e.Sess, e.Agent
+			}
+		}
 	}
 	return lines, content, true
 }

@@ -3,8 +3,8 @@ package attribution
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,13 +19,13 @@ import (
 // and its publish keep crediting every line the source wrote to the source
 // session and its commands:
 //
-//   - every stored checkpoint is copied, its lines not kept from the base
-//     marked with the session that wrote them (from, unless a line came
-//     from an earlier fork and names its own);
+//   - every stored checkpoint is shared (hard links: checkpoint files are
+//     only ever replaced), its index entry naming the session that wrote
+//     its unmarked lines (from, or the source of an earlier fork); the
+//     fork's own checkpoints of the file then store the marks per line;
 //   - the index's stat identities are moved to the copies where the
 //     source's file is still the one checkpointed, so the fork's next
-//     checkpoint does not re-read every copied file (a stale one is
-//     re-read and diffed against its copied checkpoint, as in the source);
+//     checkpoint does not re-read every copied file;
 //   - a FUSE session's pending write ranges are copied with it;
 //   - the fork's file activity starts from its upper dir as copied: its
 //     records are what happens in the fork afterwards (the source's
@@ -51,6 +51,30 @@ func (t *Tracker) Fork(ctx context.Context, from Workspace, to *Tracker, into Wo
 		return fmt.Errorf("fork attribution: %w", err)
 	}
 	defer dst.Close()
+	// One walk of the copy gives both the fork's activity state and the
+	// identities of its files.
+	state, ids := map[string]upperState{}, map[string]ckIdentity{}
+	err = dst.Walk(ctx, func(rel string, fi fs.FileInfo) error {
+		if isStagingName(fi.Name()) || rel == fuseStagingDir {
+			if fi.IsDir() {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if u, ok := upperStateOf(dst, rel, fi); ok {
+			state[rel] = u
+		}
+		if st, ok := fi.Sys().(*unix.Stat_t); ok && fi.Mode().IsRegular() {
+			ids[rel] = identityOf(st)
+		}
+		return nil
+	})
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		return fmt.Errorf("fork attribution: %w", err)
+	}
 	var agent string
 	if from.Agent != nil {
 		agent = *from.Agent
@@ -58,19 +82,25 @@ func (t *Tracker) Fork(ctx context.Context, from Workspace, to *Tracker, into Wo
 	idx := t.cachedIndex(srcDir)
 	out := &ckIndex{V: 1, Files: make(map[string]*ckEntry, len(idx.Files))}
 	for p, e := range idx.Files {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
 		ne := *e
 		if e.State == ckStored {
-			if err := forkCheckpoint(srcDir, dstDir, e, from.ID, agent); err != nil {
+			// Checkpoint files are replaced by rename, never written in
+			// place: both sessions can share them.
+			if err := linkCheckpoint(srcDir, dstDir, e.Key); err != nil {
 				// Only attribution is lost: the fork's next checkpoint of p
 				// diffs it against the base.
 				from.Log.Warn("attribution.fork_failed", "workspace_session_id", into.ID, "path", p, "err", err)
 				continue
 			}
+			if ne.Sess == "" { // else an earlier fork's lines, still unwritten here
+				ne.Sess, ne.Agent = from.ID, agent
+			}
 		}
-		ne.ckIdentity = movedIdentity(src, dst, p, e.ckIdentity)
+		// The copy's identity where the source's file is still the one
+		// checkpointed; else the fork re-reads it (as the source would).
+		if cur, ok := ids[p]; ok && e.ckIdentity != (ckIdentity{}) && identityAt(src, p) == e.ckIdentity {
+			ne.ckIdentity = cur
+		}
 		out.Files[p] = &ne
 	}
 	to.mu.Lock()
@@ -88,57 +118,28 @@ func (t *Tracker) Fork(ctx context.Context, from Workspace, to *Tracker, into Wo
 		fa.mu.Unlock()
 		to.fuseState().ranges = ranges
 	}
-	return to.seedActivity(ctx, into, dst)
+	// The fork's file activity starts from the copy: its first capture
+	// reports only what the fork changes.
+	to.actMu.Lock()
+	defer to.actMu.Unlock()
+	b, err := json.Marshal(state)
+	if err == nil {
+		err = writeFileAtomic(filepath.Join(into.Dir, activityStateName), b)
+	}
+	if err != nil {
+		return fmt.Errorf("fork file activity: %w", err)
+	}
+	return nil
 }
 
-// forkCheckpoint copies the stored checkpoint e from srcDir to dstDir,
-// marking the lines of the source session (sess, agent).
-func forkCheckpoint(srcDir, dstDir string, e *ckEntry, sess, agent string) error {
-	b, err := os.ReadFile(filepath.Join(srcDir, e.Key+".json"))
-	if err != nil {
-		return err
-	}
-	var f ckFile
-	if err := json.Unmarshal(b, &f); err != nil {
-		return err
-	}
-	for i := range f.Lines {
-		if r := &f.Lines[i]; !r.Base && r.Sess == "" {
-			r.Sess, r.Agent = sess, agent
-		}
-	}
-	meta, err := json.Marshal(f)
-	if err != nil {
-		return err
-	}
-	// The content copy is never written in place (writeFileAtomic renames
-	// over it), so both sessions may share it.
-	txt := filepath.Join(dstDir, e.Key+".txt")
-	if err := os.Link(filepath.Join(srcDir, e.Key+".txt"), txt); err != nil {
-		content, rerr := os.ReadFile(filepath.Join(srcDir, e.Key+".txt"))
-		if rerr != nil {
-			return errors.Join(err, rerr)
-		}
-		if err := writeFileAtomic(txt, content); err != nil {
+// linkCheckpoint links the stored checkpoint key of srcDir into dstDir.
+func linkCheckpoint(srcDir, dstDir, key string) error {
+	for _, ext := range []string{".json", ".txt"} {
+		if err := os.Link(filepath.Join(srcDir, key+ext), filepath.Join(dstDir, key+ext)); err != nil {
 			return err
 		}
 	}
-	return writeFileAtomic(filepath.Join(dstDir, e.Key+".json"), meta)
-}
-
-// movedIdentity is the identity of the copy of p when the source's p
-// is still the file checkpointed as id, else id (the fork re-reads it).
-func movedIdentity(src, dst *layers.Root, p string, id ckIdentity) ckIdentity {
-	if id == (ckIdentity{}) {
-		return id
-	}
-	if identityAt(src, p) != id {
-		return id
-	}
-	if got := identityAt(dst, p); got != (ckIdentity{}) {
-		return got
-	}
-	return id
+	return nil
 }
 
 func identityAt(root *layers.Root, p string) ckIdentity {
@@ -151,24 +152,4 @@ func identityAt(root *layers.Root, p string) ckIdentity {
 		return ckIdentity{}
 	}
 	return identityOf(st)
-}
-
-// seedActivity remembers root (w's upper dir) as the state of w's last
-// file-activity capture, so the next capture reports only what changes
-// from here.
-func (t *Tracker) seedActivity(ctx context.Context, w Workspace, root *layers.Root) error {
-	t.actMu.Lock()
-	defer t.actMu.Unlock()
-	cur := walkUpper(ctx, root)
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	b, err := json.Marshal(cur)
-	if err == nil {
-		err = writeFileAtomic(filepath.Join(w.Dir, activityStateName), b)
-	}
-	if err != nil {
-		return fmt.Errorf("fork file activity: %w", err)
-	}
-	return nil
 }
