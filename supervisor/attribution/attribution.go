@@ -483,7 +483,9 @@ func (cp *checkpointer) visit(p string) {
 		}
 		if (!kept || lines[i].Guess) && len(rs) > 0 && i < len(spans) {
 			if cmd, ok := rangeWriter(rs, spans[i]); ok {
-				lines[i] = ckLine{Cmd: cmd, TS: cp.ts}
+				// The ranges are of the session the checkpoint credits (a
+				// fork's first checkpoint: its source's).
+				lines[i] = ckLine{Cmd: cmd, TS: cp.ts, Sess: cp.line.Sess, Agent: cp.line.Agent}
 			}
 		}
 	}

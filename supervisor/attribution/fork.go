@@ -26,15 +26,17 @@ import (
 //   - the index's stat identities are moved to the copies where the
 //     source's file is still the one checkpointed, so the fork's next
 //     checkpoint does not re-read every copied file;
-//   - a FUSE session's pending write ranges are copied with it;
+//   - what the source wrote since its last checkpoint (running is its
+//     running commands, frozen) is checkpointed in the fork as the
+//     source's, with a FUSE session's pending write ranges;
 //   - the fork's file activity starts from its upper dir as copied: its
 //     records are what happens in the fork afterwards (the source's
 //     records stay under the source's ID).
 //
 // Call it with from quiescent (no command writes its upper) and into's
-// holder not started. On error into's attribution may be partial; the
+// holder not started; into.Base must be set. On error into's attribution may be partial; the
 // caller discards the new session.
-func (t *Tracker) Fork(ctx context.Context, from Workspace, to *Tracker, into Workspace) error {
+func (t *Tracker) Fork(ctx context.Context, from Workspace, running []string, to *Tracker, into Workspace) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	srcDir, dstDir := attrDir(from), attrDir(into)
@@ -109,15 +111,24 @@ func (t *Tracker) Fork(ctx context.Context, from Workspace, to *Tracker, into Wo
 	if err != nil {
 		return fmt.Errorf("fork attribution: %w", err)
 	}
+	var ranges map[string][]writeRange
 	if fa := t.fuse; fa != nil {
 		fa.mu.Lock()
-		ranges := make(map[string][]writeRange, len(fa.ranges))
+		ranges = make(map[string][]writeRange, len(fa.ranges))
 		for p, rs := range fa.ranges {
 			ranges[p] = slices.Clone(rs)
 		}
 		fa.mu.Unlock()
-		to.fuseState().ranges = ranges
 	}
+	// What the source wrote since its last checkpoint (its running
+	// commands' writes so far) is the source's: checkpointed now in the
+	// fork, credited to the one running command (approximately: it may be
+	// another writer's), else to none, and to the FUSE ranges' writers.
+	line := ckLine{Approx: len(running) > 0, Sess: from.ID, Agent: agent}
+	if len(running) == 1 {
+		line.Cmd = running[0]
+	}
+	to.checkpointWith(ctx, into, line, ranges, false)
 	// The fork's file activity starts from the copy: its first capture
 	// reports only what the fork changes.
 	to.actMu.Lock()

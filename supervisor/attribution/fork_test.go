@@ -13,7 +13,7 @@ import (
 
 // forkOf makes a fork of w the way fork_workspace_session does: the upper
 // dir copied, then the tracker's state.
-func forkOf(t *testing.T, w Workspace, tr *Tracker, id string, agent *string) (Workspace, *Tracker) {
+func forkOf(t *testing.T, w Workspace, tr *Tracker, id string, agent *string, running ...string) (Workspace, *Tracker) {
 	t.Helper()
 	dir := filepath.Join(filepath.Dir(w.Dir), id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -24,7 +24,7 @@ func forkOf(t *testing.T, w Workspace, tr *Tracker, id string, agent *string) (W
 		t.Fatal(err)
 	}
 	ft := &Tracker{}
-	if err := tr.Fork(context.Background(), w, ft, f); err != nil {
+	if err := tr.Fork(context.Background(), w, running, ft, f); err != nil {
 		t.Fatal(err)
 	}
 	return f, ft
