@@ -342,8 +342,8 @@ var ops = []Op{
 		Summary: "Create an explicit session whose view equals another session's current view; the two are independent afterwards.",
 		Help: "The new session has its own ID and holder, the source's base revision and a copy of the source's changes " +
 			"(reflinked or copy_file_range'd where the filesystem allows). Blame in the fork keeps crediting the source's commands for the " +
-			"lines they wrote; file_activity of the fork starts empty. Refused while the source has running commands, " +
-			"and for implicit sessions (not_found, as publish).",
+			"lines they wrote; file_activity of the fork starts empty. A source's running commands are stopped for the copy and go on " +
+			"in the source only. Implicit sessions cannot be forked (not_found, as publish).",
 		Result: "{workspace_session_id, network_profile, finalize_policy:\"no_op\", agent, created_at, base_revision, overlay_driver, forked_from}",
 		Output: sessionOut(map[string]any{"forked_from": str()}, "forked_from"),
 		Args: []Arg{

@@ -90,6 +90,14 @@ func TestForkKeepsOwners(t *testing.T) {
 	if s := ownersOf(tr.LineOwners(w, "f.txt", []byte("a\nX\nb\n"))); s != "ws-t(bob),ws-t:cmd-1(bob),ws-t(bob)" {
 		t.Fatalf("source's owners: %s", s)
 	}
+	// What a running command wrote since the last checkpoint is credited
+	// to it, approximately, in the fork.
+	upperWrite(t, w, "late.txt", "l1\n")
+	h, ht := forkOf(t, w, tr, "ws-h", nil, "cmd-9")
+	got = ht.LineOwners(h, "late.txt", []byte("l1\n"))
+	if s := ownersOf(got); s != "ws-t:cmd-9(bob)" || !got[0].Approximate {
+		t.Fatalf("running command's lines in the fork: %s %+v", s, got)
+	}
 	// A fork of the fork keeps the first source's lines.
 	g, gt := forkOf(t, f, ft, "ws-g", nil)
 	if s := ownersOf(gt.LineOwners(g, "f.txt", content)); s != "ws-g,ws-t:cmd-1(bob),ws-g,ws-f:cmd-2(carol)" {
