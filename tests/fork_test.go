@@ -79,7 +79,7 @@ func TestForkWorkspaceSession(t *testing.T) {
 		src := e.session(id, "--agent", "alice")
 		out := e.exec(id, "--workspace-session-id", src,
 			`sed -i 's/^one$/ONE/' shared.txt && rm old.txt && mkdir -p newdir/sub && echo n > newdir/sub/n.txt && `+
-				`ln -s shared.txt link && echo made > made.txt && chmod 0751 newdir`)
+				`ln -s shared.txt link && ln -s / hostroot && echo made > made.txt && chmod 0751 newdir`)
 		if out["status"] != "ok" {
 			t.Fatalf("source edits: %v", out)
 		}
@@ -102,7 +102,9 @@ func TestForkWorkspaceSession(t *testing.T) {
 		if got := e.forkView(id, fork); !reflect.DeepEqual(got, want) {
 			t.Fatalf("fork's view differs from its source's:\n got %+v\nwant %+v", got, want)
 		}
-		if !strings.Contains(want.Tree, "./link l shared.txt") || strings.Contains(want.Tree, "old.txt") || !strings.Contains(want.Tree, "./newdir/sub/n.txt f") {
+		// The symlinks are copied as symlinks, never followed (hostroot
+		// would be the host's root for the supervisor).
+		if !strings.Contains(want.Tree, "./link l shared.txt") || !strings.Contains(want.Tree, "./hostroot l /") || strings.Contains(want.Tree, "old.txt") || !strings.Contains(want.Tree, "./newdir/sub/n.txt f") {
 			t.Fatalf("source view: %s", want.Tree)
 		}
 
@@ -132,10 +134,10 @@ func TestForkWorkspaceSession(t *testing.T) {
 		}
 		forkCmd := out["command_session_id"].(string)
 		e.rt(id, "file_write", "--workspace-session-id", src, "--path", "src-only.txt", "--content", "s\n")
-		if got := e.exec(id, "--workspace-session-id", src, "cat shared.txt made.txt; ls -1")["output"]; got != "ONE\ntwo\nthree\nfour\nfive\nmade\nkeep\nlink\nmade.txt\nnewdir\nshared.txt\nsrc-only.txt" {
+		if got := e.exec(id, "--workspace-session-id", src, "cat shared.txt made.txt; ls -1")["output"]; got != "ONE\ntwo\nthree\nfour\nfive\nmade\nhostroot\nkeep\nlink\nmade.txt\nnewdir\nshared.txt\nsrc-only.txt" {
 			t.Fatalf("source after the fork's edits: %q", got)
 		}
-		if got := e.exec(id, "--workspace-session-id", fork, "cat shared.txt; ls -1")["output"]; got != "ONE\ntwo\nthree\nfour\nFIVE\nfork-only.txt\nkeep\nlink\nnewdir\nshared.txt" {
+		if got := e.exec(id, "--workspace-session-id", fork, "cat shared.txt; ls -1")["output"]; got != "ONE\ntwo\nthree\nfour\nFIVE\nfork-only.txt\nhostroot\nkeep\nlink\nnewdir\nshared.txt" {
 			t.Fatalf("fork after the source's edits: %q", got)
 		}
 		if got, w := blame(fork), fmt.Sprintf("%s:%s×1 original×3 %s:%s×1", srcOwner, srcCmd, forkOwner, forkCmd); got != w {
@@ -157,7 +159,7 @@ func TestForkWorkspaceSession(t *testing.T) {
 			t.Fatalf("source's publish: %v", p)
 		}
 		got := e.exec(id, "cat shared.txt; ls -1; readlink link; cat newdir/w.txt")["output"]
-		if w := "ONE\ntwo\nthree\nfour\nFIVE\nfork-only.txt\nkeep\nlink\nmade.txt\nnewdir\nshared.txt\nsrc-only.txt\nshared.txt\nwritten"; got != w {
+		if w := "ONE\ntwo\nthree\nfour\nFIVE\nfork-only.txt\nhostroot\nkeep\nlink\nmade.txt\nnewdir\nshared.txt\nsrc-only.txt\nshared.txt\nwritten"; got != w {
 			t.Fatalf("head after both publishes:\n got %q\nwant %q", got, w)
 		}
 	})
