@@ -304,6 +304,13 @@ func (q *Squasher[W]) autosquash(sb *Sandbox[W], threshold int, reason string, q
 	after, _ := sb.Stack.Head()
 	attrs["before_layers"], attrs["after_layers"] = len(head.Layers), len(after.Layers)
 	attrs["blocks_committed"] = len(out.SquashedBlocks)
+	remounted := 0
+	for _, sw := range out.SweptSessions {
+		if sw.Disposition == "remounted" {
+			remounted++
+		}
+	}
+	attrs["swept_sessions"], attrs["remounted_sessions"] = len(out.SweptSessions), remounted
 	attrs["squash_duration_ms"] = time.Since(start).Milliseconds()
 	attrs["total_convergence_ms"] = time.Since(queued).Milliseconds()
 	attrs["status"] = "completed"
