@@ -80,7 +80,7 @@ func TestSquashRemountsLiveSessions(t *testing.T) {
 	forDrivers(t, func(t *testing.T) {
 		e := newEnv(t)
 		e.start()
-		id := e.createSandbox(e.project(map[string]string{"a.txt": "a0\n", "src/m.go": "package m\n"}))
+		id := e.createSandbox(e.project(map[string]string{"a.txt": "l1\n-\n-\n-\nl2\n-\n-\n-\nl3\n", "src/m.go": "package m\n"}))
 		kernel := e.mgr("inspect_sandbox", "--sandbox-id", id)["overlay_driver"] == "kernel"
 
 		head := 0
@@ -95,7 +95,8 @@ func TestSquashRemountsLiveSessions(t *testing.T) {
 			ws := e.session(id, "--agent", fmt.Sprintf("agent%d", i))
 			sessions = append(sessions, ws)
 			e.rt(id, "file_write", "--workspace-session-id", ws, "--path", fmt.Sprintf("e%d.txt", i), "--content", fmt.Sprintf("edit %d\n", i))
-			e.exec(id, "--workspace-session-id", ws, fmt.Sprintf("printf 'a0\\nline by %d\\n' > a.txt", i))
+			// Each changes its own line of a.txt, so all three publish.
+			e.exec(id, "--workspace-session-id", ws, fmt.Sprintf("sed -i '%ds/.*/line by %d/' a.txt", 4*i-3, i))
 		}
 		publish()
 		publish()
@@ -207,6 +208,9 @@ func TestSquashRemountsLiveSessions(t *testing.T) {
 			for _, p := range []string{"e%d.txt", "w%d.txt", "x%d.txt"} {
 				e.rt(id, "file_read", "--path", fmt.Sprintf(p, i+1)) // fails the test when absent
 			}
+		}
+		if got := e.rt(id, "file_read", "--path", "a.txt")["content"]; got != "line by 1\n-\n-\n-\nline by 2\n-\n-\n-\nline by 3\n" && got != "line by 1\n-\n-\n-\nline by 2\n-\n-\n-\nline by 3" {
+			t.Fatalf("a.txt after the three publishes: %q", got)
 		}
 		headLayers = e.manifestLayers(id)
 		slices.Sort(headLayers)
