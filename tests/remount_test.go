@@ -164,6 +164,11 @@ func TestSquashRemountsLiveSessions(t *testing.T) {
 				t.Fatalf("exec in %s after the remount: %v", ws, out)
 			}
 			views[ws] = e.sessionView(id, ws)
+			// File activity goes on being recorded for the session.
+			recs, _ := e.activity(id, map[string]any{"workspace_session_id": ws, "path": fmt.Sprintf("x%d.txt", i+1)})
+			if len(recs) == 0 {
+				t.Fatalf("no file activity of %s for x%d.txt after the remount", ws, i+1)
+			}
 		}
 
 		// A restart restores them on the squashed chain.
