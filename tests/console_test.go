@@ -242,6 +242,10 @@ func TestConsole(t *testing.T) {
 		alice := e.rt(id, "create_workspace_session", "--agent", "alice")["workspace_session_id"].(string)
 		bob := e.rt(id, "create_workspace_session", "--agent", "bob")["workspace_session_id"].(string)
 		b.waitJS("sessions appear live", fmt.Sprintf(`!!document.querySelector('tr.session[data-session-id=%q]') && !!document.querySelector('tr.session[data-session-id=%q]')`, alice, bob))
+		// An implicit session (a command run without a session) is labelled
+		// as one while its command runs.
+		imp := e.rt(id, "exec_command", "sleep 5", "--yield-time-ms", "100")["workspace_session_id"].(string)
+		b.waitJS("implicit session labelled", fmt.Sprintf(`document.querySelector('tr.session[data-session-id=%q]')?.textContent.includes('implicit')`, imp))
 
 		// The terminal: a command's output streams in, line by line.
 		b.run("open the session", chromedp.Click(chromedp.CSS(fmt.Sprintf(`a[href="#/session/%s/%s"]`, id, alice))),

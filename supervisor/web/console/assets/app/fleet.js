@@ -85,7 +85,7 @@ export function fleetPage(view) {
       h('table', { class: 'inner' },
         h('tbody', {}, live.map((s) => h('tr', { class: 'session', dataset: { sessionId: s.workspace_session_id } },
           h('td', {}, h('a', { href: `#/session/${id}/${s.workspace_session_id}`, class: 'mono' }, s.workspace_session_id)),
-          h('td', {}, s.agent ? h('span', { class: 'agent' }, s.agent) : h('span', { class: 'muted' }, s.finalize_policy === 'publish' ? 'implicit' : '—')),
+          h('td', {}, s.agent ? h('span', { class: 'agent' }, s.agent) : h('span', { class: 'muted' }, s.finalize_policy === 'publish_then_destroy' ? 'implicit' : '—')),
           h('td', {}, badge(s.state)),
           h('td', { title: s.created_at }, age(s.created_at)),
           h('td', {}, `${(s.active_command_session_ids || []).length} running`),
