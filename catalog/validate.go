@@ -36,10 +36,24 @@ func (a Args) Bool(name string) bool { v, _ := a[name].(bool); return v }
 // Array returns a JsonArray argument, nil when absent.
 func (a Args) Array(name string) []any { v, _ := a[name].([]any); return v }
 
-var idRule = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
-
-// ValidID reports whether s satisfies the contract's rule for client-sent IDs.
-func ValidID(s string) bool { return idRule.MatchString(s) }
+// ValidID reports whether s satisfies the contract's rule for client-sent IDs:
+// 1 to 128 characters of [A-Za-z0-9._:-]. It is a loop, not the regexp
+// ^[A-Za-z0-9._:-]{1,128}$: compiling that repetition at package init cost
+// every CLI start about 1 ms of CPU (128 nested instructions).
+func ValidID(s string) bool {
+	if len(s) < 1 || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9',
+			c == '.', c == '_', c == ':', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 // Validate checks raw arguments against the declaration and returns them
 // typed, with defaults applied. Every failure is an invalid_request with the
