@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
 )
@@ -325,7 +326,7 @@ func toUint(v any) (uint64, bool) {
 // type send them. The exponent is bounded so a hostile "1e999999999" cannot
 // make big.Rat allocate without limit.
 func integralNumber(s string) (uint64, bool) {
-	if !integralForm.MatchString(s) {
+	if !integralForm().MatchString(s) {
 		return 0, false
 	}
 	r, ok := new(big.Rat).SetString(s)
@@ -335,7 +336,10 @@ func integralNumber(s string) (uint64, bool) {
 	return r.Num().Uint64(), true
 }
 
-var integralForm = regexp.MustCompile(`^[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]{1,3})?$`)
+// integralForm is compiled on first use, not at every client's start.
+var integralForm = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]{1,3})?$`)
+})
 
 func toFloat(v any) (float64, bool) {
 	var f float64
