@@ -2,6 +2,10 @@
 GO       ?= go
 BIN      := bin
 BINARIES := sandbox-supervisor sandbox-manager-cli sandbox-runtime-cli sandbox-observability-cli sandbox-mcp sandbox-exec-shim
+# The clients and the exec shim are started once per call or command: built
+# without cgo they are static (no dynamic loader, no libc start-up, the pure
+# Go user lookup), which saves about 3 ms of CPU per start here.
+STATIC   := $(filter-out sandbox-supervisor,$(BINARIES))
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X main.version=$(VERSION)
 PREFIX   ?= $(HOME)/.local
@@ -13,7 +17,8 @@ all: build
 
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES))
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/sandbox-supervisor
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(STATIC))
 
 # The one test command: static checks, unit tests, end-to-end tests.
 test: build

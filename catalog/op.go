@@ -265,10 +265,12 @@ type Op struct {
 	Summary string // one line
 	Help    string // longer text
 	Result  string // what a success returns
-	// Output is the exact JSON Schema (type object) of a success, declared
-	// where the result is small and stable; nil where it is not (command
-	// output, observability views). MCP sends it as the tool's outputSchema.
-	Output map[string]any
+	// Output builds the exact JSON Schema (type object) of a success,
+	// declared where the result is small and stable; nil where it is not
+	// (command output, observability views). MCP sends it as the tool's
+	// outputSchema. A builder, not a value: building every schema at
+	// package init cost each CLI start about 1 ms of CPU.
+	Output func() map[string]any
 	Args   []Arg
 
 	Effect Effect

@@ -68,7 +68,7 @@ var ops = []Op{
 		Help: "Snapshots the workspace directory into the base layer B000001-base of a new LayerStack. " +
 			"The host directory is read once and never written (except by export_changes).",
 		Result: "one sandbox record when count is 1, else {\"sandboxes\":[record,…]} in creation order",
-		Output: anyOf(sandboxRecordOut(), sandboxesOut()),
+		Output: sandboxCreateOut,
 		Args: []Arg{
 			{Name: "image", Kind: String, Default: "host", NonEmpty: true,
 				Help: "Root filesystem of the sessions: host (read-only host system directories); a Docker image reference or sha256:<64 hex> image ID " +
@@ -114,14 +114,14 @@ var ops = []Op{
 		Title: "List sandboxes", Effect: ReadOnly,
 		Summary: "List every sandbox.",
 		Result:  `{"sandboxes":[record,…]} sorted by id (creation time)`,
-		Output:  sandboxesOut(),
+		Output:  sandboxesOut,
 	},
 	{
 		ID: "inspect_sandbox", Group: Management, Family: "management", Scope: ScopeSystem,
 		Title: "Inspect sandbox", Effect: ReadOnly,
 		Summary: "Show one sandbox record.",
 		Result:  "the sandbox record",
-		Output:  sandboxRecordOut(),
+		Output:  sandboxRecordOut,
 		Args:    []Arg{sandboxIDArg},
 	},
 	{
@@ -225,7 +225,7 @@ var ops = []Op{
 		Help: "Without workspace_session_id: the sandbox's published state; with it: that session's private view. " +
 			"CRLF and CR become LF, a BOM is dropped; lines [offset, offset+limit) joined with \\n.",
 		Result: "{path, content, start_line, num_lines, total_lines, bytes_read, total_bytes, next_offset|null, truncated}",
-		Output: fileReadOut(),
+		Output: fileReadOut,
 		Args: []Arg{
 			{Name: "path", Kind: Path, Required: true, Help: "Workspace-relative path or /workspace/…"},
 			{Name: "offset", Kind: Integer, Default: uint64(1), Help: "1-based first line; 0 means 1."},
@@ -241,7 +241,7 @@ var ops = []Op{
 			"with it, the change stays private to that session until publish_workspace_session. " +
 			"Missing parents are created (0755); new files get 0644, existing files keep their mode.",
 		Result: `{"type":"create"|"update", path, bytes_written} (+ revision, layer_id when sessionless)`,
-		Output: fileWriteOut(),
+		Output: fileWriteOut,
 		Args: []Arg{
 			{Name: "path", Kind: Path, Required: true, Help: "Workspace-relative path or /workspace/…"},
 			{Name: "content", Kind: String, Required: true, Help: "The new content."},
@@ -256,7 +256,7 @@ var ops = []Op{
 			"Edits apply in order on LF-normalized text; the file's line ending, BOM and mode are kept. " +
 			"Each old_string must match exactly once unless replace_all is true.",
 		Result: `{"type":"edit", path, edits_applied, replacements, bytes_written} (+ revision, layer_id when sessionless)`,
-		Output: fileEditOut(),
+		Output: fileEditOut,
 		Args: []Arg{
 			{Name: "path", Kind: Path, Required: true, Help: "Workspace-relative path or /workspace/…"},
 			{Name: "edits", Kind: JSONArray, Required: true, MaxItems: 1000, AcceptJSONString: true,
@@ -275,7 +275,7 @@ var ops = []Op{
 		Summary: "Which session, command or operation wrote each line of a file.",
 		Help:    "Ranges tile every line exactly once. Without workspace_session_id: the sandbox's published state; with it: the session's own view.",
 		Result:  "{path, view, workspace_session_id|null, revision, line_count, ranges:[{start_line, line_count, owner, …}]}",
-		Output:  blameOut(),
+		Output:  blameOut,
 		Args: []Arg{
 			{Name: "path", Kind: Path, Required: true, Help: "Workspace-relative path or /workspace/…"},
 			{Name: "workspace_session_id", Kind: String, ID: true, Help: "Blame the session's own view."},
@@ -289,7 +289,7 @@ var ops = []Op{
 		Summary: "List one directory level inside the sandbox (not on the host).",
 		Help:    "Sorted by name bytes; kind is file, directory, symlink or other.",
 		Result:  "{path, entries:[{name, kind, size}], truncated}",
-		Output:  fileListOut(),
+		Output:  fileListOut,
 		Args: []Arg{
 			{Name: "path", Kind: Path, DefaultDoc: "workspace root", Help: "Directory; omitted, ., / and /workspace mean the root."},
 			sessionIDArg,
@@ -303,7 +303,7 @@ var ops = []Op{
 		Help: "Pass its workspace_session_id to exec_command and the file tools to work in it; nothing is shared until publish_workspace_session. " +
 			"The view is frozen at creation; later publishes by others are not visible inside it.",
 		Result: "{workspace_session_id, network_profile, finalize_policy:\"no_op\", agent, created_at, base_revision, overlay_driver}",
-		Output: sessionOut(nil),
+		Output: sessionCreateOut,
 		Args: []Arg{
 			{Name: "network_profile", Kind: String, Default: "shared", Enum: []string{"shared", "isolated", "offline"},
 				Help: "shared: the user's network; isolated: its own network namespace with outbound TCP/UDP and DNS through pasta or slirp4netns, " +
@@ -321,7 +321,7 @@ var ops = []Op{
 		Result: "{workspace_session_id, dry_run, publish:{no_op, revision, route_summary, outcome_summary, summary, layer_id, resolved_paths}, destroyed, …}; " +
 			"publish.summary counts the session's changes by fate: {result: published|no_op (dry run: would_publish|would_reject|no_op), " +
 			"changed_paths, published_paths, merged_paths, kept_head_paths, conflict_paths}",
-		Output: publishOut(),
+		Output: publishOut,
 		Args: []Arg{
 			{Name: "workspace_session_id", Kind: String, Required: true, ID: true, Help: "An explicit session."},
 			graceArg,
@@ -365,7 +365,7 @@ var ops = []Op{
 		Title: "List workspace sessions", Effect: ReadOnly,
 		Summary: "List the sandbox's sessions, implicit and explicit.",
 		Result:  `{"workspace_sessions":[session object…]} sorted by created_at`,
-		Output:  sessionsOut(),
+		Output:  sessionsOut,
 	},
 	{
 		ID: "diff_workspace_session", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox, Cancellable: true,
@@ -373,7 +373,7 @@ var ops = []Op{
 		Summary: "What a session changed: per-path status and unified diffs against its base or the current head.",
 		Help:    "Also lists the session-changed paths that head has changed meanwhile (they will go through resolution).",
 		Result:  "{workspace_session_id, against, base_revision, head_revision, files:[{path, status, kind, route, binary, mode, diff, diff_truncated}], head_changed_paths[], truncated}",
-		Output:  diffOut(),
+		Output:  diffOut,
 		Args: []Arg{
 			{Name: "workspace_session_id", Kind: String, Required: true, ID: true, Help: "Any state except finalizing."},
 			{Name: "against", Kind: String, Default: "base", Enum: []string{"base", "head"}, Help: "Left side of the diffs."},
@@ -467,7 +467,7 @@ var ops = []Op{
 		Title: "Supervisor health", Effect: ReadOnly,
 		Summary: "The supervisor's health and the host capabilities it probed at start.",
 		Result:  "{status, version, uptime_s, uid, kernel, overlay_drivers, fuse, user_namespaces, cgroup, docker, store, counts, event_store}",
-		Output:  healthOut(),
+		Output:  healthOut,
 	},
 	{
 		ID: "file_activity", Group: Observability, Family: "file_activity", Scope: ScopeSandbox, Cancellable: true,

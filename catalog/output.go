@@ -72,6 +72,12 @@ func sandboxRecordOut() map[string]any {
 		"layer_count", "live_workspace_sessions", "shared_base", "resource_profile", "recovery_artifacts")
 }
 
+// sandboxCreateOut is create_sandbox's result: one record, or several.
+func sandboxCreateOut() map[string]any { return anyOf(sandboxRecordOut(), sandboxesOut()) }
+
+// sessionCreateOut is create_workspace_session's result.
+func sessionCreateOut() map[string]any { return sessionOut(nil) }
+
 func sandboxesOut() map[string]any {
 	return object(map[string]any{"sandboxes": arrayOf(sandboxRecordOut())}, "sandboxes")
 }

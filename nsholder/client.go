@@ -32,6 +32,20 @@ func Start(ctx context.Context, self string, cfg Config) (*Client, error) {
 }
 
 func start(ctx context.Context, self string, cfg Config, opts startOptions) (*Client, error) {
+	c, err := spawn(ctx, self, cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.setup(ctx, cfg); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// spawn starts the holder process in its new namespaces (mapped, when
+// cfg asks for subordinate IDs) and returns it waiting for its Config. Of
+// cfg only IDMapping and IsolatedNetwork matter here.
+func spawn(ctx context.Context, self string, cfg Config, opts startOptions) (*Client, error) {
 	var plan *subIDPlan
 	switch cfg.IDMapping {
 	case "", IDMappingSingle:
@@ -117,25 +131,30 @@ func start(ctx context.Context, self string, cfg Config, opts startOptions) (*Cl
 		close(c.done)
 	}()
 	go c.readLoop()
+	return c, nil
+}
 
+// setup hands a spawned holder its session's Config and waits until the
+// session's root is ready; on failure the holder is killed.
+func (c *Client) setup(ctx context.Context, cfg Config) error {
 	r, err := c.call(ctx, &ctlHeader{Op: opSetup, Config: &cfg}, nil)
 	if err == nil && r.hdr.Err != nil {
 		err = r.hdr.Err.decode()
 	}
 	if err != nil {
 		c.kill()
-		return nil, c.setupError(err)
+		return c.setupError(err)
 	}
 	if r.hdr.Ready == nil {
 		c.kill()
-		return nil, &SetupError{Stage: stageHandshake, Err: "holder answered setup without ready"}
+		return &SetupError{Stage: stageHandshake, Err: "holder answered setup without ready"}
 	}
 	c.ready = *r.hdr.Ready
 	if cfg.Egress != nil {
-		helper, err := startEgress(ctx, *cfg.Egress, cmd.Process.Pid)
+		helper, err := startEgress(ctx, *cfg.Egress, c.cmd.Process.Pid)
 		if err != nil {
 			c.kill()
-			return nil, &SetupError{Stage: stageNetwork, Err: err.Error()}
+			return &SetupError{Stage: stageNetwork, Err: err.Error()}
 		}
 		// The helper lives exactly as long as the holder (and, through
 		// Pdeathsig, never longer than the supervisor).
@@ -145,7 +164,7 @@ func start(ctx context.Context, self string, cfg Config, opts startOptions) (*Cl
 		}()
 		c.helper = helper
 	}
-	return c, nil
+	return nil
 }
 
 type ctlReply struct {

@@ -137,6 +137,11 @@ func startSession(t *testing.T, cfg Config) *session {
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
+	return sessionOf(t, h)
+}
+
+// sessionOf wraps a started holder; it is closed at the end of the test.
+func sessionOf(t *testing.T, h *Client) *session {
 	s := &session{t: t, h: h, chans: map[uint64]chan Event{}, early: map[uint64][]Event{}}
 	go func() {
 		for e := range h.Events() {

@@ -171,6 +171,14 @@ func (e *env) probe(id, ws string, targets ...string) map[string]string {
 // helperPids lists the supervisor's children running a network helper.
 func helperPids(t *testing.T, supervisor int) []int {
 	t.Helper()
+	return childPids(supervisor, func(argv []string) bool {
+		name := filepath.Base(argv[0])
+		return name == "pasta" || name == "slirp4netns"
+	})
+}
+
+// childPids lists the children of parent whose command line match accepts.
+func childPids(parent int, match func(argv []string) bool) []int {
 	ents, _ := os.ReadDir("/proc")
 	var out []int
 	for _, d := range ents {
@@ -184,11 +192,11 @@ func helperPids(t *testing.T, supervisor int) []int {
 		}
 		s := string(stat)
 		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) < 2 || f[1] != strconv.Itoa(supervisor) {
+		if len(f) < 2 || f[1] != strconv.Itoa(parent) {
 			continue
 		}
 		argv, _ := os.ReadFile("/proc/" + d.Name() + "/cmdline")
-		if name := filepath.Base(strings.SplitN(string(argv), "\x00", 2)[0]); name == "pasta" || name == "slirp4netns" {
+		if match(strings.Split(strings.TrimSuffix(string(argv), "\x00"), "\x00")) {
 			out = append(out, pid)
 		}
 	}

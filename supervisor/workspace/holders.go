@@ -219,7 +219,20 @@ func (h *Holders) start(ctx context.Context, sb *Sandbox, ss *Session) error {
 	defer cancel()
 	sp, _ := h.spanCtx(ctx, sb, "holder.spawn", map[string]any{"workspace_session_id": ss.ID(),
 		"overlay_driver": ss.Rec.OverlayDriver, "lowers": len(cfg.Lowers), "network_profile": ss.Rec.NetworkProfile})
-	hl, err := nsholder.Start(hctx, h.Self, cfg)
+	var hl *nsholder.Client
+	if ss.Implicit() {
+		if spare := h.takeSpare(sb, cfg); spare != nil {
+			if hl, err = spare.Setup(hctx, cfg); err != nil {
+				// A spare that died or failed its setup: start afresh, which
+				// also reports a setup error that is the session's own.
+				h.Log.Warn("spare holder setup", "workspace_session_id", ss.ID(), "err", err)
+				hl = nil
+			}
+		}
+	}
+	if hl == nil {
+		hl, err = nsholder.Start(hctx, h.Self, cfg)
+	}
 	if err == nil {
 		// Measured by the holder during its setup, which ended just now.
 		sp.Measured("holder.mount_overlay", hl.OverlayMountTime(), map[string]any{"workspace_session_id": ss.ID(),

@@ -465,6 +465,7 @@ type Tables struct {
 	// Admission slots reserved by requests still starting their command
 	// or session (admission.go).
 	PendingCommands, PendingSessions int
+	Spare                            SpareHolder // the next implicit session's holder (spare.go)
 }
 
 func NewTables() *Tables {

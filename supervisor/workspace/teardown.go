@@ -106,6 +106,7 @@ func (t *Teardown) closeSession(ctx context.Context, sb *Sandbox, ss *Session, g
 // sessions are finalized and explicit ones left persisted with their holder
 // stopped (supervisor shutdown, §4.5).
 func (t *Teardown) StopSessions(ctx context.Context, sb *Sandbox, destroy bool, progress func(string)) {
+	CloseSpare(sb)
 	sb.Mu.Lock()
 	all := make([]*Session, 0, len(sb.Work.Sessions))
 	for _, ss := range sb.Work.Sessions {

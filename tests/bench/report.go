@@ -149,13 +149,17 @@ func parseFigure(s string) (float64, bool) {
 }
 
 // target prints one of the targets next to its measurement and
-// records it. value is compared with limit by op ("<" or "≤"); measured is
-// value as printed. A NaN value means not measured (note says why).
+// records it. value is compared with limit by op ("<", "≤" or, for rates,
+// "≥"); measured is value as printed. A NaN value means not measured (note
+// says why).
 func (b *bench) target(name, measured string, value float64, op string, limit float64, unit, note string) {
 	t := reportTarget{Name: name, Measured: measured, Target: fmt.Sprintf("%s %s%s", op, strconv.FormatFloat(limit, 'f', -1, 64), unit), Note: note}
 	verdict := "not measured"
 	if !math.IsNaN(value) {
 		met := value < limit || (op == "≤" && value == limit)
+		if op == "≥" {
+			met = value >= limit
+		}
 		t.Met, t.Value = &met, &value
 		verdict = map[bool]string{true: "met", false: "MISSED"}[met]
 	}

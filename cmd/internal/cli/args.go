@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/spf13/pflag"
 
@@ -55,8 +56,11 @@ func addArgFlags(fs *pflag.FlagSet, op *catalog.Op) map[string]*argValue {
 }
 
 var (
-	decimalDigits = regexp.MustCompile(`^[0-9]+$`)
-	decimalFloat  = regexp.MustCompile(`^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?$`)
+	// Compiled on first use: most calls never parse a number.
+	decimalDigits = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[0-9]+$`) })
+	decimalFloat  = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?$`)
+	})
 )
 
 // ConvertFlag turns the text of a flag or positional into the JSON value of
@@ -68,14 +72,14 @@ func ConvertFlag(a *catalog.Arg, text string) (any, *catalog.Error) {
 	case catalog.String, catalog.Path:
 		return text, nil
 	case catalog.Integer:
-		if decimalDigits.MatchString(text) {
+		if decimalDigits().MatchString(text) {
 			if n, err := strconv.ParseUint(text, 10, 64); err == nil {
 				return n, nil
 			}
 		}
 		return nil, catalog.Errorf(catalog.InvalidRequest, "%s must be an unsigned integer", a.Name)
 	case catalog.Float:
-		if decimalFloat.MatchString(text) {
+		if decimalFloat().MatchString(text) {
 			if f, err := strconv.ParseFloat(text, 64); err == nil && !math.IsInf(f, 0) && !math.IsNaN(f) {
 				return f, nil
 			}

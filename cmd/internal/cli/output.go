@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
@@ -27,7 +28,9 @@ func ClientArgs(op *catalog.Op, args catalog.Args) (server, client catalog.Args)
 
 // ansiEscape matches terminal escape sequences: CSI (colours, cursor moves),
 // OSC (titles, hyperlinks) and the two-byte forms.
-var ansiEscape = regexp.MustCompile(`\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]`)
+var ansiEscape = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]`)
+})
 
 // StripANSI removes terminal escape sequences from text meant for a model;
 // the transcript on disk keeps the raw bytes.
@@ -35,7 +38,7 @@ func StripANSI(s string) string {
 	if !strings.Contains(s, "\x1b") {
 		return s
 	}
-	return strings.ReplaceAll(ansiEscape.ReplaceAllString(s, ""), "\x1b", "")
+	return strings.ReplaceAll(ansiEscape().ReplaceAllString(s, ""), "\x1b", "")
 }
 
 // BoundOutput bounds the "output" of a command output object (§3.3) to

@@ -40,7 +40,7 @@ func OutputSchema(op *catalog.Op) json.RawMessage {
 		"properties": map[string]any{"error": map[string]any{"type": "object", "required": []string{"kind", "message", "details"},
 			"additionalProperties": true, "properties": map[string]any{
 				"kind": map[string]any{"type": "string"}, "message": map[string]any{"type": "string"}, "details": map[string]any{"type": "object"}}}}}
-	return catalog.CompactJSON(map[string]any{"type": "object", "anyOf": []any{op.Output, envelope}})
+	return catalog.CompactJSON(map[string]any{"type": "object", "anyOf": []any{op.Output(), envelope}})
 }
 
 // Description is a tool's description: summary, help, result and, for
