@@ -137,7 +137,7 @@ var ops = []Op{
 			"A session the move leaves in an unknown state is faulty and destroyed.",
 		Result: "{manifest_version, squashed_blocks[{squashed_layer_id, replaced_layer_ids, replaced_layers, blocked_reasons?}], " +
 			"swept_sessions[{session_id, disposition: session_gone|identity|remounted|leased|faulty, reason?, class_detail?}], faulty_sessions?[{session_id, class_detail, lease_errors}]}",
-		Args:   []Arg{sandboxIDArg},
+		Args: []Arg{sandboxIDArg},
 	},
 	{
 		ID: "export_changes", Group: Management, Family: "management", Scope: ScopeSystem, Streams: true, Span: "layerstack.export", Cancellable: true,
@@ -351,7 +351,7 @@ var ops = []Op{
 			"lines they wrote; file_activity of the fork starts empty. A source's running commands are stopped for the copy and go on " +
 			"in the source only. Implicit sessions cannot be forked (not_found, as publish).",
 		Result: "{workspace_session_id, network_profile, finalize_policy:\"no_op\", agent, created_at, base_revision, overlay_driver, forked_from}",
-		Output: sessionOut(map[string]any{"forked_from": str()}, "forked_from"),
+		Output: sessionForkOut,
 		Args: []Arg{
 			{Name: "workspace_session_id", Kind: String, Required: true, ID: true, Help: "The explicit source session."},
 			{Name: "agent", Kind: String, MaxLen: 128, NoControl: true,

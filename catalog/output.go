@@ -78,6 +78,12 @@ func sandboxCreateOut() map[string]any { return anyOf(sandboxRecordOut(), sandbo
 // sessionCreateOut is create_workspace_session's result.
 func sessionCreateOut() map[string]any { return sessionOut(nil) }
 
+// sessionForkOut is what fork_workspace_session returns: a new session
+// object that names its source.
+func sessionForkOut() map[string]any {
+	return sessionOut(map[string]any{"forked_from": str()}, "forked_from")
+}
+
 func sandboxesOut() map[string]any {
 	return object(map[string]any{"sandboxes": arrayOf(sandboxRecordOut())}, "sandboxes")
 }
