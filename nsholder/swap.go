@@ -86,6 +86,11 @@ var (
 	// ErrFreezeTimeout: the session's processes did not all stop within
 	// the freeze budget.
 	ErrFreezeTimeout = &opError{"freeze timeout"}
+	// ErrSwapInvalidate: a FUSE swap happened but the kernel refused a
+	// cache invalidation (stale caches for at most their timeout). It is
+	// fuseoverlay's error, named here so callers need not import the
+	// overlay to recognise it.
+	ErrSwapInvalidate = fuseoverlay.ErrSwapInvalidate
 )
 
 // Pin is one use of the old kernel overlay that blocks a swap.

@@ -39,7 +39,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ephemeral-ai-lab/sandbox/fuseoverlay"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
@@ -117,7 +116,7 @@ func (h *Holders) Remount(ctx context.Context, sb *Sandbox, ss *Session, target 
 			return nil
 		}
 		err := hl.SwapLower(sctx, nsholder.SwapRequest{Lowers: sb.Stack.LayerDirs(m), Upper: upper, FreezeBudget: budget})
-		if errors.Is(err, fuseoverlay.ErrSwapInvalidate) {
+		if errors.Is(err, nsholder.ErrSwapInvalidate) {
 			// Swapped; only the kernel's caches may be stale for their
 			// timeout (a minute at most), which no data depends on.
 			h.Log.Warn("remount: kernel cache invalidation refused", "workspace_session_id", ss.ID(), "err", err)
