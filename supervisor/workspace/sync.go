@@ -127,10 +127,7 @@ func (p *Publisher) syncFrozen(ctx context.Context, sb *Sandbox, ss *Session, op
 	if err != nil {
 		return plan, out, err // SyncUpper changed nothing on failure
 	}
-	sp = obs.From(ctx).Child("workspace_session.remount", map[string]any{"workspace_session_id": ss.ID(), "target": target.Revision()})
-	err = p.Remount(ctx, sb, ss, target, ss.Upper())
-	sp.Done(err, nil)
-	if err != nil {
+	if err := p.Remount(ctx, sb, ss, target, ss.Upper()); err != nil {
 		if aerr := layers.AbortSync(ss.Upper()); aerr != nil {
 			err = errors.Join(err, aerr)
 		}
@@ -223,4 +220,35 @@ func SyncObject(plan *layers.Plan, out SyncOutcome, dryRun bool) map[string]any 
 		o["resolved_paths"] = plan.ResolvedPaths()
 	}
 	return o
+}
+
+// settleSync finishes or undoes, at start-up and before the session's
+// holder starts, a sync that a crash interrupted. The persisted session
+// record is the commit point (Remount writes the new base into it after
+// the holder swapped): a record already on the sync's target keeps the new
+// upper, any other record gets the old upper back. The holder of the
+// interrupted sync died with the supervisor, so no live view is left to
+// consult. rec is updated when the record has to go back to the sync's
+// base; changed reports it.
+func settleSync(upper string, rec *SessionRecord) (changed bool, err error) {
+	found, err := layers.InspectSync(upper)
+	if err != nil {
+		return false, err
+	}
+	if !found.Found {
+		_, err := layers.RecoverSync(upper) // a staging tree of a crash before the journal
+		return false, err
+	}
+	if rec.BaseRevision == found.Target.Revision() {
+		if found.Synced {
+			_, err := layers.RecoverSync(upper)
+			return false, err
+		}
+		// The record moved but the upper did not (not a state the sync
+		// writes; a hand-edited or torn state): go back to the base whole.
+		rec.BaseRevision = found.Base.Revision()
+		rec.Lease.Layers = found.Base.Layers
+		changed = true
+	}
+	return changed, layers.AbortSync(upper)
 }
