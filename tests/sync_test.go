@@ -225,10 +225,11 @@ func TestSyncBadArguments(t *testing.T) {
 		ws := e.session(id)
 		e.syncFail(id, "ws-01JUNKJUNKJUNKJUNKJUNKJUNK", "not_found")
 		e.rtFail(id, 2, "invalid_request", "sync_workspace_session", "--workspace-session-id", ws, "--default-strategy", "mine")
-		e.rtFail(id, 1, "invalid_request", "sync_workspace_session", "--workspace-session-id", ws, "--resolutions", `[{"path":"f.txt","strategy":"mine"}]`)
+		e.rtFail(id, 2, "invalid_request", "sync_workspace_session", "--workspace-session-id", ws, "--resolutions", `[{"path":"f.txt","strategy":"mine"}]`)
+		e.rtFail(id, 1, "invalid_request", "sync_workspace_session", "--workspace-session-id", ws, "--resolutions", `[{"path":"nope.txt","strategy":"ours"}]`)
 		implicit := e.exec(id, "--yield-time-ms", "100", "sleep 30")
 		e.syncFail(id, implicit["workspace_session_id"].(string), "not_found")
-		e.rt(id, "write_command_stdin", "--command-session-id", implicit["command_session_id"].(string), "--input", "\x03")
+		e.rt(id, "write_command_stdin", "--command-session-id", implicit["command_session_id"].(string), "\x03")
 		// Already on the head: a no-op that moves nothing.
 		if s := e.sync(id, ws)["sync"].(map[string]any); s["no_op"] != true || s["result"] != "no_op" {
 			t.Fatalf("sync on the head: %v", s)
