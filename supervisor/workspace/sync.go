@@ -128,6 +128,11 @@ func (p *Publisher) syncFrozen(ctx context.Context, sb *Sandbox, ss *Session, op
 		return plan, out, err // SyncUpper changed nothing on failure
 	}
 	if err := p.Remount(ctx, sb, ss, target, ss.Upper()); err != nil {
+		if errors.Is(err, ErrRemountUnsettled) {
+			// The holder may serve the new upper: keep both trees and the
+			// journal; the next start settles them from the record.
+			return plan, out, fmt.Errorf("sync %s: %w", ss.ID(), err)
+		}
 		if aerr := layers.AbortSync(ss.Upper()); aerr != nil {
 			err = errors.Join(err, aerr)
 		}
