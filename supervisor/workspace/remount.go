@@ -88,11 +88,6 @@ func (ss *Session) LockGate(ctx context.Context) error {
 // recorded or undone, so the session's chain is unknown (the sweep reports
 // it faulty and destroys it).
 func (h *Holders) Remount(ctx context.Context, sb *Sandbox, ss *Session, target layers.Manifest, upper string) error {
-	if upper != "" {
-		// The holder branch adds SwapRequest.Upper; until it is merged, a
-		// new upper cannot be handed over.
-		return fmt.Errorf("remount %s: %w: the holder cannot take a new upper yet", ss.ID(), nsholder.ErrSwapUnsupported)
-	}
 	if len(target.Layers) == 0 {
 		return fmt.Errorf("remount %s: empty target chain", ss.ID())
 	}
@@ -114,7 +109,11 @@ func (h *Holders) Remount(ctx context.Context, sb *Sandbox, ss *Session, target 
 		if hl == nil {
 			return nil
 		}
-		err := hl.SwapLower(sctx, nsholder.SwapRequest{Lowers: sb.Stack.LayerDirs(m), FreezeBudget: budget})
+		req := nsholder.SwapRequest{Lowers: sb.Stack.LayerDirs(m), FreezeBudget: budget}
+		if m.Revision() == target.Revision() {
+			req.Upper = upper // the swap back keeps the upper the session now has
+		}
+		err := hl.SwapLower(sctx, req)
 		if errors.Is(err, fuseoverlay.ErrSwapInvalidate) {
 			// Swapped; only the kernel's caches may be stale for their
 			// timeout (a minute at most), which no data depends on.
