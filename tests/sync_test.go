@@ -93,7 +93,7 @@ func TestSyncBringsHeadIntoLiveSession(t *testing.T) {
 
 		dry := e.sync(id, b, "--dry-run")
 		ds := dry["sync"].(map[string]any)
-		if dry["dry_run"] != true || ds["result"] != "would_sync" || num(t, ds["merged_paths"]) != 1 || dry["plan"] == nil {
+		if dry["dry_run"] != true || ds["result"] != "would_sync" || num(t, ds["merged_paths"]) != 2 || dry["plan"] == nil { // shared.txt, and stale.txt: a copy-up merges to the head's version
 			t.Fatalf("dry run: %v", dry)
 		}
 		if got := e.sessionRead(id, b, "fromA.txt"); got != "" || e.sessionBaseVersion(id, b) != before {
@@ -102,7 +102,7 @@ func TestSyncBringsHeadIntoLiveSession(t *testing.T) {
 
 		res := e.sync(id, b)
 		s := res["sync"].(map[string]any)
-		if res["dry_run"] != false || s["result"] != "synced" || s["no_op"] != false || num(t, s["merged_paths"]) != 1 {
+		if res["dry_run"] != false || s["result"] != "synced" || s["no_op"] != false || num(t, s["merged_paths"]) != 2 {
 			t.Fatalf("sync: %v", res)
 		}
 		after := e.sessionBaseVersion(id, b)
