@@ -254,7 +254,7 @@ func TestSyncKernelPinnedCommandRefuses(t *testing.T) {
 	before := e.sessionBaseVersion(id, b)
 	body := e.syncFail(id, b, "operation_failed")
 	d := body["details"].(map[string]any)
-	if !strings.Contains(errMsg(body), cmd) || !slices.Contains(d["pinned_command_session_ids"].([]any), any(cmd)) ||
+	if msg, _ := body["message"].(string); !strings.Contains(msg, cmd) || !slices.Contains(d["pinned_command_session_ids"].([]any), any(cmd)) ||
 		d["reason"] != "pinned:cwd_pinned_workspace" {
 		t.Fatalf("pinned refusal must name %s: %v", cmd, body)
 	}
