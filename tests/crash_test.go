@@ -81,9 +81,17 @@ type crashModel struct {
 	// syncer is an explicit session synced onto the head every cycle; after
 	// a kill it must be exactly before (syncBase) or after the sync.
 	syncer    string
-	syncBase  int64             // its base manifest version at the last check
-	syncHead  int64             // head version when this cycle's sync was sent, 0 = not sent
-	syncWrite string            // this cycle's acknowledged sessionless write (before the sync)
+	syncBase  int64  // its base manifest version at the last check
+	syncHead  int64  // head version when this cycle's sync was sent, 0 = not sent
+	syncWrite string // this cycle's acknowledged sessionless write (before the sync)
+	// shared.txt: the head rewrites its line 1 every cycle, the syncer
+	// changed its line 5, so each sync merges it; syncLine1 is line 1 as
+	// the syncer saw it at the last check, syncSent line 1 of the head it
+	// synced onto this cycle (-2 = not sent).
+	syncLine1, syncSent int
+	// syncHang: the sync of this cycle is held at this step (a test
+	// failpoint, "" = none) and the kill comes while it is held.
+	syncHang  string
 	running   []string          // commands that a kill must report interrupted
 	implicit  map[string]string // implicit command → path of its (atomic) output dir
 	sandboxes map[string]bool   // throwaway sandboxes: true acknowledged alive
@@ -118,7 +126,7 @@ func TestCrashRecovery(t *testing.T) {
 	// an autosquash would race; squash crashes are TestSquashCrash's.
 	writeConfig(t, e, "runtime:\n  layerstack:\n    autosquash:\n      squash_at_n_layers: null\n")
 	e.start()
-	root := e.project(map[string]string{"base.txt": "base\n", "src/app.py": "print('hi')\n"})
+	root := e.project(map[string]string{"base.txt": "base\n", "src/app.py": "print('hi')\n", "shared.txt": "h -1\n2\n3\n4\n5\n"})
 	m := &crashModel{
 		main: e.createSandbox(root), published: map[string]string{"base.txt": "base\n"},
 		sessions: map[string]map[string]string{}, publishing: map[string]map[string]string{}, destroying: map[string]bool{},
@@ -128,13 +136,15 @@ func TestCrashRecovery(t *testing.T) {
 	m.keeper = e.session(m.main)
 	m.sessions[m.keeper] = map[string]string{}
 	m.syncer = e.session(m.main)
-	e.mustCall("exec_command", m.main, map[string]any{"workspace_session_id": m.syncer, "cmd": "echo mine > own.txt && echo 'print(1)' > src/app.py", "yield_time_ms": 30000})
+	e.mustCall("exec_command", m.main, map[string]any{"workspace_session_id": m.syncer, "cmd": "echo mine > own.txt && echo 'print(1)' > src/app.py && sed -i 's/^5$/5 syncer/' shared.txt", "yield_time_ms": 30000})
 	m.sessions[m.syncer] = map[string]string{"own.txt": "mine\n", "src/app.py": "print(1)\n"}
 	m.syncBase = e.crashSessionBase(m.main, m.syncer)
+	m.syncLine1, m.syncSent = -1, -2
 	tiny := e.project(map[string]string{"t.txt": "t\n"})
 
 	began := time.Now()
 	for i := 0; i < cycles; i++ {
+		m.syncHang = [...]string{"", "", "exchanged", "", "remounted"}[i%5]
 		steps := crashSteps(e, m, i, tiny, rng)
 		// Kill during a random step: after its request went out, at a random
 		// moment (sometimes before it even starts, sometimes after it ended).
@@ -142,6 +152,9 @@ func TestCrashRecovery(t *testing.T) {
 		jitter := time.Duration(rng.IntN(60)) * time.Millisecond
 		if rng.IntN(4) == 0 {
 			jitter = time.Duration(rng.IntN(400)) * time.Millisecond
+		}
+		if m.syncHang != "" {
+			k, jitter = crashSyncStep, time.Second // the sync waits at its step: kill it there
 		}
 		entered := make(chan struct{})
 		finished := make(chan struct{})
@@ -187,6 +200,9 @@ func TestCrashRecovery(t *testing.T) {
 }
 
 type crashStep struct{ run func() bool }
+
+// crashSyncStep is the index of the syncer's step in crashSteps.
+const crashSyncStep = 5
 
 // crashSteps builds the cycle's workload. Each step records in m what the
 // supervisor acknowledged and returns false once the connection was lost.
@@ -296,9 +312,23 @@ func crashSteps(e *env, m *crashModel, i int, tiny string, rng *rand.Rand) []cra
 			}
 			return ok
 		}},
-		{func() bool { // the syncer moves onto the head
+		{func() bool { // the syncer moves onto the head, merging shared.txt
+			r, ok := call("file_write", m.main, map[string]any{"path": "shared.txt", "content": fmt.Sprintf("h %d\n2\n3\n4\n5\n", i)})
+			if !ok {
+				return false
+			}
+			if errKind(r) != "" {
+				t.Errorf("cycle %d file_write shared.txt: %v", i, r)
+				return true
+			}
+			m.syncSent = i
 			m.syncHead = headManifestVersion(e, m.main)
-			r, ok := call("sync_workspace_session", m.main, map[string]any{"workspace_session_id": m.syncer})
+			if m.syncHang != "" {
+				if err := os.WriteFile(filepath.Join(e.data(), "sandboxes", m.main, "sessions", m.syncer, "hang-sync-"+m.syncHang), nil, 0o600); err != nil {
+					t.Errorf("sync failpoint marker: %v", err)
+				}
+			}
+			r, ok = call("sync_workspace_session", m.main, map[string]any{"workspace_session_id": m.syncer})
 			if ok && errKind(r) != "" {
 				t.Errorf("cycle %d sync: %v", i, r)
 			}
@@ -866,6 +896,28 @@ func (e *env) checkSyncer(m *crashModel, live map[string]map[string]any, fail fu
 			fail("session %s on base %d (before the sync: %d) sees %s: %v", m.syncer, base, m.syncBase, m.syncWrite, seen)
 		}
 	}
-	m.stats[fmt.Sprintf("sync completed=%v", after)]++
-	m.syncBase, m.syncHead, m.syncWrite = base, 0, ""
+	// The merged file: the syncer's line always, the head's line of the
+	// base it is on (a new upper over the old base would show the new one).
+	r, err := e.call("file_read", m.main, map[string]any{"workspace_session_id": m.syncer, "path": "shared.txt"})
+	if err != nil || errKind(r) != "" {
+		fail("read shared.txt in %s: %v %v", m.syncer, r, err)
+	}
+	line1 := m.syncLine1
+	if after {
+		line1 = m.syncSent
+	}
+	if want := fmt.Sprintf("h %d\n2\n3\n4\n5 syncer", line1); strings.TrimSuffix(r["content"].(string), "\n") != want {
+		fail("session %s on base %d (before the sync: %d): shared.txt %q, want %q", m.syncer, base, m.syncBase, r["content"], want)
+	}
+	switch {
+	case m.syncHang == "exchanged" && after:
+		fail("killed between the exchange of the upper and the record, the session %s moved to base %d", m.syncer, base)
+	case m.syncHang == "remounted" && !after:
+		fail("killed after the record named the new base, the session %s is back on base %d", m.syncer, base)
+	}
+	for _, st := range []string{"exchanged", "remounted"} {
+		_ = os.Remove(filepath.Join(dir, "hang-sync-"+st)) // a marker the sync never reached
+	}
+	m.stats[fmt.Sprintf("sync held at %q completed=%v", m.syncHang, after)]++
+	m.syncBase, m.syncHead, m.syncWrite, m.syncLine1, m.syncSent = base, 0, "", line1, -2
 }

@@ -24,6 +24,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
@@ -127,6 +129,7 @@ func (p *Publisher) syncFrozen(ctx context.Context, sb *Sandbox, ss *Session, op
 	if err != nil {
 		return plan, out, err // SyncUpper changed nothing on failure
 	}
+	hangFailpoint(ss, "exchanged")
 	if err := p.Remount(ctx, sb, ss, target, ss.Upper()); err != nil {
 		if errors.Is(err, ErrRemountUnsettled) {
 			// The holder may serve the new upper: keep both trees and the
@@ -138,6 +141,7 @@ func (p *Publisher) syncFrozen(ctx context.Context, sb *Sandbox, ss *Session, op
 		}
 		return plan, out, fmt.Errorf("sync %s: %w", ss.ID(), err)
 	}
+	hangFailpoint(ss, "remounted")
 	p.Attr.SessionSynced(ctx, sb, ss, res)
 	if err := layers.CompleteSync(ss.Upper()); err != nil {
 		// The session runs on the new upper and its record says so: the
@@ -256,4 +260,18 @@ func settleSync(upper string, rec *SessionRecord) (changed bool, err error) {
 		changed = true
 	}
 	return changed, layers.AbortSync(upper)
+}
+
+// hangFailpoint holds a sync at a step for a minute when the test
+// failpoints are enabled (layers.FailpointEnv) and the session directory
+// has the marker hang-sync-<step>: the crash test kills the supervisor
+// there, between the exchange of the upper and the record (exchanged) or
+// between the record and CompleteSync (remounted).
+func hangFailpoint(ss *Session, step string) {
+	if os.Getenv(layers.FailpointEnv) != "1" {
+		return
+	}
+	if os.Remove(filepath.Join(ss.Dir, "hang-sync-"+step)) == nil {
+		time.Sleep(time.Minute)
+	}
 }
