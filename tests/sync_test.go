@@ -110,10 +110,8 @@ func TestSyncBringsHeadIntoLiveSession(t *testing.T) {
 			num(t, s["previous_base_revision"].(map[string]any)["manifest_version"]) != before {
 			t.Fatalf("base %d → %d; sync %v", before, after, s)
 		}
-		if !slices.Contains(res["active_command_session_ids"].([]any), any(cmd)) {
-			t.Fatalf("the running command did not survive the sync: %v", res)
-		}
-		// The command that was waiting sees alice's file through the new view.
+		// The command that was waiting (started before the sync, so it
+		// survived it) sees alice's file through the new view.
 		if out := e.waitDone(id, cmd); out["status"] != "ok" || out["output"] != "from A" {
 			t.Fatalf("running command after sync: %v", out)
 		}
@@ -150,6 +148,24 @@ func TestSyncBringsHeadIntoLiveSession(t *testing.T) {
 		}
 		if r := e.rt(id, "file_blame", "--workspace-session-id", b, "--path", "fromA.txt")["ranges"].([]any); r[0].(map[string]any)["owner"] != "workspace_session:"+a {
 			t.Errorf("fromA.txt blame in bob's session: %v", r)
+		}
+		// File activity keeps its owners: a command after the sync that
+		// changes nothing is credited with nothing (the rebuilt upper and
+		// the head's merge are no one's activity), bob's earlier edits keep
+		// their commands.
+		noop := e.exec(id, "--workspace-session-id", b, "true")["command_session_id"].(string)
+		edited := false
+		recs, _ := e.activity(id, map[string]any{"workspace_session_id": b})
+		for _, m := range recs {
+			if c, _ := m["command_session_id"].(string); c == noop {
+				t.Errorf("a no-op command after the sync is credited with %v", m)
+			}
+			if (m["path"] == "shared.txt" || m["new_path"] == "shared.txt") && m["command_session_id"] != nil { // sed -i renames on FUSE
+				edited = true
+			}
+		}
+		if !edited {
+			t.Errorf("bob's edit of shared.txt lost its activity record")
 		}
 		// The restarted supervisor brings the session back on its new base.
 		e.stop()
