@@ -55,6 +55,5 @@ func (b *bench) liveSync() {
 	fmt.Fprintf(tw, "sync_workspace_session\t%s\t%s\t\n", ms(sync), ratio(sync, fresh))
 	fmt.Fprintf(tw, "create_workspace_session\t%s\t\t\n", ms(fresh))
 	tw.Flush()
-	b.target("sync (10 files, 100 layers newer) / new session", ratio(sync, fresh), ratioValue(sync, fresh), "≤", 3, "×",
-		"a new session is the alternative that loses the running processes")
+	b.println("(issue #19 sets no target; a new session is the alternative that loses the session's running processes)")
 }
