@@ -129,8 +129,14 @@ var ops = []Op{
 		Title: "Squash layer stack", Effect: Additive, Idempotent: true,
 		Summary: "Fold runs of published layers into squashed layers.",
 		Help: "Every run of two or more layers above the base that no live session's newest layer splits becomes one S layer; " +
-			"the merged view is unchanged. Sessions keep their views; layers they still pin are reclaimed when they end.",
-		Result: "{manifest_version, squashed_blocks[{squashed_layer_id, replaced_layer_ids, replaced_layers, blocked_reasons?}], swept_sessions[{session_id, disposition, reason?}]}",
+			"the merged view is unchanged. Then the remount sweep (amendment A4) moves every live session whose layers were squashed onto the squashed layers " +
+			"without stopping its work (disposition remounted; runtime.layerstack.remount_sweep_width at a time), and the replaced layers are deleted before the result returns. " +
+			"A kernel-driver session with a process whose cwd, root, open file or mapping is inside /workspace stays on its layers " +
+			"(leased, reason pinned:cwd_pinned_workspace, pinned:fd_pinned_workspace or pinned:mapped_file_pinned_workspace, class_detail naming the commands); " +
+			"those layers are reclaimed when it ends. Other leased reasons: quiesce_failed:freeze_timeout, unsupported:<driver>_lower_swap. " +
+			"A session the move leaves in an unknown state is faulty and destroyed.",
+		Result: "{manifest_version, squashed_blocks[{squashed_layer_id, replaced_layer_ids, replaced_layers, blocked_reasons?}], " +
+			"swept_sessions[{session_id, disposition: session_gone|identity|remounted|leased|faulty, reason?, class_detail?}], faulty_sessions?[{session_id, class_detail, lease_errors}]}",
 		Args:   []Arg{sandboxIDArg},
 	},
 	{

@@ -54,7 +54,9 @@
 //     critical section, then invalidates exactly the kernel's entries,
 //     listings and attributes whose lookup result changed; directories
 //     keep their node, files backed by another file get a new one, open
-//     handles keep reading what they opened (swap.go).
+//     handles keep reading what they opened (swap.go). Server.Swap can
+//     replace the upper in the same critical section (a sync rewrote it);
+//     it is refused while a handle is open for writing.
 //
 // Locking: one RWMutex orders namespace changes and copy-up (exclusive)
 // against lookup, readdir and opens (shared); reads and writes on open

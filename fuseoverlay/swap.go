@@ -27,6 +27,21 @@ package fuseoverlay
 //     pages are dropped when the listing differs and its attributes when
 //     the directory shown (mode, owner, times) differs.
 //
+// Swap with a new upper (Chain.Upper) does the same walk with the upper
+// replaced too. No upper entry is then the same as before unless it is the
+// same inode, so every cached file of the old upper is dropped and every
+// directory merged from it compared; entries that show the same number in
+// both (an upper file over a lower one shows the lower's number) get a new
+// node all the same: go-fuse hands a lookup the known node of the same
+// identity, and with it the kernel's inode and its pages, so a detached
+// node's identity is retired (ofs.retired) until the kernel forgets it
+// and a new node takes another generation (TestSwapUpper reads the old
+// upper's bytes without it). The origin map starts over for the new upper
+// with the numbers its kept nodes show. A handle open for writing refuses
+// the swap (its writes would go to the replaced upper); since the kernel
+// sends RELEASE only after close(2) returned, the swap first waits a
+// moment (releaseGrace) for write handles to go.
+//
 // The kernel is told after the lock is released, since go-fuse's notify
 // calls must not be made while a request that holds a kernel lock the
 // notification needs (a LOOKUP holds its parent's i_rwsem) waits on ofs.mu.

@@ -553,6 +553,7 @@ func TestSwapUpperRefused(t *testing.T) {
 
 	wh, err := os.OpenFile(f.p("a"), os.O_WRONLY|os.O_APPEND, 0)
 	must(t, err)
+	defer wh.Close() // before the unmount, also when the test fails early
 	rh, err := os.Open(f.p("u"))
 	must(t, err)
 	defer rh.Close()

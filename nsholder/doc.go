@@ -40,8 +40,12 @@
 //     master goes to the supervisor with SCM_RIGHTS. Events: Exited when the root is reaped (wait status),
 //     then Done once kill(-pgid, 0) says the process group is empty.
 //   - File operations on an fd of /workspace (files.go).
-//   - The control protocol (proto.go); a lower swap's layers travel as
-//     descriptors in a multi-descriptor frame.
+//   - The control protocol (proto.go); a swap's layers (and new upper)
+//     travel as descriptors in a multi-descriptor frame. Ops for live
+//     sessions: swaplower (SwapLower), freeze and thaw (Freeze, Thaw;
+//     freeze.go), chain (Chain: the lowers' host paths and the upper's
+//     device and inode the holder serves now, for the supervisor's
+//     start-up recovery of a crashed sync).
 //
 // Decisions the contract leaves open:
 //
@@ -105,6 +109,51 @@
 //     process uses the old overlay; then nothing changes. A kernel without
 //     MOVE_MOUNT_BENEATH or without detached-tree layers gets
 //     ErrSwapUnsupported with the reason.
+//   - A new upper (SwapRequest.Upper, issue 19's sync and publish with
+//     keep): the supervisor replaces the directory at the session's upper
+//     path (layers.SyncUpper's RENAME_EXCHANGE) and names that path, which
+//     must be Config.Upper (else fs.ErrInvalid); the client sends its
+//     descriptor with the lowers. fuse: fuseoverlay.Swap replaces upper
+//     and lowers in one critical section and re-resolves every known node
+//     against both, so a path whose upper entry appeared, vanished or is
+//     another file (whiteouts and opaque directories included) is
+//     invalidated like a lower change; every file in the old upper is
+//     another file in the new one (a copy), so each cached one is dropped.
+//     It is refused with a *PinnedError of kind "fd" (path, owner, and the
+//     pid /proc shows holding it) while any handle is open for writing:
+//     its writes would land in the replaced upper. Read-only handles keep
+//     reading what they opened. kernel: the new overlay takes the upper
+//     by name through the holder's clone; the directory there must be the
+//     one sent (device and inode, checked before and after the mount),
+//     else fs.ErrInvalid and nothing changes. A kernel swap without Upper
+//     checks the name still holds the upper the session has, so a
+//     replaced upper is never picked up unannounced (the fuse driver
+//     keeps serving the upper it has by descriptor).
+//   - What a process sees: on fuse, a command running across a swap (cwd
+//     inside /workspace included) sees the new view from its next lookup;
+//     its open files are the old ones. On the kernel driver no process may
+//     be in the old overlay (the pin check), so only processes outside
+//     /workspace run across a swap, and they see the new view.
+//
+// Freeze (freeze.go): Client.Freeze stops every session process with
+// SIGSTOP (all must stop within the budget, else ErrFreezeTimeout and the
+// ones stopped are continued) and then flushes what the session wrote so
+// a reader of the upper on the host sees it: fuse syncfs()s /workspace
+// (stores through a shared mapping are dirty pages of the FUSE mount until
+// writeback; TestFreezeThaw shows the host reading the old bytes without
+// it) and passes the buffered provenance records on; the kernel overlay
+// needs nothing (a copied-up file's reads, writes and mappings are the
+// upper inode's own, whose pages a host reader shares). The freeze lasts
+// until Thaw, Quiesce, shutdown or the holder's end (the supervisor's end
+// of the channel closing makes the holder exit, and the kernel kills the
+// PID namespace, stopped processes too), at most freezeLimit (60 s): then
+// the holder continues the session, logs it, and the next Thaw returns
+// ErrFreezeExpired. Freeze while frozen is accepted (it stops whatever
+// runs again and restarts the limit); freezes do not nest, one Thaw ends
+// it; Thaw when not frozen is nil. Freeze does not hold back Spawn (the
+// supervisor keeps the session's gate). A kernel SwapLower while frozen
+// stops anything that runs again and leaves the session frozen for the
+// caller's Thaw; the fuse swap stops nothing.
 //
 // The start-up probe (probe.go) is a short-lived child in a fresh user and
 // mount namespace that proves (or disproves, with the kernel's reason) that

@@ -19,6 +19,10 @@ package nsholder
 //     every session process, bounded by SwapRequest.FreezeBudget), and any process
 //     whose cwd, root, open descriptor or mapping is in the old overlay
 //     makes the swap fail with *PinnedError naming it; nothing changes then.
+//     A caller that froze the session (Freeze) keeps it frozen across the
+//     swap.
+//   - with SwapRequest.Upper, the session's replaced upper comes along in
+//     the same swap (see the package doc).
 //     See /work/briefs/swap-findings.md and the package doc.
 
 import (

@@ -125,8 +125,15 @@ func TestSwapLowerHolder(t *testing.T) {
 				waitFile(t, filepath.Join(f.upper, "inside-ready"))
 			}
 
+			before, err := s.h.Chain(ctx)
+			must(t, err)
 			if err := s.h.SwapLower(ctx, SwapRequest{Lowers: chain}); err != nil {
 				t.Fatalf("SwapLower: %v", err)
+			}
+			// Chain reports the new lowers and the same upper.
+			if ci, err := s.h.Chain(ctx); err != nil || strings.Join(ci.Lowers, ",") != strings.Join(chain, ",") ||
+				ci.UpperDev != before.UpperDev || ci.UpperIno != before.UpperIno {
+				t.Errorf("Chain after a lower swap: %+v %v, want %v over the upper of %+v", ci, err, chain, before)
 			}
 			if _, err := s.h.WriteFile(ctx, "go", nil, nil); err != nil {
 				t.Fatal(err)

@@ -164,6 +164,11 @@ func TestSquashRemountsLiveSessions(t *testing.T) {
 				t.Fatalf("exec in %s after the remount: %v", ws, out)
 			}
 			views[ws] = e.sessionView(id, ws)
+			// File activity goes on being recorded for the session.
+			recs, _ := e.activity(id, map[string]any{"workspace_session_id": ws, "path": fmt.Sprintf("x%d.txt", i+1)})
+			if len(recs) == 0 {
+				t.Fatalf("no file activity of %s for x%d.txt after the remount", ws, i+1)
+			}
 		}
 
 		// A restart restores them on the squashed chain.
@@ -198,8 +203,14 @@ func TestSquashRemountsLiveSessions(t *testing.T) {
 			if !leased {
 				t.Fatalf("the pinned session's layers are not leased: %v", res)
 			}
+			// Nothing of the refused move remains: same chain, no extra lease.
+			if got := e.sessionLayers(id)[pinned]; got != 7 {
+				t.Fatalf("pinned session's chain has %d layers, want its old 7", got)
+			}
 			e.stopWait(id, pinned, cmd)
-			e.rt(id, "destroy_workspace_session", "--workspace-session-id", pinned)
+			if d := e.rt(id, "destroy_workspace_session", "--workspace-session-id", pinned); num(t, d["active_leases_after"]) != int64(len(sessions)) {
+				t.Fatalf("leases after destroying the pinned session: %v (want one per live session)", d)
+			}
 		}
 
 		// Every session publishes; the head has all their work.

@@ -93,7 +93,8 @@ type Span interface {
 // Occupant is a live session as the remount sweep sees it.
 type Occupant interface {
 	ID() string
-	// Base is the manifest the session's view was frozen at.
+	// Base is the manifest the session's view is on (a remount changes
+	// its chain, never its content).
 	Base() layers.Manifest
 	Gone() bool
 	// Remount moves the session onto its base with res's substitutions

@@ -76,17 +76,24 @@ func (ss *Session) LockGate(ctx context.Context) error {
 
 // Remount moves the live session ss of sb onto the chain of target (a
 // manifest whose layers are in sb's stack). The caller holds ss.Gate.
-// upper is the host path of a replacement upper dir to use after the swap
-// ("" keeps the current one; sync and publish-keep pass it once the
-// holder's SwapRequest.Upper exists).
+// upper is "" to keep the session's upper, or ss.Upper() after a new upper
+// directory was renamed into place there (sync, publish with keep): it is
+// nsholder.SwapRequest.Upper, and the holder moves onto it together with
+// the new lowers.
 //
 // On error nothing changed: the target lease is released and the session
-// still runs on, and is recorded on, its old chain. Errors keep the
-// holder's causes for errors.Is: nsholder.ErrSwapPinned (a *PinnedError),
-// ErrFreezeTimeout, ErrSwapUnsupported. The exception is an error wrapping
-// ErrRemountUnsettled: the swap may have happened but could not be
-// recorded or undone, so the session's chain is unknown (the sweep reports
-// it faulty and destroys it).
+// still runs on, and is recorded on, its old chain (and the holder on the
+// upper it had). Errors keep the holder's causes for errors.Is:
+// nsholder.ErrSwapPinned (a *PinnedError), ErrFreezeTimeout,
+// ErrSwapUnsupported, fs.ErrInvalid (e.g. upper is not the session's). The
+// exception is an error wrapping ErrRemountUnsettled: the swap happened but
+// the record could not be written (and, with upper "", not undone either),
+// so holder and persisted record disagree; with upper set the session is
+// left on the new chain in memory, the old lease kept, for the caller to
+// settle (the sweep reports it faulty and destroys the session).
+//
+// A caller that froze the session (nsholder Client.Freeze) keeps it
+// frozen across the swap and thaws it afterwards.
 func (h *Holders) Remount(ctx context.Context, sb *Sandbox, ss *Session, target layers.Manifest, upper string) error {
 	if len(target.Layers) == 0 {
 		return fmt.Errorf("remount %s: empty target chain", ss.ID())
@@ -109,11 +116,7 @@ func (h *Holders) Remount(ctx context.Context, sb *Sandbox, ss *Session, target 
 		if hl == nil {
 			return nil
 		}
-		req := nsholder.SwapRequest{Lowers: sb.Stack.LayerDirs(m), FreezeBudget: budget}
-		if m.Revision() == target.Revision() {
-			req.Upper = upper // the swap back keeps the upper the session now has
-		}
-		err := hl.SwapLower(sctx, req)
+		err := hl.SwapLower(sctx, nsholder.SwapRequest{Lowers: sb.Stack.LayerDirs(m), Upper: upper, FreezeBudget: budget})
 		if errors.Is(err, fuseoverlay.ErrSwapInvalidate) {
 			// Swapped; only the kernel's caches may be stale for their
 			// timeout (a minute at most), which no data depends on.
@@ -137,6 +140,14 @@ func (h *Holders) Remount(ctx context.Context, sb *Sandbox, ss *Session, target 
 	rec := ss.Rec
 	ss.Mu.Unlock()
 	if err := h.DB.Put(sctx2, statedb.KindSession, rec.WorkspaceSessionID, sb.Rec.ID, rec); err != nil {
+		if upper != "" {
+			// The holder serves the new upper, which the old chain does
+			// not go with: no way back from here. The old lease stays
+			// (the persisted record still names it), for the caller to
+			// settle.
+			sp.Done(err, nil)
+			return fmt.Errorf("remount %s: persist the record: %w", ss.ID(), errors.Join(err, ErrRemountUnsettled))
+		}
 		// The record still names the old chain: go back to it, so memory,
 		// holder and database agree again.
 		ss.Mu.Lock()

@@ -25,6 +25,10 @@ import (
 //     message naming the processes and their commands.
 //   - ErrSwapUnsupported → "unsupported:<driver>_lower_swap" with the
 //     holder's reason in class_detail.
+//   - A holder that died meanwhile, or a request given up before the swap
+//     began, leaves the session "leased" (quiesce_failed:holder_exited,
+//     quiesce_failed:cancelled): nothing changed, and a dead holder is
+//     restarted over the recorded chain by the holder watch.
 //   - Anything else is "faulty" and the session is destroyed (contract): the
 //     holder reported a failure it does not classify, so whether its
 //     /workspace still matches the recorded chain is not known.
@@ -56,6 +60,14 @@ func (h *Holders) SweepRemount(ctx context.Context, sb *Sandbox, ss *Session, re
 		return sandbox.RemountOutcome{Disposition: "leased", Reason: "quiesce_failed:freeze_timeout", ClassDetail: sweepDetail(err.Error())}
 	case errors.Is(err, nsholder.ErrSwapUnsupported):
 		return sandbox.RemountOutcome{Disposition: "leased", Reason: "unsupported:" + ss.Rec.OverlayDriver + "_lower_swap", ClassDetail: sweepDetail(err.Error())}
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		// Remount checks the context before it begins; nothing changed.
+		return sandbox.RemountOutcome{Disposition: "leased", Reason: "quiesce_failed:cancelled", ClassDetail: sweepDetail(err.Error())}
+	case errors.Is(err, nsholder.ErrExited) || holderDead(ss):
+		// Its death is handled by the holder watch (a new holder over the
+		// recorded, old chain), which waits for the gate we hold: never
+		// destroy an explicit session's work for it.
+		return sandbox.RemountOutcome{Disposition: "leased", Reason: "quiesce_failed:holder_exited", ClassDetail: sweepDetail(err.Error())}
 	}
 	out := sandbox.RemountOutcome{Disposition: "faulty", ClassDetail: sweepDetail(err.Error()), LeaseErrors: []string{}}
 	h.Log.Warn("remount sweep: session faulty, destroying it", "workspace_session_id", ss.ID(), "err", err)
@@ -63,6 +75,20 @@ func (h *Holders) SweepRemount(ctx context.Context, sb *Sandbox, ss *Session, re
 		out.LeaseErrors = append(out.LeaseErrors, derr.Error())
 	}
 	return out
+}
+
+// holderDead reports whether the session's holder process has exited.
+func holderDead(ss *Session) bool {
+	h := ss.CurrentHolder()
+	if h == nil {
+		return true
+	}
+	select {
+	case <-h.Done():
+		return true
+	default:
+		return false
+	}
 }
 
 // pinReason is the contract's reason for the first classified pin.
