@@ -281,6 +281,21 @@ func TestSyncKernelPinnedCommandRefuses(t *testing.T) {
 	if out := e.rt(id, "read_command_lines", "--command-session-id", cmd); out["status"] != "running" {
 		t.Fatalf("the pinned command must keep running: %v", out)
 	}
+	// publish keep:true commits, then cannot move the pinned session: the
+	// error says the publish completed and how to move it later.
+	e.exec(id, "--workspace-session-id", b, "echo b > b.txt")
+	body = e.rtFail(id, 1, "operation_failed", "publish_workspace_session", "--workspace-session-id", b, "--keep")
+	d = body["details"].(map[string]any)
+	if d["publish_completed"] != true || d["recovery_operation"] != "sync_workspace_session" || d["destroyed"] != false ||
+		d["reason"] != "pinned:cwd_pinned_workspace" {
+		t.Fatalf("keep of a pinned session: %v", body)
+	}
+	if got := e.rt(id, "file_read", "--path", "b.txt")["content"]; got != "b" {
+		t.Fatalf("the publish did not commit: %v", got)
+	}
+	if e.sessionBaseVersion(id, b) != before || e.sessionRead(id, b, "b.txt") != "b" {
+		t.Fatal("the session must stay as it was")
+	}
 }
 
 func TestPublishKeepTwiceCreditsBothCommits(t *testing.T) {
