@@ -344,3 +344,27 @@ func TestPublishKeepTwiceCreditsBothCommits(t *testing.T) {
 		}
 	})
 }
+
+// TestPublishKeepDropsWhatThePublishDropped: a publish that kept the head's
+// version of a path (theirs) leaves the kept session on the head with an
+// empty upper too — the session's discarded version does not come back as
+// a conflict.
+func TestPublishKeepDropsWhatThePublishDropped(t *testing.T) {
+	forDrivers(t, func(t *testing.T) {
+		e, id := sandboxWith(t, map[string]string{"f.txt": lines(3, "base")})
+		a, b := e.session(id), e.session(id)
+		e.exec(id, "--workspace-session-id", a, "sed -i 's/line 2 base/line 2 alice/' f.txt")
+		e.publish(id, a)
+		e.exec(id, "--workspace-session-id", b, "sed -i 's/line 2 base/line 2 bob/' f.txt && echo new > new.txt")
+		p := e.publish(id, b, "--keep", "--resolutions", `[{"path":"f.txt","strategy":"theirs"}]`)
+		if p["kept"] != true {
+			t.Fatalf("keep: %v", p)
+		}
+		if up := e.upperEntries(id, b); len(up) != 0 {
+			t.Fatalf("upper after keep must be empty: %v", up)
+		}
+		if got := e.sessionRead(id, b, "f.txt"); !strings.Contains(got, "line 2 alice") {
+			t.Fatalf("the kept session shows %q", got)
+		}
+	})
+}
