@@ -13,7 +13,7 @@ package workspace
 //  4. Remount: the holder swaps onto the target chain over the new upper,
 //     the session's record, lease and base move to the target — from here
 //     the sync has happened (the persisted record is the commit point that
-//     start-up recovery reads, see RecoverSyncs);
+//     start-up recovery reads, see settleSync);
 //  5. attribution follows the new upper, CompleteSync drops the old upper;
 //  6. thaw.
 //
@@ -171,8 +171,8 @@ func (e *KeepError) Unwrap() error { return e.Err }
 // the head's (theirs), so the upper ends empty while the holder, its
 // processes and the id stay. The session is frozen across both, so no
 // write falls between the capture and the new upper. A crash between the
-// two leaves a session whose upper equals what the head holds: harmless,
-// a later sync empties it.
+// two leaves a session on its old base whose upper holds what the head
+// already has: harmless, a later sync or publish resolves it.
 func (p *Publisher) PublishKeep(ctx context.Context, sb *Sandbox, ss *Session, popt layers.PublishOptions) (*layers.Plan, layers.PublishResult, SyncOutcome, error) {
 	prev := ss.Base()
 	out := SyncOutcome{Previous: prev.Revision(), Revision: prev.Revision()}
