@@ -154,7 +154,7 @@ func TestCrashRecovery(t *testing.T) {
 			jitter = time.Duration(rng.IntN(400)) * time.Millisecond
 		}
 		if m.syncHang != "" {
-			k, jitter = crashSyncStep, time.Second // the sync waits at its step: kill it there
+			k, jitter = crashSyncStep, 0 // the sync waits at its step (awaitSyncHeld): kill it there
 		}
 		entered := make(chan struct{})
 		finished := make(chan struct{})
@@ -172,6 +172,9 @@ func TestCrashRecovery(t *testing.T) {
 		t0 := time.Now()
 		select {
 		case <-entered:
+			if m.syncHang != "" {
+				e.awaitSyncHeld(m, finished)
+			}
 			time.Sleep(jitter)
 		case <-finished:
 		}
@@ -203,6 +206,27 @@ type crashStep struct{ run func() bool }
 
 // crashSyncStep is the index of the syncer's step in crashSteps.
 const crashSyncStep = 5
+
+// awaitSyncHeld waits until the sync failpoint consumed its marker (the
+// sync is held there for a minute), or the cycle's steps ended.
+func (e *env) awaitSyncHeld(m *crashModel, finished <-chan struct{}) {
+	marker := filepath.Join(e.data(), "sandboxes", m.main, "sessions", m.syncer, "hang-sync-"+m.syncHang)
+	written := false
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		_, err := os.Lstat(marker)
+		if err == nil {
+			written = true
+		} else if written {
+			time.Sleep(20 * time.Millisecond) // the step after it
+			return
+		}
+		select {
+		case <-finished:
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
 
 // crashSteps builds the cycle's workload. Each step records in m what the
 // supervisor acknowledged and returns false once the connection was lost.
