@@ -76,16 +76,30 @@ type crashModel struct {
 	// publishing: sessions whose publish was in flight; if head lacks their
 	// files, the session must still exist with them.
 	publishing map[string]map[string]string
-	destroying map[string]bool   // sessions whose destroy was in flight: may be gone
-	keeper     string            // an explicit session with long-running commands
-	running    []string          // commands that a kill must report interrupted
-	implicit   map[string]string // implicit command → path of its (atomic) output dir
-	sandboxes  map[string]bool   // throwaway sandboxes: true acknowledged alive
-	maybe      map[string]bool   // throwaway sandboxes whose create/destroy was in flight
-	stats      map[string]int    // what the kills caught, logged at the end
-	verified   map[string]string // layer ID → digest already recomputed from its content
-	checked    map[string]bool   // published paths already seen in head once
-	cycles     int
+	destroying map[string]bool // sessions whose destroy was in flight: may be gone
+	keeper     string          // an explicit session with long-running commands
+	// syncer is an explicit session synced onto the head every cycle; after
+	// a kill it must be exactly before (syncBase) or after the sync.
+	syncer    string
+	syncBase  int64  // its base manifest version at the last check
+	syncHead  int64  // head version when this cycle's sync was sent, 0 = not sent
+	syncWrite string // this cycle's acknowledged sessionless write (before the sync)
+	// shared.txt: the head rewrites its line 1 every cycle, the syncer
+	// changed its line 5, so each sync merges it; syncLine1 is line 1 as
+	// the syncer saw it at the last check, syncSent line 1 of the head it
+	// synced onto this cycle (-2 = not sent).
+	syncLine1, syncSent int
+	// syncHang: the sync of this cycle is held at this step (a test
+	// failpoint, "" = none) and the kill comes while it is held.
+	syncHang  string
+	running   []string          // commands that a kill must report interrupted
+	implicit  map[string]string // implicit command → path of its (atomic) output dir
+	sandboxes map[string]bool   // throwaway sandboxes: true acknowledged alive
+	maybe     map[string]bool   // throwaway sandboxes whose create/destroy was in flight
+	stats     map[string]int    // what the kills caught, logged at the end
+	verified  map[string]string // layer ID → digest already recomputed from its content
+	checked   map[string]bool   // published paths already seen in head once
+	cycles    int
 }
 
 // TestCrashRecovery kills the supervisor with SIGKILL at randomized points of
@@ -112,7 +126,7 @@ func TestCrashRecovery(t *testing.T) {
 	// an autosquash would race; squash crashes are TestSquashCrash's.
 	writeConfig(t, e, "runtime:\n  layerstack:\n    autosquash:\n      squash_at_n_layers: null\n")
 	e.start()
-	root := e.project(map[string]string{"base.txt": "base\n", "src/app.py": "print('hi')\n"})
+	root := e.project(map[string]string{"base.txt": "base\n", "src/app.py": "print('hi')\n", "shared.txt": "h -1\n2\n3\n4\n5\n"})
 	m := &crashModel{
 		main: e.createSandbox(root), published: map[string]string{"base.txt": "base\n"},
 		sessions: map[string]map[string]string{}, publishing: map[string]map[string]string{}, destroying: map[string]bool{},
@@ -121,10 +135,16 @@ func TestCrashRecovery(t *testing.T) {
 	}
 	m.keeper = e.session(m.main)
 	m.sessions[m.keeper] = map[string]string{}
+	m.syncer = e.session(m.main)
+	e.mustCall("exec_command", m.main, map[string]any{"workspace_session_id": m.syncer, "cmd": "echo mine > own.txt && echo 'print(1)' > src/app.py && sed -i 's/^5$/5 syncer/' shared.txt", "yield_time_ms": 30000})
+	m.sessions[m.syncer] = map[string]string{"own.txt": "mine\n", "src/app.py": "print(1)\n"}
+	m.syncBase = e.crashSessionBase(m.main, m.syncer)
+	m.syncLine1, m.syncSent = -1, -2
 	tiny := e.project(map[string]string{"t.txt": "t\n"})
 
 	began := time.Now()
 	for i := 0; i < cycles; i++ {
+		m.syncHang = [...]string{"", "", "exchanged", "", "remounted"}[i%5]
 		steps := crashSteps(e, m, i, tiny, rng)
 		// Kill during a random step: after its request went out, at a random
 		// moment (sometimes before it even starts, sometimes after it ended).
@@ -132,6 +152,9 @@ func TestCrashRecovery(t *testing.T) {
 		jitter := time.Duration(rng.IntN(60)) * time.Millisecond
 		if rng.IntN(4) == 0 {
 			jitter = time.Duration(rng.IntN(400)) * time.Millisecond
+		}
+		if m.syncHang != "" {
+			k, jitter = crashSyncStep, 0 // the sync waits at its step (awaitSyncHeld): kill it there
 		}
 		entered := make(chan struct{})
 		finished := make(chan struct{})
@@ -149,6 +172,9 @@ func TestCrashRecovery(t *testing.T) {
 		t0 := time.Now()
 		select {
 		case <-entered:
+			if m.syncHang != "" {
+				e.awaitSyncHeld(m, finished)
+			}
 			time.Sleep(jitter)
 		case <-finished:
 		}
@@ -177,6 +203,30 @@ func TestCrashRecovery(t *testing.T) {
 }
 
 type crashStep struct{ run func() bool }
+
+// crashSyncStep is the index of the syncer's step in crashSteps.
+const crashSyncStep = 5
+
+// awaitSyncHeld waits until the sync failpoint consumed its marker (the
+// sync is held there for a minute), or the cycle's steps ended.
+func (e *env) awaitSyncHeld(m *crashModel, finished <-chan struct{}) {
+	marker := filepath.Join(e.data(), "sandboxes", m.main, "sessions", m.syncer, "hang-sync-"+m.syncHang)
+	written := false
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		_, err := os.Lstat(marker)
+		if err == nil {
+			written = true
+		} else if written {
+			time.Sleep(20 * time.Millisecond) // the step after it
+			return
+		}
+		select {
+		case <-finished:
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
 
 // crashSteps builds the cycle's workload. Each step records in m what the
 // supervisor acknowledged and returns false once the connection was lost.
@@ -278,10 +328,33 @@ func crashSteps(e *env, m *crashModel, i int, tiny string, rng *rand.Rand) []cra
 			r, ok := call("file_write", m.main, map[string]any{"path": p, "content": c})
 			if ok && errKind(r) == "" {
 				m.published[p] = c
+				m.syncWrite = p
 			} else if ok {
 				t.Errorf("cycle %d file_write: %v", i, r)
 			} else {
 				m.pending = append(m.pending, map[string]string{p: c})
+			}
+			return ok
+		}},
+		{func() bool { // the syncer moves onto the head, merging shared.txt
+			r, ok := call("file_write", m.main, map[string]any{"path": "shared.txt", "content": fmt.Sprintf("h %d\n2\n3\n4\n5\n", i)})
+			if !ok {
+				return false
+			}
+			if errKind(r) != "" {
+				t.Errorf("cycle %d file_write shared.txt: %v", i, r)
+				return true
+			}
+			m.syncSent = i
+			m.syncHead = headManifestVersion(e, m.main)
+			if m.syncHang != "" {
+				if err := os.WriteFile(filepath.Join(e.data(), "sandboxes", m.main, "sessions", m.syncer, "hang-sync-"+m.syncHang), nil, 0o600); err != nil {
+					t.Errorf("sync failpoint marker: %v", err)
+				}
+			}
+			r, ok = call("sync_workspace_session", m.main, map[string]any{"workspace_session_id": m.syncer})
+			if ok && errKind(r) != "" {
+				t.Errorf("cycle %d sync: %v", i, r)
 			}
 			return ok
 		}},
@@ -320,7 +393,7 @@ func crashSteps(e *env, m *crashModel, i int, tiny string, rng *rand.Rand) []cra
 	if len(m.sessions) > 2 {
 		var victim string
 		for id := range m.sessions {
-			if id != m.keeper && id != ws && (victim == "" || id < victim) {
+			if id != m.keeper && id != m.syncer && id != ws && (victim == "" || id < victim) {
 				victim = id
 			}
 		}
@@ -541,6 +614,7 @@ func (e *env) checkCrashInvariants(t *testing.T, m *crashModel, cycle int) {
 		}
 	}
 	m.destroying = map[string]bool{}
+	e.checkSyncer(m, live, fail)
 	for ws, files := range m.sessions {
 		if live[ws] == nil {
 			fail("acknowledged session %s is gone", ws)
@@ -787,4 +861,87 @@ func layerDigest(st *layers.Stack, below []layers.LayerRef, root string, allDirs
 	}
 	slices.SortFunc(changes, func(a, b layers.Change) int { return strings.Compare(a.Path, b.Path) })
 	return layers.ComputeLayerDigest(changes)
+}
+
+// crashSessionBase is the base manifest version of a live session.
+func (e *env) crashSessionBase(sb, ws string) int64 {
+	e.t.Helper()
+	for _, v := range e.mustCall("list_workspace_sessions", sb, nil)["workspace_sessions"].([]any) {
+		if s := v.(map[string]any); s["workspace_session_id"] == ws {
+			return int64(s["base_revision"].(map[string]any)["manifest_version"].(float64))
+		}
+	}
+	e.t.Fatalf("session %s not listed", ws)
+	return 0
+}
+
+// headManifestVersion reads the head's version from disk (0 when unreadable).
+func headManifestVersion(e *env, sb string) int64 {
+	b, err := os.ReadFile(filepath.Join(e.data(), "sandboxes", sb, "layerstack", "manifest.json"))
+	if err != nil {
+		return 0
+	}
+	var m struct {
+		Version int64 `json:"version"`
+	}
+	if json.Unmarshal(b, &m) != nil {
+		return 0
+	}
+	return m.Version
+}
+
+// checkSyncer: a kill during a sync leaves the session exactly before it
+// (its old base, none of the head's newer files) or after it (a base at
+// least the head it was sent against, with this cycle's write visible),
+// with its own files either way and no sync leftovers beside its upper.
+func (e *env) checkSyncer(m *crashModel, live map[string]map[string]any, fail func(string, ...any)) {
+	s := live[m.syncer]
+	if s == nil {
+		fail("the synced session %s is gone", m.syncer)
+	}
+	base := int64(s["base_revision"].(map[string]any)["manifest_version"].(float64))
+	dir := filepath.Join(e.data(), "sandboxes", m.main, "sessions", m.syncer)
+	for _, n := range []string{".upper.sync-new", ".upper.sync.json", ".upper.sync.json.tmp"} {
+		if _, err := os.Lstat(filepath.Join(dir, n)); err == nil {
+			fail("sync leftover %s after recovery", n)
+		}
+	}
+	after := base != m.syncBase
+	if after && base < m.syncHead {
+		fail("synced session %s on base %d, older than the head %d it synced onto (was %d)", m.syncer, base, m.syncHead, m.syncBase)
+	}
+	if after && m.syncHead == 0 {
+		fail("session %s moved from base %d to %d without a sync", m.syncer, m.syncBase, base)
+	}
+	if m.syncWrite != "" && m.syncHead != 0 {
+		r, err := e.call("file_read", m.main, map[string]any{"workspace_session_id": m.syncer, "path": m.syncWrite})
+		seen := err == nil && errKind(r) == ""
+		if seen != after {
+			fail("session %s on base %d (before the sync: %d) sees %s: %v", m.syncer, base, m.syncBase, m.syncWrite, seen)
+		}
+	}
+	// The merged file: the syncer's line always, the head's line of the
+	// base it is on (a new upper over the old base would show the new one).
+	r, err := e.call("file_read", m.main, map[string]any{"workspace_session_id": m.syncer, "path": "shared.txt"})
+	if err != nil || errKind(r) != "" {
+		fail("read shared.txt in %s: %v %v", m.syncer, r, err)
+	}
+	line1 := m.syncLine1
+	if after {
+		line1 = m.syncSent
+	}
+	if want := fmt.Sprintf("h %d\n2\n3\n4\n5 syncer", line1); strings.TrimSuffix(r["content"].(string), "\n") != want {
+		fail("session %s on base %d (before the sync: %d): shared.txt %q, want %q", m.syncer, base, m.syncBase, r["content"], want)
+	}
+	switch {
+	case m.syncHang == "exchanged" && after:
+		fail("killed between the exchange of the upper and the record, the session %s moved to base %d", m.syncer, base)
+	case m.syncHang == "remounted" && !after:
+		fail("killed after the record named the new base, the session %s is back on base %d", m.syncer, base)
+	}
+	for _, st := range []string{"exchanged", "remounted"} {
+		_ = os.Remove(filepath.Join(dir, "hang-sync-"+st)) // a marker the sync never reached
+	}
+	m.stats[fmt.Sprintf("sync held at %q completed=%v", m.syncHang, after)]++
+	m.syncBase, m.syncHead, m.syncWrite, m.syncLine1, m.syncSent = base, 0, "", line1, -2
 }
