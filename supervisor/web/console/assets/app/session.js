@@ -29,7 +29,7 @@ export function sessionPage(view, [sandboxId, wsId]) {
   clear(view,
     h('section', { class: 'card' }, info),
     h('div', {}, syncResult, syncPanel),
-    forkDialog,
+    forkDialog.el,
     h('div', { class: 'cols' },
       h('section', { class: 'card wide' },
         h('h3', {}, 'Terminal'),
@@ -140,7 +140,7 @@ export function sessionPage(view, [sandboxId, wsId]) {
         h('span', { class: 'spacer' }),
         s.finalize_policy !== 'publish_then_destroy' ? [ // implicit sessions publish themselves
           h('button', { id: 'sync', title: 'bring the session onto the current head: plan first', onclick: toggleSync }, syncOpen ? 'Close sync' : 'Sync…'),
-          h('button', { id: 'fork', title: 'a new session with this view, independent afterwards', onclick: () => forkDialog.open(s) }, 'Fork…'),
+          h('button', { id: 'fork', title: 'a new session with this view, independent afterwards', onclick: () => forkDialog.show(s) }, 'Fork…'),
         ] : null,
         h('a', { href: `#/review/${sandboxId}/${wsId}`, class: 'button primary', id: 'review' }, 'Review & publish'),
         h('button', { class: 'danger', id: 'discard', onclick: discard }, 'Discard'));
@@ -310,14 +310,15 @@ function forkForm(sandboxId, wsId) {
       err.textContent = errText(e);
     } finally { ok.disabled = false; }
   }
-  // open fills in the source's agent (suffixed) and network profile.
-  d.open = (s) => {
+  // show fills in the source's agent (suffixed) and network profile. (Not
+  // d.open: that is the dialog's own open attribute.)
+  const show = (s) => {
     agent.value = s.agent ? `${s.agent}-fork` : '';
     profile.value = s.network_profile || 'shared';
     err.textContent = '';
     d.showModal();
   };
-  return d;
+  return { el: d, show };
 }
 
 // blameView renders content with a gutter: one colour per agent (or owner),
