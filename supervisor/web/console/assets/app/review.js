@@ -120,8 +120,7 @@ export function planner({ sandboxId, wsId, mode: modeName, onDone = () => {}, ex
     // its pick would be an unknown resolution path.
     const planned = new Set(p.paths.map((x) => x.path));
     for (const k of picks.keys()) if (!planned.has(k)) picks.delete(k);
-    clear(head, wouldCommit ? badge(modeName === 'sync' ? 'would sync' : 'would commit', 'ok')
-      : badge(p.conflicts.length ? `would not ${mode.verb.toLowerCase()}` : p.paths.length ? `would not ${mode.verb.toLowerCase()}` : `nothing to ${mode.verb.toLowerCase()}`, 'warn'),
+    clear(head, verdict(p, wouldCommit),
     (plan.active_command_session_ids || []).length ? badge(`${plan.active_command_session_ids.length} commands running`, 'warn') : null);
     const headRev = p.head_revision?.manifest_version ?? out.revision?.manifest_version ?? out.base_revision?.manifest_version ?? '';
     clear(summary,
@@ -130,6 +129,20 @@ export function planner({ sandboxId, wsId, mode: modeName, onDone = () => {}, ex
       p.conflicts.length ? h('span', { class: 'bad', id: ids.conflictCount }, `${p.conflicts.length} conflicting`) : null);
     clear(list, p.paths.map(pathCard));
     el.dataset.planned = String(Date.now());
+  }
+
+  // verdict says what the action would do. A sync moves the base even
+  // when the session changed nothing, so it is judged by its conflicts.
+  function verdict(p, wouldCommit) {
+    const verb = mode.verb.toLowerCase();
+    if (p.conflicts.length) return badge(`would not ${verb}`, 'warn');
+    if (modeName === 'sync') {
+      const from = p.base_revision?.manifest_version;
+      const to = p.head_revision?.manifest_version;
+      return from === to ? badge('already on the head', 'warn') : badge(`would sync onto revision ${to}`, 'ok');
+    }
+    if (wouldCommit) return badge('would commit', 'ok');
+    return badge(p.paths.length ? `would not ${verb}` : `nothing to ${verb}`, 'warn');
   }
 
   function pathCard(e) {
@@ -207,14 +220,20 @@ export function planner({ sandboxId, wsId, mode: modeName, onDone = () => {}, ex
 
   function showRejected(e) {
     const d = e.details || {};
-    const rej = d[`${mode.key}_rejection`] || d.publish_rejection || d.sync_rejection || d.rejection;
-    clear(result, h('section', { class: 'card conflict', id: ids.rejected },
-      h('h3', {}, `${mode.verb} rejected`), h('p', {}, errText(e)),
+    // A sync (and publish's) rejection is publish_rejection (contract A4).
+    const rej = d.publish_rejection;
+    // keep:true whose publish went through but whose move onto the new head
+    // did not: the layer exists; the session is still on its old base.
+    const published = d.publish_completed === true;
+    clear(result, h('section', { class: 'card conflict', id: ids.rejected, dataset: { publishCompleted: String(published) } },
+      h('h3', {}, published ? 'Published, but the session could not go on over the new head' : `${mode.verb} ${rej ? 'rejected' : 'failed'}`),
+      h('p', {}, errText(e)),
+      (d.pinned_command_session_ids || []).length ? h('p', {}, 'Commands using /workspace: ', d.pinned_command_session_ids.map((c) => h('span', { class: 'mono' }, c + ' '))) : null,
       rej ? h('ul', { id: ids.rejectedPaths }, (rej.conflicts || []).map((c) => h('li', { dataset: { path: c.path } },
         h('span', { class: 'mono' }, c.path), ' ', badge(c.reason), c.conflict_reason ? ` ${c.conflict_reason}` : '', c.strategy ? ` (strategy ${c.strategy})` : ''))) : null,
-      h('p', { class: 'muted' }, modeName === 'sync'
-        ? 'Nothing changed in the session: choose strategies and sync again.'
-        : 'The session is kept: choose strategies and publish again, or discard it.')));
+      h('p', { class: 'muted' }, published ? `Layer ${d.publish?.layer_id ?? ''} was published. ${d.recovery_operation ? `Recover with ${d.recovery_operation}.` : ''}`
+        : modeName === 'sync' ? 'Nothing changed in the session: choose strategies and sync again.'
+          : 'The session is kept: choose strategies and publish again, or discard it.')));
     replan();
   }
 
