@@ -311,10 +311,11 @@ var ops = []Op{
 		Summary: "Publish an explicit session's changes as one new layer, or nothing.",
 		Help: "Every changed path is resolved against the current published state with its strategy (merge, ours, theirs, reject); " +
 			"any conflict rejects the whole publish and keeps the session (fix it, or pass resolutions, and publish again). " +
-			"dry_run returns the plan and commits nothing. On success the session is closed; publish.summary counts what was published.",
+			"dry_run returns the plan and commits nothing. On success the session is closed (with keep, it continues on the new head); publish.summary counts what was published.",
 		Result: "{workspace_session_id, dry_run, publish:{no_op, revision, route_summary, outcome_summary, summary, layer_id, resolved_paths}, destroyed, …}; " +
 			"publish.summary counts the session's changes by fate: {result: published|no_op (dry run: would_publish|would_reject|no_op), " +
-			"changed_paths, published_paths, merged_paths, kept_head_paths, conflict_paths}",
+			"changed_paths, published_paths, merged_paths, kept_head_paths, conflict_paths}; with keep: destroyed:false, kept:true and " +
+			"base_revision, the session's new base (the head it published)",
 		Output: publishOut(),
 		Args: []Arg{
 			{Name: "workspace_session_id", Kind: String, Required: true, ID: true, Help: "An explicit session."},
@@ -323,6 +324,27 @@ var ops = []Op{
 				Help: "Strategy for paths without a resolution."},
 			resolutionsArg,
 			{Name: "dry_run", Kind: Boolean, Default: false, Help: "Compute the plan against the current head and commit nothing."},
+			{Name: "keep", Kind: Boolean, Default: false,
+				Help: "Keep working: after the commit the session continues on the new head with an empty upper (same id, holder and running commands) instead of closing."},
+		},
+	},
+	{
+		ID: "sync_workspace_session", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox, Span: "workspace_session.sync",
+		Title: "Sync workspace session", Effect: Destructive,
+		Summary: "Bring an explicit session onto the current head, keeping its own changes.",
+		Help: "Paths changed only on the head appear in the session; paths changed only in the session stay; paths changed on both " +
+			"are resolved like a publish (merge, ours, theirs, reject, resolutions) and any conflict rejects the whole sync with every " +
+			"path listed and changes nothing. The session's id, holder and running commands stay; on the kernel driver a command " +
+			"whose working directory or open files are in /workspace makes the sync fail naming it. dry_run returns the plan only.",
+		Result: "{workspace_session_id, dry_run, sync:{no_op, base_revision, previous_base_revision, summary:{result: synced|no_op " +
+			"(dry run: would_sync|would_reject|no_op), changed_paths, merged_paths, kept_head_paths, conflict_paths}, …}, plan (dry run)}",
+		Output: syncOut(),
+		Args: []Arg{
+			{Name: "workspace_session_id", Kind: String, Required: true, ID: true, Help: "An explicit session."},
+			{Name: "default_strategy", Kind: String, Default: "merge", Enum: []string{"merge", "ours", "theirs", "reject"},
+				Help: "Strategy for paths changed on both sides without a resolution."},
+			resolutionsArg,
+			{Name: "dry_run", Kind: Boolean, Default: false, Help: "Compute the plan against the current head and change nothing."},
 		},
 	},
 	{

@@ -187,12 +187,41 @@ func publishOut() map[string]any {
 		"workspace_session_id":       str(),
 		"dry_run":                    boolean(),
 		"destroyed":                  boolean(),
+		"kept":                       boolean(),
+		"base_revision":              revisionOut(),
 		"publish":                    publish,
 		"would_commit":               boolean(),
 		"plan":                       anyObj(),
 		"evicted_upperdir_bytes":     integer(),
 		"active_command_session_ids": arrayOf(str()),
 	}, "workspace_session_id", "dry_run", "destroyed", "publish")
+}
+
+// syncOut is sync_workspace_session's result: the publish counts of the
+// session's changes against the head it synced onto, and the base move.
+func syncOut() map[string]any {
+	counts := map[string]any{"type": "object", "additionalProperties": integer(), "properties": map[string]any{}}
+	sync := object(map[string]any{
+		"no_op":                  boolean(),
+		"result":                 str(),
+		"base_revision":          revisionOut(),
+		"previous_base_revision": revisionOut(),
+		"changed_paths":          integer(),
+		"merged_paths":           integer(),
+		"kept_head_paths":        integer(),
+		"conflict_paths":         integer(),
+		"route_summary":          counts,
+		"outcome_summary":        counts,
+		"resolved_paths":         arrayOf(anyObj()),
+	}, "no_op", "result", "base_revision", "previous_base_revision", "changed_paths", "merged_paths", "kept_head_paths", "conflict_paths")
+	return object(map[string]any{
+		"workspace_session_id":       str(),
+		"dry_run":                    boolean(),
+		"sync":                       sync,
+		"would_commit":               boolean(),
+		"plan":                       anyObj(),
+		"active_command_session_ids": arrayOf(str()),
+	}, "workspace_session_id", "dry_run", "sync")
 }
 
 // blameOut is either format: ranges (the default) or an Agent Trace record.

@@ -103,22 +103,30 @@ func (n *node) copyUpDir() syscall.Errno {
 // stagingAcquire returns the staging directory fd. The hidden directory in
 // the upper is created by the first concurrent copy-up and removed by the
 // last (stagingRelease), so it exists only while copy-ups run.
-func (o *ofs) stagingAcquire() (int, syscall.Errno) {
+// up is the current upper's descriptor, valid for the call.
+func (o *ofs) stagingAcquire(up int) (int, syscall.Errno) {
 	if o.work >= 0 {
 		return o.work, 0
 	}
 	o.stageMu.Lock()
 	defer o.stageMu.Unlock()
 	if o.stageRefs == 0 {
-		up := o.upper
+		// The staging directory is removed from the upper it was made in,
+		// even when an upper swap comes between: keep a descriptor of it.
+		up, err := unix.FcntlInt(uintptr(up), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return -1, errnoOf(err)
+		}
 		if err := mkdirat(up, stagingName, 0o700); err != nil && err != unix.EEXIST {
+			unix.Close(up)
 			return -1, errnoOf(err)
 		}
 		fd, err := openat(up, stagingName, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
+			unix.Close(up)
 			return -1, errnoOf(err)
 		}
-		o.stageFd = fd
+		o.stageFd, o.stageUp = fd, up
 	}
 	o.stageRefs++
 	return o.stageFd, 0
@@ -134,7 +142,9 @@ func (o *ofs) stagingRelease() {
 	if o.stageRefs == 0 {
 		unix.Close(o.stageFd)
 		o.stageFd = -1
-		_ = unlinkat(o.upper, stagingName, unix.AT_REMOVEDIR)
+		_ = unlinkat(o.stageUp, stagingName, unix.AT_REMOVEDIR)
+		unix.Close(o.stageUp)
+		o.stageUp = -1
 	}
 }
 
@@ -216,7 +226,7 @@ func (o *ofs) install(wd int, tmp, p string) (uint64, syscall.Errno) {
 // copyUpEntry copies the non-directory at p from layer into the upper and
 // returns the upper inode number (caller holds ofs.mu exclusively).
 func (o *ofs) copyUpEntry(layer int, p string) (uint64, syscall.Errno) {
-	wd, errno := o.stagingAcquire()
+	wd, errno := o.stagingAcquire(o.fds[0])
 	if errno != 0 {
 		return 0, errno
 	}
@@ -242,10 +252,16 @@ func (n *node) copyUpOpen() syscall.Errno {
 	p, ok := n.path()
 	// A duplicate of the layer's descriptor: SwapLower may replace the
 	// chain (and its caller close the old descriptors) while this copies.
-	src := -1
+	// The upper's too: a swap may replace it as well.
+	src, up := -1, -1
 	var derr error
 	if layer != 0 && ok {
 		src, derr = unix.FcntlInt(uintptr(o.fds[layer]), unix.F_DUPFD_CLOEXEC, 0)
+		if derr == nil {
+			if up, derr = unix.FcntlInt(uintptr(o.fds[0]), unix.F_DUPFD_CLOEXEC, 0); derr != nil {
+				unix.Close(src)
+			}
+		}
 	}
 	o.mu.RUnlock()
 	if layer == 0 {
@@ -258,7 +274,8 @@ func (n *node) copyUpOpen() syscall.Errno {
 		return errnoOf(derr)
 	}
 	defer unix.Close(src)
-	wd, errno := o.stagingAcquire()
+	defer unix.Close(up)
+	wd, errno := o.stagingAcquire(up)
 	if errno != 0 {
 		return errno
 	}

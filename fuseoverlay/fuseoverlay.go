@@ -128,7 +128,7 @@ type serverImpl interface {
 	flush()
 	unmount() error
 	wait()
-	swapLower(ctx context.Context, lowers []*os.File) error
+	swap(ctx context.Context, c Chain) error
 }
 
 // Mount mounts the overlay at mountpoint and serves it until Unmount or until

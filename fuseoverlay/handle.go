@@ -53,11 +53,16 @@ func (h *handle) upperFile() (*fs.LoopbackFile, syscall.Errno) {
 	n := h.lowerOf
 	n.o.mu.RLock()
 	p, ok := n.path()
+	var fd int
+	var err error
+	if ok {
+		// Under the lock: an upper swap replaces the upper.
+		fd, err = openat(n.o.fds[0], p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	}
 	n.o.mu.RUnlock()
 	if !ok {
 		return h.LoopbackFile, 0 // unlinked since: the lower copy is all there is
 	}
-	fd, err := openat(n.o.upper, p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, errnoOf(err)
 	}
@@ -65,8 +70,11 @@ func (h *handle) upperFile() (*fs.LoopbackFile, syscall.Errno) {
 	return h.upper, 0
 }
 
+// newHandle makes the handle of an open file (caller holds o.mu, shared
+// or exclusive, so an upper swap sees every writable handle; see
+// ofs.writers).
 func (o *ofs) newHandle(fd int, path, command string, flags uint32) *handle {
-	return &handle{
+	h := &handle{
 		LoopbackFile: fs.NewLoopbackFile(fd).(*fs.LoopbackFile),
 		fd:           fd,
 		o:            o,
@@ -74,6 +82,12 @@ func (o *ofs) newHandle(fd int, path, command string, flags uint32) *handle {
 		command:      command,
 		writable:     flags&syscall.O_ACCMODE != syscall.O_RDONLY,
 	}
+	if h.writable {
+		o.writersMu.Lock()
+		o.writers[h] = struct{}{}
+		o.writersMu.Unlock()
+	}
+	return h
 }
 
 // PassthroughFd refuses FUSE passthrough: it would hide writes from the
@@ -110,6 +124,11 @@ func (h *handle) Ioctl(ctx context.Context, cmd uint32, arg uint64, input []byte
 }
 
 func (h *handle) Release(ctx context.Context) syscall.Errno {
+	if h.writable {
+		h.o.writersMu.Lock()
+		delete(h.o.writers, h)
+		h.o.writersMu.Unlock()
+	}
 	errno := h.LoopbackFile.Release(ctx)
 	h.mu.Lock()
 	if h.upper != nil {

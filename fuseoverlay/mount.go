@@ -29,6 +29,8 @@ func mount(ctx context.Context, mountpoint string, opts Options) (*Server, error
 		euid:     os.Geteuid(),
 		egid:     os.Getegid(),
 		origin:   map[uint64]uint64{},
+		writers:  map[*handle]struct{}{},
+		retired:  map[fs.StableAttr]*fs.Inode{},
 		rec:      newRecorder(opts.Sink),
 		owner:    opts.Owner,
 		released: opts.Released,
@@ -49,7 +51,7 @@ func mount(ctx context.Context, mountpoint string, opts Options) (*Server, error
 		o.devs = append(o.devs, st.Dev)
 		o.files = append(o.files, f)
 	}
-	o.upper, o.upperDev = o.fds[0], o.devs[0]
+	o.upperDev = o.devs[0]
 	if opts.Work != nil {
 		o.work = int(opts.Work.Fd())
 	} else {

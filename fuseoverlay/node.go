@@ -22,27 +22,44 @@ type ofs struct {
 	mu sync.RWMutex
 
 	// fds, files and devs describe the chain: [0] upper, [1:] lowers
-	// newest first. SwapLower replaces them (under mu, exclusively), so
-	// code that runs without mu uses upper, which never changes.
+	// newest first. Swap replaces them (under mu, exclusively), the upper
+	// too when it is given one, so code that runs without mu must not
+	// use them. upperDev never changes (a new upper must be on the same
+	// filesystem: copy-up renames from Work into it, and shown inode
+	// numbers are folded with it).
 	fds      []int
 	files    []*os.File
 	devs     []uint64
-	upper    int
 	upperDev uint64
 	work     int // staging dir fd, or -1: stage in upper/.esbx-tmp
 	// stageMu guards the hidden staging dir's reference count.
 	stageMu   sync.Mutex
 	stageRefs int
 	stageFd   int
+	stageUp   int  // the upper the staging directory is in
 	hideTmp   bool // the root hides stagingName
 	euid      int
 	egid      int
 	seq       atomic.Uint64
 
 	// origin maps the inode number of a copied-up upper entry to the number
-	// it had in its lower layer, so st_ino survives copy-up.
+	// it had in its lower layer, so st_ino survives copy-up. An upper swap
+	// replaces the map (under mu and originMu).
 	originMu sync.Mutex
 	origin   map[uint64]uint64
+
+	// writers are the open handles that may write (to the upper): an
+	// upper swap is refused while there is one. Added under mu (shared),
+	// so a swap that holds mu exclusively sees them all.
+	writersMu sync.Mutex
+	writers   map[*handle]struct{}
+
+	// retired are the identities of nodes a swap detached while the kernel
+	// may still know them: go-fuse would hand a new lookup with the same
+	// identity the old node (and the kernel its old inode and pages), so
+	// newChild picks another generation for such a lookup (see fresh).
+	retiredMu sync.Mutex
+	retired   map[fs.StableAttr]*fs.Inode
 
 	rec      *recorder
 	owner    func(pid uint32) string
@@ -88,6 +105,7 @@ var (
 	_ fs.NodeSetxattrer     = (*node)(nil)
 	_ fs.NodeListxattrer    = (*node)(nil)
 	_ fs.NodeRemovexattrer  = (*node)(nil)
+	_ fs.NodeOnForgetter    = (*node)(nil)
 )
 
 // path returns the node's path relative to the mount root; ok is false for
@@ -165,7 +183,7 @@ func (n *node) newChild(ctx context.Context, p string, pr probe, out *fuse.Entry
 		out.Attr.Nlink = 1 // merged: the count of subdirectories is unknown, as in the kernel overlay
 	}
 	child := &node{o: n.o, layer: pr.layer, dirLayers: pr.dirLayers}
-	return n.NewInode(ctx, child, fs.StableAttr{Mode: mode, Ino: ino, Gen: gen})
+	return n.NewInode(ctx, child, n.o.fresh(fs.StableAttr{Mode: mode, Ino: ino, Gen: gen}))
 }
 
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -238,13 +256,46 @@ func (n *node) mergedDir() bool {
 
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	var s unix.Statfs_t
-	if err := unix.Fstatfs(n.o.upper, &s); err != nil {
+	n.o.mu.RLock()
+	err := unix.Fstatfs(n.o.fds[0], &s)
+	n.o.mu.RUnlock()
+	if err != nil {
 		return errnoOf(err)
 	}
 	out.Blocks, out.Bfree, out.Bavail = s.Blocks, s.Bfree, s.Bavail
 	out.Files, out.Ffree = s.Files, s.Ffree
 	out.Bsize, out.NameLen, out.Frsize = uint32(s.Bsize), uint32(s.Namelen), uint32(s.Frsize)
 	return 0
+}
+
+// fresh returns id, or id with another generation when a node a swap
+// detached still holds id (see ofs.retired).
+func (o *ofs) fresh(id fs.StableAttr) fs.StableAttr {
+	o.retiredMu.Lock()
+	defer o.retiredMu.Unlock()
+	for o.retired[id] != nil {
+		id.Gen++
+	}
+	return id
+}
+
+// retire records the identity of a node a swap detaches; call it before
+// the node leaves the tree, so its OnForget comes after.
+func (o *ofs) retire(in *fs.Inode) {
+	o.retiredMu.Lock()
+	o.retired[in.StableAttr()] = in
+	o.retiredMu.Unlock()
+}
+
+// OnForget drops the node's retired identity once the kernel has
+// forgotten the node: nothing can revive it any more.
+func (n *node) OnForget() {
+	id := n.StableAttr()
+	n.o.retiredMu.Lock()
+	if n.o.retired[id] == &n.Inode {
+		delete(n.o.retired, id)
+	}
+	n.o.retiredMu.Unlock()
 }
 
 func opsOf(in *fs.Inode) (*node, bool) {

@@ -44,23 +44,45 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"golang.org/x/sys/unix"
 )
 
-// SwapLower replaces the lower chain (newest first) under the same upper,
+// SwapLower replaces the lower chain (newest first) under the same upper;
+// it is Swap(ctx, Chain{Lowers: lowers}).
+func (s *Server) SwapLower(ctx context.Context, lowers []*os.File) error {
+	return s.impl.swap(ctx, Chain{Lowers: lowers})
+}
+
+// Chain is what a Swap moves the mount onto.
+type Chain struct {
+	// Upper, when not nil, replaces the upper directory (a sync that
+	// rewrote it renamed a new one into place). It must be a directory on
+	// the current upper's filesystem (copy-up renames from Options.Work
+	// into it). nil keeps the upper.
+	Upper *os.File
+	// Lowers is the new lower chain, newest first.
+	Lowers []*os.File
+}
+
+// Swap replaces the lower chain, and the upper when c.Upper is set,
 // atomically for every request the server answers, and invalidates the
 // kernel's cached entries, attributes, listings and pages of exactly the
 // paths whose lookup result differs (see swap.go). It does not take
-// ownership of lowers, nor close the previous lower descriptors: the
-// caller may close those once SwapLower has returned. Invalid input (a
-// nil or non-directory layer) returns an error and changes nothing. An
-// error from the kernel while invalidating is returned after the swap took
-// effect; it wraps ErrSwapInvalidate.
-func (s *Server) SwapLower(ctx context.Context, lowers []*os.File) error {
-	return s.impl.swapLower(ctx, lowers)
+// ownership of c's files, nor close the previous ones: the caller may
+// close those once Swap has returned. Invalid input (a nil or
+// non-directory layer, an upper on another filesystem) returns an error
+// and changes nothing; so does an upper swap while a handle is open for
+// writing (*WriteHandlesError, ErrWriteHandles), since its writes would go
+// to the replaced upper. An error from the kernel while invalidating is
+// returned after the swap took effect; it wraps ErrSwapInvalidate.
+func (s *Server) Swap(ctx context.Context, c Chain) error {
+	return s.impl.swap(ctx, c)
 }
 
 // ErrSwapInvalidate says the lower chain was swapped but the kernel refused
@@ -68,11 +90,45 @@ func (s *Server) SwapLower(ctx context.Context, lowers []*os.File) error {
 // they expire.
 var ErrSwapInvalidate = errors.New("fuseoverlay: lower chain swapped, but invalidating the kernel's caches failed")
 
+// ErrWriteHandles: an upper swap was refused because handles are open for
+// writing (see WriteHandlesError).
+var ErrWriteHandles = errors.New("fuseoverlay: files are open for writing")
+
+// OpenHandle is a handle open for writing.
+type OpenHandle struct {
+	Path    string // mount-relative, as opened
+	Command string // the handle's owner (Options.Owner), "" when unknown
+}
+
+// WriteHandlesError lists the handles open for writing that kept an upper
+// swap from happening; it matches ErrWriteHandles.
+type WriteHandlesError struct{ Handles []OpenHandle }
+
+func (e *WriteHandlesError) Error() string {
+	var b strings.Builder
+	b.WriteString("fuseoverlay: upper swap refused: open for writing:")
+	for i, h := range e.Handles {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, " %s", h.Path)
+		if h.Command != "" {
+			fmt.Fprintf(&b, " (command %s)", h.Command)
+		}
+	}
+	return b.String()
+}
+
+func (e *WriteHandlesError) Is(target error) bool { return target == ErrWriteHandles }
+
 // chain is one set of layer directories: [0] the upper, [1:] the lowers.
 type chain struct {
 	fds   []int
 	files []*os.File
 	devs  []uint64
+	// origin is the chain's ofs.origin when a swap replaces the upper;
+	// nil otherwise (the map stays).
+	origin map[uint64]uint64
 }
 
 // notice is one invalidation to send to the kernel once ofs.mu is released.
@@ -92,11 +148,14 @@ const (
 	noticeAttr                      // attributes only
 )
 
-func (s *server) swapLower(ctx context.Context, lowers []*os.File) error {
+func (s *server) swap(ctx context.Context, c Chain) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	notes, err := s.o.swapLower(lowers)
+	if c.Upper != nil {
+		s.o.awaitWriters(ctx)
+	}
+	notes, err := s.o.swap(c)
 	if err != nil {
 		return err
 	}
@@ -129,11 +188,24 @@ func notify(notes []notice) error {
 	return nil
 }
 
-// openChain validates the new lowers and describes the chain they make
-// under the current upper.
-func (o *ofs) openChain(lowers []*os.File) (chain, error) {
-	c := chain{fds: []int{o.upper}, files: []*os.File{o.files[0]}, devs: []uint64{o.upperDev}}
-	for i, f := range lowers {
+// openChain validates the new chain and describes it; a nil c.Upper is
+// the current upper (caller holds o.mu).
+func (o *ofs) openChain(c Chain) (chain, error) {
+	nw := chain{fds: []int{o.fds[0]}, files: []*os.File{o.files[0]}, devs: []uint64{o.upperDev}}
+	if f := c.Upper; f != nil {
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+			return chain{}, fmt.Errorf("fuseoverlay: swap: stat upper %s: %w", f.Name(), err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return chain{}, fmt.Errorf("fuseoverlay: swap: upper %s is not a directory", f.Name())
+		}
+		if st.Dev != o.upperDev {
+			return chain{}, fmt.Errorf("fuseoverlay: swap: upper %s is on another filesystem than the current upper", f.Name())
+		}
+		nw.fds[0], nw.files[0] = int(f.Fd()), f
+	}
+	for i, f := range c.Lowers {
 		if f == nil {
 			return chain{}, fmt.Errorf("fuseoverlay: swap lower: layer %d is nil", i)
 		}
@@ -145,25 +217,79 @@ func (o *ofs) openChain(lowers []*os.File) (chain, error) {
 		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 			return chain{}, fmt.Errorf("fuseoverlay: swap lower: layer %s is not a directory", f.Name())
 		}
-		c.fds = append(c.fds, fd)
-		c.files = append(c.files, f)
-		c.devs = append(c.devs, st.Dev)
+		nw.fds = append(nw.fds, fd)
+		nw.files = append(nw.files, f)
+		nw.devs = append(nw.devs, st.Dev)
 	}
-	return c, nil
+	return nw, nil
 }
 
-func (o *ofs) use(c chain) { o.fds, o.files, o.devs = c.fds, c.files, c.devs }
+// releaseGrace bounds how long an upper swap waits for write handles to
+// go: the kernel sends RELEASE after the last close(2) has returned, so a
+// file a (now stopped or ended) process closed may still be open here for
+// a moment.
+const releaseGrace = 500 * time.Millisecond
 
-// swapLower switches the chain and re-resolves every known node; it returns
+// awaitWriters waits until no handle is open for writing, ctx ends or
+// releaseGrace has passed; the swap checks again under the lock.
+func (o *ofs) awaitWriters(ctx context.Context) {
+	deadline := time.Now().Add(releaseGrace)
+	for {
+		o.writersMu.Lock()
+		n := len(o.writers)
+		o.writersMu.Unlock()
+		if n == 0 || ctx.Err() != nil || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// openWriters lists the handles open for writing, sorted.
+func (o *ofs) openWriters() []OpenHandle {
+	o.writersMu.Lock()
+	defer o.writersMu.Unlock()
+	out := make([]OpenHandle, 0, len(o.writers))
+	for h := range o.writers {
+		out = append(out, OpenHandle{Path: h.path, Command: h.command})
+	}
+	slices.SortFunc(out, func(a, b OpenHandle) int { return strings.Compare(a.Path, b.Path) })
+	return out
+}
+
+func (o *ofs) use(c chain) {
+	o.fds, o.files, o.devs = c.fds, c.files, c.devs
+	if c.origin != nil {
+		o.originMu.Lock()
+		o.origin = c.origin
+		o.originMu.Unlock()
+	}
+}
+
+// swap switches the chain and re-resolves every known node; it returns
 // the invalidations to send once the lock is released.
-func (o *ofs) swapLower(lowers []*os.File) ([]notice, error) {
-	nw, err := o.openChain(lowers)
+func (o *ofs) swap(c Chain) ([]notice, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	nw, err := o.openChain(c)
 	if err != nil {
 		return nil, err
 	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	w := &swapWalk{o: o, old: chain{fds: o.fds, files: o.files, devs: o.devs}, nw: nw, seen: map[noticeKey]bool{}}
+	old := chain{fds: o.fds, files: o.files, devs: o.devs}
+	newUpper := nw.fds[0] != old.fds[0]
+	if newUpper {
+		if hs := o.openWriters(); len(hs) > 0 {
+			return nil, &WriteHandlesError{Handles: hs}
+		}
+		// Numbers of the old upper's entries mean nothing in the new
+		// one: each chain has its own origin map while the walk switches
+		// between them, and the new one holds what the nodes kept show.
+		o.originMu.Lock()
+		old.origin = o.origin
+		o.originMu.Unlock()
+		nw.origin = map[uint64]uint64{}
+	}
+	w := &swapWalk{o: o, old: old, nw: nw, newUpper: newUpper, seen: map[noticeKey]bool{}}
 	o.use(nw)
 	root := o.root
 	oldLayers := root.dirLayers
@@ -173,10 +299,19 @@ func (o *ofs) swapLower(lowers []*os.File) ([]notice, error) {
 }
 
 type swapWalk struct {
-	o       *ofs
-	old, nw chain
-	notes   []notice
-	seen    map[noticeKey]bool
+	o        *ofs
+	old, nw  chain
+	newUpper bool // the upper is replaced too
+	notes    []notice
+	seen     map[noticeKey]bool
+}
+
+// keep records, after an upper swap, the number a kept node shows for its
+// entry in the new upper (the node keeps its identity).
+func (w *swapWalk) keep(c *node, st *unix.Stat_t) {
+	if w.newUpper && !c.IsRoot() {
+		w.nw.origin[st.Ino] = c.StableAttr().Ino
+	}
 }
 
 type noticeKey struct {
@@ -293,22 +428,34 @@ func (w *swapWalk) dir(d *node, p string, oldLayers []int) {
 		if wasDir {
 			oldDirLayers := c.dirLayers
 			c.layer, c.dirLayers = pr.layer, pr.dirLayers
+			if pr.layer == 0 {
+				w.keep(c, &pr.st)
+			}
 			w.dir(c, cp, oldDirLayers)
 			continue
 		}
-		same := c.layer == 0 && pr.layer == 0 ||
+		// The same upper (a lower swap) keeps what is in it; otherwise
+		// only the same backing inode is the same file.
+		same := !w.newUpper && c.layer == 0 && pr.layer == 0 ||
 			oldErr == nil && oldSt.Dev == pr.st.Dev && oldSt.Ino == pr.st.Ino
 		if !same {
 			w.detach(d, name, ch, noticeEntry)
 			continue
 		}
 		c.layer = pr.layer
+		if pr.layer == 0 {
+			w.keep(c, &pr.st)
+		}
 	}
 }
 
 // detach unlinks the node of name from d so its old path no longer
 // resolves, and queues the kernel invalidation.
 func (w *swapWalk) detach(d *node, name string, ch *fs.Inode, kind noticeKind) {
+	// The kernel may keep the detached inode (an open file, a cwd): a
+	// later lookup of an entry that shows the same number must not get
+	// it back, with its old pages (fresh).
+	w.o.retire(ch)
 	d.RmChild(name)
 	nt := notice{kind: kind, dir: &d.Inode, name: name}
 	if kind == noticeDelete {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -358,7 +359,7 @@ func TestSwapLowerConcurrent(t *testing.T) {
 func (f *fixture) swapNotes(lowers ...*os.File) []string {
 	f.t.Helper()
 	s := f.srv.impl.(*server)
-	notes, err := s.o.swapLower(lowers)
+	notes, err := s.o.swap(Chain{Lowers: lowers})
 	must(f.t, err)
 	must(f.t, notify(notes))
 	var out []string
@@ -415,5 +416,177 @@ func TestSwapLowerInvalidatesOnlyWhatDiffers(t *testing.T) {
 	}
 	if got := f.read("d/x"); got != "x2" {
 		t.Errorf("d/x after the squash: %q", got)
+	}
+}
+
+// exchange swaps the names a and b (renameat2 RENAME_EXCHANGE), the way
+// layers.SyncUpper puts a rewritten upper in place.
+func exchange(t *testing.T, a, b string) {
+	t.Helper()
+	must(t, unix.Renameat2(unix.AT_FDCWD, a, unix.AT_FDCWD, b, unix.RENAME_EXCHANGE))
+}
+
+// TestSwapUpper replaces the upper and the lower chain of a live mount in
+// one swap, as a sync does (a new upper renamed into place with
+// RENAME_EXCHANGE, then the chain of the head), after the kernel cached
+// entries, attributes, pages and listings of the old view, with a handle
+// and a directory descriptor open inside: afterwards every path shows
+// exactly the new upper over the new chain (changed files of the same
+// size and mtime, whiteouts and an opaque directory that appeared or
+// vanished), the old handle reads what it opened, and writes land in the
+// new upper.
+func TestSwapUpper(t *testing.T) {
+	lower := tree{"a": "a-lower", "b": "b-lower", "c": "c-lower", "d/": "", "d/x": "x-lower", "e/": "", "e/y": "y-lower", "keep": "k"}
+	f := mountLayers(t, []tree{lower}, tree{"a": "a-old-up", "gone": "g", "b": "=wh", "d/": "", "d/x": "x-old-up"})
+	for _, p := range []string{"a", "c", "d/x", "e/y", "gone", "keep"} {
+		f.read(p)
+	}
+	for _, p := range []string{"b", "new"} {
+		if _, err := statOf(t, f.p(p)); !errors.Is(err, unix.ENOENT) {
+			t.Fatalf("%s before the swap: %v, want ENOENT", p, err)
+		}
+	}
+	list(t, f.mnt)
+	list(t, f.p("d"))
+	list(t, f.p("e"))
+	ah, err := os.Open(f.p("a"))
+	must(t, err)
+	defer ah.Close()
+	dfd, err := unix.Open(f.p("d"), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	must(t, err)
+	defer unix.Close(dfd)
+
+	// The rewritten upper: same-size edits with the old times (so no
+	// attribute change gives the kernel a hint), a whiteout gone and one
+	// new, an opaque directory over a lower one.
+	next := filepath.Join(filepath.Dir(f.upper), "upper-next")
+	must(t, os.Mkdir(next, 0o755))
+	build(t, next, tree{"a": "a-new-up", "b": "b-back", "c": "=wh", "d/": "", "d/x": "x-new-up", "e/": "opq", "new": "n"})
+	for _, p := range []string{"a", "d/x"} {
+		st, err := statOf(t, filepath.Join(f.upper, p))
+		must(t, err)
+		mt := time.Unix(st.Mtim.Unix())
+		must(t, os.Chtimes(filepath.Join(next, p), mt, mt))
+	}
+	exchange(t, next, f.upper)
+	up, err := os.Open(f.upper)
+	must(t, err)
+	defer up.Close()
+	_, head := f.newLayer("head", tree{"h": "head", "keep": "k2"})
+	if err := f.srv.Swap(t.Context(), Chain{Upper: up, Lowers: []*os.File{head, f.openLower(0)}}); err != nil {
+		t.Fatalf("Swap: %v", err)
+	}
+
+	for p, want := range map[string]string{"a": "a-new-up", "b": "b-back", "d/x": "x-new-up", "new": "n", "h": "head", "keep": "k2"} {
+		st, err := statOf(t, f.p(p))
+		if err != nil {
+			t.Errorf("stat %s after the swap: %v", p, err)
+			continue
+		}
+		if st.Size != int64(len(want)) {
+			t.Errorf("stat %s after the swap: size %d, want %d", p, st.Size, len(want))
+		}
+		if got := f.read(p); got != want {
+			t.Errorf("read %s after the swap: %q, want %q", p, got, want)
+		}
+	}
+	for _, p := range []string{"c", "gone", "e/y"} {
+		if _, err := statOf(t, f.p(p)); !errors.Is(err, unix.ENOENT) {
+			t.Errorf("%s after the swap: %v, want ENOENT", p, err)
+		}
+	}
+	if got, want := list(t, f.mnt), []string{"a", "b", "d", "e", "h", "keep", "new"}; !slices.Equal(got, want) {
+		t.Errorf("root listing after the swap: %q, want %q", got, want)
+	}
+	if got := list(t, f.p("e")); len(got) != 0 {
+		t.Errorf("opaque e lists %q", got)
+	}
+	if got := readAt(t, dfd, "x"); got != "x-new-up" {
+		t.Errorf("openat(d, x) after the swap: %q", got)
+	}
+	buf := make([]byte, 64)
+	n, _ := ah.ReadAt(buf, 0)
+	if got := string(buf[:n]); got != "a-old-up" {
+		t.Errorf("handle opened before the swap reads %q, want the old upper's a", got)
+	}
+
+	// Writes go to the new upper (now at the upper's name), not the old.
+	f.write("w", "w")
+	fh, err := os.OpenFile(f.p("h"), os.O_WRONLY|os.O_APPEND, 0)
+	must(t, err)
+	_, err = fh.WriteString("+")
+	must(t, err)
+	must(t, fh.Close())
+	for p, want := range map[string]string{"w": "w", "h": "head+"} {
+		if b, err := os.ReadFile(filepath.Join(f.upper, p)); err != nil || string(b) != want {
+			t.Errorf("new upper %s: %q %v, want %q", p, b, err, want)
+		}
+		if _, err := os.Lstat(filepath.Join(next, p)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("old upper %s: %v, want absent", p, err)
+		}
+	}
+}
+
+// TestSwapUpperRefused: an upper swap while a handle is open for writing
+// (its writes would go to the replaced upper), onto a non-directory or
+// onto another filesystem fails and changes nothing; read-only handles do
+// not block it.
+func TestSwapUpperRefused(t *testing.T) {
+	f := mountLayers(t, []tree{{"a": "a-lower"}}, tree{"u": "upper"})
+	alt := filepath.Join(filepath.Dir(f.upper), "alt")
+	must(t, os.Mkdir(alt, 0o755))
+	build(t, alt, tree{"u": "alt"})
+	altf, err := os.Open(alt)
+	must(t, err)
+	defer altf.Close()
+	low := f.openLower(0)
+	check := func(what string) {
+		t.Helper()
+		if got := f.read("u"); got != "upper" {
+			t.Errorf("%s: u reads %q, want the unchanged upper", what, got)
+		}
+		f.write("probe", what)
+		if b, err := os.ReadFile(filepath.Join(f.upper, "probe")); err != nil || string(b) != what {
+			t.Errorf("%s: a write went elsewhere: %q %v", what, b, err)
+		}
+	}
+
+	wh, err := os.OpenFile(f.p("a"), os.O_WRONLY|os.O_APPEND, 0)
+	must(t, err)
+	rh, err := os.Open(f.p("u"))
+	must(t, err)
+	defer rh.Close()
+	err = f.srv.Swap(t.Context(), Chain{Upper: altf, Lowers: []*os.File{low}})
+	var we *WriteHandlesError
+	if !errors.Is(err, ErrWriteHandles) || !errors.As(err, &we) || len(we.Handles) != 1 || we.Handles[0].Path != "a" {
+		t.Fatalf("upper swap with a handle open for writing: %v, want a WriteHandlesError naming a", err)
+	}
+	check("write handle")
+	// A lower swap (same upper) does not mind writers.
+	if err := f.srv.SwapLower(t.Context(), []*os.File{low}); err != nil {
+		t.Errorf("lower swap with a writer: %v", err)
+	}
+	must(t, wh.Close())
+
+	file := filepath.Join(filepath.Dir(f.upper), "file")
+	must(t, os.WriteFile(file, nil, 0o644))
+	ff, err := os.Open(file)
+	must(t, err)
+	defer ff.Close()
+	proc, err := os.Open("/proc")
+	must(t, err)
+	defer proc.Close()
+	for name, up := range map[string]*os.File{"file": ff, "other filesystem": proc} {
+		if err := f.srv.Swap(t.Context(), Chain{Upper: up, Lowers: []*os.File{low}}); err == nil {
+			t.Errorf("%s: upper swap succeeded", name)
+		}
+		check(name)
+	}
+	// With only a read-only handle open, the swap goes through.
+	if err := f.srv.Swap(t.Context(), Chain{Upper: altf, Lowers: []*os.File{low}}); err != nil {
+		t.Fatalf("upper swap with a read-only handle: %v", err)
+	}
+	if got := f.read("u"); got != "alt" {
+		t.Errorf("u after the swap: %q", got)
 	}
 }

@@ -356,6 +356,28 @@ func (j syncJournal) isNew(upper string) (bool, error) {
 	return st.Dev == j.NewDev && st.Ino == j.NewIno, nil
 }
 
+// InspectSync reports what RecoverSync would find, changing nothing: the
+// caller decides from it whether the sync committed (CompleteSync or
+// RecoverSync keep the tree at the upper's name) or not (AbortSync).
+func InspectSync(upper string) (SyncRecovery, error) {
+	parent, name, _, journal, err := syncPaths(upper)
+	if err != nil {
+		return SyncRecovery{}, fmt.Errorf("inspect sync: %w", err)
+	}
+	j, found, err := readJournal(filepath.Join(parent, journal))
+	if err != nil {
+		return SyncRecovery{}, fmt.Errorf("inspect sync %s: %w", upper, err)
+	}
+	rec := SyncRecovery{Found: found}
+	if found {
+		rec.Base, rec.Target = j.Base, j.Target
+		if rec.Synced, err = j.isNew(filepath.Join(parent, name)); err != nil {
+			return SyncRecovery{}, fmt.Errorf("inspect sync %s: %w", upper, err)
+		}
+	}
+	return rec, nil
+}
+
 // RecoverSync settles what a crash left of a sync of upper, at start-up,
 // before the session is mounted again: the upper's name always holds a
 // whole tree; the other one and the journal are removed. The result says

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -108,6 +109,7 @@ func start(ctx context.Context, self string, cfg Config, opts startOptions) (*Cl
 		pending: map[uint64]chan ctlReply{},
 		done:    make(chan struct{}),
 		stderr:  stderr,
+		upper:   filepath.Clean(cfg.Upper),
 	}
 	c.events.init()
 	go func() {
@@ -162,6 +164,10 @@ type Client struct {
 	stderr *tailBuffer
 	ready  readyState
 	helper *exec.Cmd // the network helper (profile isolated), or nil
+	upper  string    // Config.Upper, cleaned: the only upper a swap may name
+
+	// freezeLimit replaces the holder's safety limit of a freeze (tests).
+	freezeLimit time.Duration
 
 	mu      sync.Mutex
 	nextReq uint64

@@ -149,14 +149,17 @@ func (o *owners) owner(pid uint32) string {
 // fuseMount is the mounted FUSE overlay of a holder.
 type fuseMount struct {
 	srv    *fuseoverlay.Server
-	files  []*os.File // upper and work descriptors, kept open while serving
+	files  []*os.File // the work directory's descriptor, kept open while serving
+	upper  *os.File   // the current upper's descriptor
 	lowers []*os.File // the current lower chain's descriptors
 }
 
-// swapLower moves the overlay onto lowers, which it owns from then on, and
-// closes the previous chain's descriptors (open handles hold their own).
-func (fm *fuseMount) swapLower(lowers []*os.File) error {
-	err := fm.srv.SwapLower(context.Background(), lowers)
+// swap moves the overlay onto lowers and, when not nil, upper, which it
+// owns from then on, and closes the previous ones' descriptors (open
+// handles hold their own). An upper swap is refused while a handle is
+// open for writing (*fuseoverlay.WriteHandlesError).
+func (fm *fuseMount) swap(upper *os.File, lowers []*os.File) error {
+	err := fm.srv.Swap(context.Background(), fuseoverlay.Chain{Upper: upper, Lowers: lowers})
 	if err != nil && !errors.Is(err, fuseoverlay.ErrSwapInvalidate) {
 		return fmt.Errorf("swaplower: %w", err)
 	}
@@ -164,6 +167,10 @@ func (fm *fuseMount) swapLower(lowers []*os.File) error {
 		f.Close()
 	}
 	fm.lowers = lowers
+	if upper != nil {
+		fm.upper.Close()
+		fm.upper = upper
+	}
 	if err != nil {
 		return fmt.Errorf("swaplower: %w", err)
 	}
@@ -200,9 +207,10 @@ func mountFuse(ws string, cfg *Config, own *owners, notify func(*FSNotice)) (*fu
 		opts.Lowers = append(opts.Lowers, f)
 	}
 	var err error
-	if opts.Upper, err = open(cfg.Upper); err != nil {
+	if fm.upper, err = os.OpenFile(cfg.Upper, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 		return fail(fmt.Errorf("open upper: %w", err))
 	}
+	opts.Upper = fm.upper
 	if cfg.Work != "" {
 		if opts.Work, err = open(cfg.Work); err != nil {
 			return fail(fmt.Errorf("open work: %w", err))
@@ -267,5 +275,8 @@ func (fm *fuseMount) close() {
 	for _, f := range append(fm.files, fm.lowers...) {
 		f.Close()
 	}
-	fm.files, fm.lowers = nil, nil
+	if fm.upper != nil {
+		fm.upper.Close()
+	}
+	fm.files, fm.lowers, fm.upper = nil, nil, nil
 }

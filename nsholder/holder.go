@@ -62,8 +62,12 @@ type server struct {
 	owners *owners // command of a FUSE request's pid (fuse driver)
 
 	// wsMu: file operations hold it shared while they use root.workspace;
-	// a lower swap holds it exclusively (the kernel swap replaces it).
+	// a lower swap holds it exclusively (the kernel swap replaces it), and
+	// so does a freeze (no holder write in flight when it flushes). It
+	// also guards root.chain.
 	wsMu sync.RWMutex
+
+	frz freezer // lock order: gate, wsMu, frz.mu
 }
 
 // runServe is the holder's main.
@@ -240,6 +244,13 @@ func (s *server) handle(hdr *ctlHeader, payload []byte, fd int) {
 		s.reply(&ctlHeader{ID: hdr.ID}, nil, f)
 	case opSwap:
 		s.replyErr(hdr.ID, s.swapLower(hdr.Swap, hdr.fds))
+	case opFreeze:
+		s.replyErr(hdr.ID, s.freeze(hdr.Freeze))
+	case opThaw:
+		s.replyErr(hdr.ID, s.thawSession())
+	case opChain:
+		ci := s.chainInfo()
+		s.reply(&ctlHeader{ID: hdr.ID, Chain: &ci}, nil, nil)
 	case opLstat, opReadFile, opReadDir, opWrite:
 		if err := checkPath(hdr.Op, hdr.Path); err != nil {
 			s.replyErr(hdr.ID, err)
@@ -522,6 +533,7 @@ func commandProcesses(leader int) []int {
 func (s *server) quiesce() error {
 	s.gate.Lock()
 	defer s.gate.Unlock()
+	s.endFreeze() // what it stopped is killed now
 	deadline := time.Now().Add(quiesceTimeout)
 	for {
 		_ = unix.Kill(-1, unix.SIGKILL) // from PID 1: everything in the namespace but itself
@@ -545,6 +557,7 @@ func (s *server) shutdown(grace time.Duration) {
 	s.gate.Lock()
 	s.stopping = true
 	_ = unix.Kill(-1, unix.SIGTERM)
+	s.endFreeze() // a stopped process acts on SIGTERM once continued
 	deadline := time.Now().Add(grace)
 	for time.Now().Before(deadline) {
 		s.reap()

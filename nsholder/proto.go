@@ -57,7 +57,10 @@ const (
 	opWrite    = "writefile"
 	opShutdown = "shutdown"  // GraceMS; no reply: SIGTERM the session, wait, exit
 	opDial     = "dial"      // Port, GraceMS (connect timeout); reply FD (a connected TCP socket)
-	opSwap     = "swaplower" // Swap + FDs (the new lowers, then the kernel driver's work dir); reply Err
+	opSwap     = "swaplower" // Swap + FDs (the new lowers, then the new upper when Swap.Upper); reply Err
+	opFreeze   = "freeze"    // Freeze; reply Err once the session is stopped and flushed
+	opThaw     = "thaw"      // reply Err
+	opChain    = "chain"     // reply Chain
 	opReply    = "reply"
 	opEvent    = "event"
 )
@@ -82,6 +85,7 @@ type ctlHeader struct {
 	GraceMS int64         `json:"grace_ms,omitempty"`
 	Port    int           `json:"port,omitempty"`
 	Swap    *swapHeader   `json:"swap,omitempty"`
+	Freeze  *freezeHeader `json:"freeze,omitempty"`
 
 	Err     *wireError  `json:"err,omitempty"`
 	Info    *FileInfo   `json:"info,omitempty"`
@@ -90,6 +94,7 @@ type ctlHeader struct {
 	Pid     int         `json:"pid,omitempty"`
 	Event   *wireEvent  `json:"event,omitempty"`
 	Ready   *readyState `json:"ready,omitempty"`
+	Chain   *ChainInfo  `json:"chain,omitempty"`
 }
 
 type wireEvent struct {
@@ -143,6 +148,7 @@ var errCodes = []struct {
 	{"unsupported", ErrSwapUnsupported},
 	{"pinned", ErrSwapPinned},
 	{"freeze_timeout", ErrFreezeTimeout},
+	{"freeze_expired", ErrFreezeExpired},
 	{"swap_invalidate", fuseoverlay.ErrSwapInvalidate},
 }
 

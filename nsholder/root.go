@@ -78,6 +78,9 @@ type sessionRoot struct {
 	// kswap is what a lower swap of the kernel driver needs, taken before
 	// pivot_root (swap.go).
 	kswap *kernelSwap
+	// chain is what /workspace serves (Client.Chain); guarded by
+	// server.wsMu once serving.
+	chain ChainInfo
 }
 
 // bindTarget maps a session path to the host directory it shows.
@@ -206,6 +209,11 @@ func setupRoot(cfg *Config, own *owners, notify func(*FSNotice)) (*sessionRoot, 
 	}
 
 	res.overlayDur = time.Since(overlayStart)
+	var ust unix.Stat_t
+	if err := unix.Stat(cfg.Upper, &ust); err != nil {
+		return fail(atStage(stageMountOverlay, "stat upper: %w", err))
+	}
+	res.chain = ChainInfo{Lowers: slices.Clone(cfg.Lowers), UpperDev: ust.Dev, UpperIno: ust.Ino}
 	if err := pivotInto(root, cfg.Image == nil); err != nil {
 		return fail(&stageError{stagePivotRoot, err})
 	}

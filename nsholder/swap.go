@@ -34,6 +34,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ephemeral-ai-lab/sandbox/fuseoverlay"
 )
 
 // SwapRequest moves a live session onto another lower chain.
@@ -44,6 +46,14 @@ type SwapRequest struct {
 	// makes inside Config.Work: overlayfs wants upper and work on one
 	// mount, and only the holder's own descriptors of the two are.)
 	Lowers []string
+	// Upper, when set, is the host path of the session's upper directory
+	// (Config.Upper) after its directory was replaced there (a sync or a
+	// publish with keep renamed a new one into place): the session moves
+	// onto it with the new lowers in the same swap. The client opens it
+	// and sends its descriptor; the kernel driver opens the upper again by
+	// name and refuses (fs.ErrInvalid) unless it is that directory. Any
+	// other path is fs.ErrInvalid. "" keeps the upper the session has.
+	Upper string
 	// FreezeBudget bounds how long the kernel driver waits for the
 	// session's processes to stop (runtime.layerstack.freeze_budget_s);
 	// 0 means 0.5 s.
@@ -57,6 +67,8 @@ type swapHeader struct {
 	Lowers   int      `json:"lowers"`
 	Paths    []string `json:"paths,omitempty"`
 	FreezeMS int64    `json:"freeze_ms,omitempty"`
+	// Upper: one more descriptor follows the lowers, the new upper.
+	Upper bool `json:"upper,omitempty"`
 }
 
 // Lower swap failures, matched with errors.Is.
@@ -115,6 +127,9 @@ func (c *Client) SwapLower(ctx context.Context, req SwapRequest) error {
 	if len(req.Lowers) == 0 {
 		return fmt.Errorf("holder swaplower: %w: no lower layers", fs.ErrInvalid)
 	}
+	if req.Upper != "" && filepath.Clean(req.Upper) != c.upper {
+		return fmt.Errorf("holder swaplower: %w: upper %s is not the session's upper %s", fs.ErrInvalid, req.Upper, c.upper)
+	}
 	var files []*os.File
 	defer func() {
 		for _, f := range files {
@@ -130,7 +145,15 @@ func (c *Client) SwapLower(ctx context.Context, req SwapRequest) error {
 		files = append(files, f)
 		fds = append(fds, int(f.Fd()))
 	}
-	hdr := &ctlHeader{Op: opSwap, Swap: &swapHeader{Lowers: len(req.Lowers), Paths: req.Lowers, FreezeMS: req.FreezeBudget.Milliseconds()}}
+	if req.Upper != "" {
+		f, err := os.OpenFile(req.Upper, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("holder swaplower: open upper: %w", err)
+		}
+		files = append(files, f)
+		fds = append(fds, int(f.Fd()))
+	}
+	hdr := &ctlHeader{Op: opSwap, Swap: &swapHeader{Lowers: len(req.Lowers), Paths: req.Lowers, FreezeMS: req.FreezeBudget.Milliseconds(), Upper: req.Upper != ""}}
 	_, err := c.doFDs(ctx, hdr, nil, fds)
 	return err
 }
@@ -147,10 +170,21 @@ func (s *server) swapLower(req *swapHeader, fds []int) error {
 			f.Close()
 		}
 	}()
-	if req == nil || req.Lowers <= 0 || len(files) != req.Lowers {
+	want := 0
+	if req != nil {
+		want = req.Lowers
+		if req.Upper {
+			want++
+		}
+	}
+	if req == nil || req.Lowers <= 0 || len(files) != want {
 		return fmt.Errorf("swaplower: %w: descriptors do not match the request", fs.ErrInvalid)
 	}
-	lowers := files
+	lowers := files[:req.Lowers]
+	var upper *os.File
+	if req.Upper {
+		upper = files[req.Lowers]
+	}
 	// No command starts and no file operation runs while the chain changes.
 	s.gate.Lock()
 	defer s.gate.Unlock()
@@ -160,23 +194,95 @@ func (s *server) swapLower(req *swapHeader, fds []int) error {
 		return errors.New("swaplower: holder is shutting down")
 	}
 	if fm := s.root.fuse; fm != nil {
-		if err := fm.swapLower(lowers); err != nil {
+		if err := fm.swap(upper, lowers); err != nil {
+			var wh *fuseoverlay.WriteHandlesError
+			if errors.As(err, &wh) {
+				return s.writerPins(wh)
+			}
+			if !errors.Is(err, fuseoverlay.ErrSwapInvalidate) {
+				return err
+			}
+			keep = len(files)
+			s.root.chain.set(req.Paths, upper)
 			return err
 		}
-		keep = req.Lowers
+		keep = len(files)
+		s.root.chain.set(req.Paths, upper)
 		return nil
 	}
 	budget := time.Duration(req.FreezeMS) * time.Millisecond
 	if budget <= 0 {
 		budget = swapFreezeBudget
 	}
-	return s.swapKernel(lowers, req.Paths, budget)
+	if err := s.swapKernel(lowers, req.Paths, upper, budget); err != nil {
+		return err
+	}
+	s.root.chain.set(req.Paths, upper)
+	return nil
+}
+
+// writerPins turns the FUSE overlay's refusal of an upper swap into the
+// PinnedError a kernel swap gives: Kind "fd" per handle open for writing,
+// with the process that has it open where /proc shows one (a handle kept
+// only by a mapping, or released by a process that is gone, has pid 0).
+func (s *server) writerPins(wh *fuseoverlay.WriteHandlesError) error {
+	ws, _ := mountID("/workspace")
+	held := map[string]Pin{}
+	for _, p := range listProcs() {
+		dir := "/proc/" + strconv.Itoa(p.pid)
+		ents, err := os.ReadDir(dir + "/fdinfo")
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			b, err := os.ReadFile(dir + "/fdinfo/" + e.Name())
+			if err != nil {
+				continue
+			}
+			var mnt, flags uint64
+			for _, line := range strings.Split(string(b), "\n") {
+				if v, ok := strings.CutPrefix(line, "mnt_id:"); ok {
+					mnt, _ = strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+				}
+				if v, ok := strings.CutPrefix(line, "flags:"); ok {
+					flags, _ = strconv.ParseUint(strings.TrimSpace(v), 8, 64)
+				}
+			}
+			if mnt != ws || flags&unix.O_ACCMODE == unix.O_RDONLY {
+				continue
+			}
+			target, _ := os.Readlink(dir + "/fd/" + e.Name())
+			if _, dup := held[target]; !dup {
+				held[target] = Pin{Pid: p.pid, Kind: "fd", Path: target}
+			}
+		}
+	}
+	pe := &PinnedError{}
+	for _, h := range wh.Handles {
+		path := "/workspace/" + h.Path
+		pin, ok := held[path]
+		if !ok {
+			pin = Pin{Kind: "fd", Path: path}
+		}
+		pin.Owner = h.Command
+		s.mu.Lock()
+		for _, c := range s.running {
+			if c.owner == h.Command && h.Command != "" {
+				pin.Command = c.id
+			}
+		}
+		s.mu.Unlock()
+		pe.Pins = append(pe.Pins, pin)
+	}
+	return pe
 }
 
 // swapKernel mounts the new overlay beneath /workspace and detaches the
 // old one, with every session process stopped and none of them in the old
-// overlay.
-func (s *server) swapKernel(lowers []*os.File, paths []string, budget time.Duration) error {
+// overlay. upper, when not nil, is the descriptor the supervisor sent of
+// the session's (replaced) upper; the directory at the upper's name must
+// be it. Without one it must still be the upper the session has.
+func (s *server) swapKernel(lowers []*os.File, paths []string, upper *os.File, budget time.Duration) error {
 	ks := s.root.kswap
 	if ks == nil || ks.why != "" {
 		why := "no kernel overlay"
@@ -196,12 +302,32 @@ func (s *server) swapKernel(lowers []*os.File, paths []string, budget time.Durat
 		}
 		lowerPaths = append(lowerPaths, lp)
 	}
+	var named unix.Stat_t
+	if err := unix.Fstatat(int(ks.tree.Fd()), ks.upper, &named, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("swaplower: upper: %w", err)
+	}
+	wantDev, wantIno := s.root.chain.UpperDev, s.root.chain.UpperIno
+	if upper != nil {
+		var st unix.Stat_t
+		if err := unix.Fstat(int(upper.Fd()), &st); err != nil {
+			return fmt.Errorf("swaplower: stat the upper sent: %w", err)
+		}
+		wantDev, wantIno = st.Dev, st.Ino
+	}
+	if named.Dev != wantDev || named.Ino != wantIno || named.Mode&unix.S_IFMT != unix.S_IFDIR {
+		if upper != nil {
+			return fmt.Errorf("swaplower: %w: the directory at the session's upper is not the one that was sent", fs.ErrInvalid)
+		}
+		return fmt.Errorf("swaplower: %w: the session's upper was replaced; the swap must name it (SwapRequest.Upper)", fs.ErrInvalid)
+	}
 	oldMnt, err := mountID("/workspace")
 	if err != nil {
 		return fmt.Errorf("swaplower: %w", err)
 	}
-	stopped, err := freezeSession(budget)
-	defer thaw(stopped)
+	// Frozen by the caller (Freeze): stop what runs again (a command
+	// spawned since) and leave everything stopped for its Thaw.
+	release, err := s.freezeForSwap(budget)
+	defer release()
 	if err != nil {
 		return fmt.Errorf("swaplower: %w", err)
 	}
@@ -225,6 +351,13 @@ func (s *server) swapKernel(lowers []*os.File, paths []string, budget time.Durat
 		return fmt.Errorf("swaplower: mount the new overlay: %w", err)
 	}
 	defer unix.Close(mfd)
+	// The overlay took the upper by name: make sure that was still the
+	// directory checked above (nothing renames it while the supervisor
+	// holds the session, but a mismatch must not go unnoticed).
+	var mounted unix.Stat_t
+	if err := unix.Fstatat(int(ks.tree.Fd()), ks.upper, &mounted, unix.AT_SYMLINK_NOFOLLOW); err != nil || mounted.Dev != wantDev || mounted.Ino != wantIno {
+		return fmt.Errorf("swaplower: %w: the session's upper changed during the swap", fs.ErrInvalid)
+	}
 	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, "/workspace", unix.MOVE_MOUNT_F_EMPTY_PATH|moveMountBeneath); err != nil {
 		if errors.Is(err, unix.EINVAL) {
 			return fmt.Errorf("swaplower: %w: move_mount(MOVE_MOUNT_BENEATH) refused (%v): it needs Linux 6.5", ErrSwapUnsupported, err)

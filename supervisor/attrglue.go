@@ -255,3 +255,13 @@ func (h publishHooks) SessionLineOwners(ss *session, path string, content []byte
 func (h publishHooks) RecordPublishAudit(ctx context.Context, sb *sandbox, prev layers.Manifest, res layers.PublishResult, files []auditFile) error {
 	return h.s.glue.recordPublishAudit(ctx, sb, prev, res, files)
 }
+
+func (h publishHooks) SessionSynced(ctx context.Context, sb *sandbox, ss *session, res layers.SyncResult) {
+	merged := map[string]bool{}
+	for _, cf := range res.Committed {
+		if cf.Merged {
+			merged[cf.Path] = true
+		}
+	}
+	ss.Attr.Synced(ctx, h.s.glue.workspace(sb, ss), merged)
+}

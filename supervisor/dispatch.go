@@ -50,6 +50,7 @@ var handlers = map[string]handler{
 	"forward_port":               (*Supervisor).forwardPort,
 	"diff_workspace_session":     (*Supervisor).diffWorkspaceSession,
 	"publish_workspace_session":  (*Supervisor).publishWorkspaceSession,
+	"sync_workspace_session":     (*Supervisor).syncWorkspaceSession,
 	"events":                     (*Supervisor).eventsView,
 	"resources":                  (*Supervisor).resources,
 	"cgroup":                     (*Supervisor).cgroupView,

@@ -34,7 +34,8 @@ func (s *Supervisor) newSquasher() *sbx.Squasher[*occupants] {
 		Log:       s.log,
 		Span:      s.sandboxSpan,
 		Bump:      s.bump,
-		Occupants: sweepOccupants,
+		Occupants: s.sweepOccupants,
+		Width:     s.cfg.Runtime.Layerstack.RemountSweepWidth,
 		Threshold: s.cfg.Runtime.Layerstack.Autosquash.SquashAtNLayers,
 		Draining:  s.draining.Load,
 		Track: func() func() {
@@ -58,22 +59,29 @@ func (q stepSpan) Done(err error, attrs map[string]any)    { q.sp.done(err, attr
 func (q stepSpan) Event(name string, attrs map[string]any) { q.sp.event(name, attrs) }
 
 // sweepOccupants lists sb's live sessions for the squash's remount sweep.
-func sweepOccupants(sb *sandbox) []sbx.Occupant {
+func (s *Supervisor) sweepOccupants(sb *sandbox) []sbx.Occupant {
 	sb.Mu.Lock()
 	defer sb.Mu.Unlock()
 	out := make([]sbx.Occupant, 0, len(sb.Work.Sessions))
 	for _, ss := range sb.Work.Sessions {
-		out = append(out, sweptSession{ss})
+		out = append(out, sweptSession{s.holders, sb, ss})
 	}
 	return out
 }
 
 // sweptSession is a session as the remount sweep sees it.
-type sweptSession struct{ ss *session }
+type sweptSession struct {
+	h  *workspace.Holders
+	sb *sandbox
+	ss *session
+}
 
 func (o sweptSession) ID() string            { return o.ss.ID() }
 func (o sweptSession) Base() layers.Manifest { return o.ss.Base() }
 func (o sweptSession) Gone() bool            { return o.ss.IsGone() }
+func (o sweptSession) Remount(ctx context.Context, res layers.SquashResult) sbx.RemountOutcome {
+	return o.h.SweepRemount(ctx, o.sb, o.ss, res)
+}
 
 func (s *Supervisor) destroySandbox(c *call) (any, error) {
 	return s.sbm.Destroy(c.ctx, c.args.String("sandbox_id"), c.progress)

@@ -64,6 +64,24 @@ var opSpans = map[string]opSpan{
 			return map[string]any{"workspace_session_id": c.args.String("workspace_session_id"), "dry_run": c.args.Bool("dry_run")}
 		},
 		end: publishSpanAttrs},
+	"sync_workspace_session": {
+		start: func(c *call) map[string]any {
+			return map[string]any{"workspace_session_id": c.args.String("workspace_session_id"), "dry_run": c.args.Bool("dry_run")}
+		},
+		end: func(_ *call, res any, err error) map[string]any {
+			a := map[string]any{"synced": false}
+			if m, ok := res.(map[string]any); ok {
+				if so, ok := m["sync"].(map[string]any); ok {
+					a["no_op"], a["base_revision"], a["result"] = so["no_op"], so["base_revision"], so["result"]
+					a["synced"] = m["dry_run"] == false && so["no_op"] == false
+				}
+			}
+			var ce *catalog.Error
+			if errors.As(err, &ce) {
+				a["stage"], a["reason"] = ce.Details["stage"], ce.Details["reason"]
+			}
+			return a
+		}},
 }
 
 // publishSpanAttrs are workspace_session.publish's attributes (§10.2) from

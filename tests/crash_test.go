@@ -76,16 +76,22 @@ type crashModel struct {
 	// publishing: sessions whose publish was in flight; if head lacks their
 	// files, the session must still exist with them.
 	publishing map[string]map[string]string
-	destroying map[string]bool   // sessions whose destroy was in flight: may be gone
-	keeper     string            // an explicit session with long-running commands
-	running    []string          // commands that a kill must report interrupted
-	implicit   map[string]string // implicit command → path of its (atomic) output dir
-	sandboxes  map[string]bool   // throwaway sandboxes: true acknowledged alive
-	maybe      map[string]bool   // throwaway sandboxes whose create/destroy was in flight
-	stats      map[string]int    // what the kills caught, logged at the end
-	verified   map[string]string // layer ID → digest already recomputed from its content
-	checked    map[string]bool   // published paths already seen in head once
-	cycles     int
+	destroying map[string]bool // sessions whose destroy was in flight: may be gone
+	keeper     string          // an explicit session with long-running commands
+	// syncer is an explicit session synced onto the head every cycle; after
+	// a kill it must be exactly before (syncBase) or after the sync.
+	syncer    string
+	syncBase  int64             // its base manifest version at the last check
+	syncHead  int64             // head version when this cycle's sync was sent, 0 = not sent
+	syncWrite string            // this cycle's acknowledged sessionless write (before the sync)
+	running   []string          // commands that a kill must report interrupted
+	implicit  map[string]string // implicit command → path of its (atomic) output dir
+	sandboxes map[string]bool   // throwaway sandboxes: true acknowledged alive
+	maybe     map[string]bool   // throwaway sandboxes whose create/destroy was in flight
+	stats     map[string]int    // what the kills caught, logged at the end
+	verified  map[string]string // layer ID → digest already recomputed from its content
+	checked   map[string]bool   // published paths already seen in head once
+	cycles    int
 }
 
 // TestCrashRecovery kills the supervisor with SIGKILL at randomized points of
@@ -121,6 +127,10 @@ func TestCrashRecovery(t *testing.T) {
 	}
 	m.keeper = e.session(m.main)
 	m.sessions[m.keeper] = map[string]string{}
+	m.syncer = e.session(m.main)
+	e.mustCall("exec_command", m.main, map[string]any{"workspace_session_id": m.syncer, "cmd": "echo mine > own.txt && echo 'print(1)' > src/app.py", "yield_time_ms": 30000})
+	m.sessions[m.syncer] = map[string]string{"own.txt": "mine\n", "src/app.py": "print(1)\n"}
+	m.syncBase = e.crashSessionBase(m.main, m.syncer)
 	tiny := e.project(map[string]string{"t.txt": "t\n"})
 
 	began := time.Now()
@@ -278,10 +288,19 @@ func crashSteps(e *env, m *crashModel, i int, tiny string, rng *rand.Rand) []cra
 			r, ok := call("file_write", m.main, map[string]any{"path": p, "content": c})
 			if ok && errKind(r) == "" {
 				m.published[p] = c
+				m.syncWrite = p
 			} else if ok {
 				t.Errorf("cycle %d file_write: %v", i, r)
 			} else {
 				m.pending = append(m.pending, map[string]string{p: c})
+			}
+			return ok
+		}},
+		{func() bool { // the syncer moves onto the head
+			m.syncHead = headManifestVersion(e, m.main)
+			r, ok := call("sync_workspace_session", m.main, map[string]any{"workspace_session_id": m.syncer})
+			if ok && errKind(r) != "" {
+				t.Errorf("cycle %d sync: %v", i, r)
 			}
 			return ok
 		}},
@@ -320,7 +339,7 @@ func crashSteps(e *env, m *crashModel, i int, tiny string, rng *rand.Rand) []cra
 	if len(m.sessions) > 2 {
 		var victim string
 		for id := range m.sessions {
-			if id != m.keeper && id != ws && (victim == "" || id < victim) {
+			if id != m.keeper && id != m.syncer && id != ws && (victim == "" || id < victim) {
 				victim = id
 			}
 		}
@@ -541,6 +560,7 @@ func (e *env) checkCrashInvariants(t *testing.T, m *crashModel, cycle int) {
 		}
 	}
 	m.destroying = map[string]bool{}
+	e.checkSyncer(m, live, fail)
 	for ws, files := range m.sessions {
 		if live[ws] == nil {
 			fail("acknowledged session %s is gone", ws)
@@ -787,4 +807,65 @@ func layerDigest(st *layers.Stack, below []layers.LayerRef, root string, allDirs
 	}
 	slices.SortFunc(changes, func(a, b layers.Change) int { return strings.Compare(a.Path, b.Path) })
 	return layers.ComputeLayerDigest(changes)
+}
+
+// crashSessionBase is the base manifest version of a live session.
+func (e *env) crashSessionBase(sb, ws string) int64 {
+	e.t.Helper()
+	for _, v := range e.mustCall("list_workspace_sessions", sb, nil)["workspace_sessions"].([]any) {
+		if s := v.(map[string]any); s["workspace_session_id"] == ws {
+			return int64(s["base_revision"].(map[string]any)["manifest_version"].(float64))
+		}
+	}
+	e.t.Fatalf("session %s not listed", ws)
+	return 0
+}
+
+// headManifestVersion reads the head's version from disk (0 when unreadable).
+func headManifestVersion(e *env, sb string) int64 {
+	b, err := os.ReadFile(filepath.Join(e.data(), "sandboxes", sb, "layerstack", "manifest.json"))
+	if err != nil {
+		return 0
+	}
+	var m struct {
+		Version int64 `json:"version"`
+	}
+	if json.Unmarshal(b, &m) != nil {
+		return 0
+	}
+	return m.Version
+}
+
+// checkSyncer: a kill during a sync leaves the session exactly before it
+// (its old base, none of the head's newer files) or after it (a base at
+// least the head it was sent against, with this cycle's write visible),
+// with its own files either way and no sync leftovers beside its upper.
+func (e *env) checkSyncer(m *crashModel, live map[string]map[string]any, fail func(string, ...any)) {
+	s := live[m.syncer]
+	if s == nil {
+		fail("the synced session %s is gone", m.syncer)
+	}
+	base := int64(s["base_revision"].(map[string]any)["manifest_version"].(float64))
+	dir := filepath.Join(e.data(), "sandboxes", m.main, "sessions", m.syncer)
+	for _, n := range []string{".upper.sync-new", ".upper.sync.json", ".upper.sync.json.tmp"} {
+		if _, err := os.Lstat(filepath.Join(dir, n)); err == nil {
+			fail("sync leftover %s after recovery", n)
+		}
+	}
+	after := base != m.syncBase
+	if after && base < m.syncHead {
+		fail("synced session %s on base %d, older than the head %d it synced onto (was %d)", m.syncer, base, m.syncHead, m.syncBase)
+	}
+	if after && m.syncHead == 0 {
+		fail("session %s moved from base %d to %d without a sync", m.syncer, m.syncBase, base)
+	}
+	if m.syncWrite != "" && m.syncHead != 0 {
+		r, err := e.call("file_read", m.main, map[string]any{"workspace_session_id": m.syncer, "path": m.syncWrite})
+		seen := err == nil && errKind(r) == ""
+		if seen != after {
+			fail("session %s on base %d (before the sync: %d) sees %s: %v", m.syncer, base, m.syncBase, m.syncWrite, seen)
+		}
+	}
+	m.stats[fmt.Sprintf("sync completed=%v", after)]++
+	m.syncBase, m.syncHead, m.syncWrite = base, 0, ""
 }

@@ -5,14 +5,25 @@ package sandbox
 //
 // Decisions beyond the contract's text:
 //
-//   - The remount sweep never migrates a session in this version: the kernel
-//     driver's same-upperdir coexistence probe is not implemented, so a
-//     kernel session whose chain contains a squashed block is "leased" with
-//     reason "unsupported:kernel_gate_not_proven" (the contract's own
-//     answer when the probe is not proven), and a FUSE session likewise with
-//     "unsupported:fuse_lower_swap" until the holder can swap its lower
-//     chain. A leased session keeps its lease (and so its layers) and its
-//     view unchanged; its layers are collected when it ends.
+//   - The remount sweep moves every live session whose chain contains a
+//     replaced block onto the substituted chain (Occupant.Remount: lease
+//     the new chain first, the holder swaps its lowers, the record and
+//     lease follow, the old lease is released), runtime.layerstack.
+//     remount_sweep_width sessions at a time, and reports it "remounted"
+//     (A4's name for §8.6's "migrated"). FUSE sessions swap in place with
+//     commands running; kernel sessions are frozen, and one with a process
+//     whose cwd, root, descriptor or mapping is inside /workspace is
+//     "leased" with a pinned:* reason (the holder's message, naming the
+//     commands, in class_detail), keeping its lease and view; its layers
+//     are collected when it ends. A swap the holder cannot do is "leased"
+//     with "unsupported:<driver>_lower_swap"; a failure the holder does not
+//     classify is "faulty" and the session is destroyed.
+//   - Replaced layers whose holders all moved are reclaimed before the
+//     result returns: each moved session's old lease is released, which
+//     garbage collects them (§8.7).
+//   - The sweep waits for each session's gate with the request's context
+//     (autosquash: with no deadline; gates are held only briefly); a wait
+//     the request gives up is "leased" with "quiesce_failed:gate_wait".
 //   - blocked_reasons name the lease owners that pin replaced layers:
 //     "pinned_by:<owner>" (owner e.g. "workspace-session:ws-…").
 //   - Autosquash waits 250 ms after the first notification (later ones
@@ -28,6 +39,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
@@ -43,14 +55,32 @@ type SquashedBlock struct {
 
 type SweptSession struct {
 	SessionID   string `json:"session_id"`
-	Disposition string `json:"disposition"` // session_gone | identity | migrated | leased | faulty
+	Disposition string `json:"disposition"` // session_gone | identity | remounted | leased | faulty
 	Reason      string `json:"reason,omitempty"`
+	ClassDetail string `json:"class_detail,omitempty"`
+	leaseErrors []string
+}
+
+// FaultySession is a session the sweep destroyed (§8.6).
+type FaultySession struct {
+	SessionID   string   `json:"session_id"`
+	ClassDetail string   `json:"class_detail"`
+	LeaseErrors []string `json:"lease_errors"`
 }
 
 type SquashResult struct {
 	ManifestVersion int             `json:"manifest_version"`
 	SquashedBlocks  []SquashedBlock `json:"squashed_blocks"`
 	SweptSessions   []SweptSession  `json:"swept_sessions"`
+	FaultySessions  []FaultySession `json:"faulty_sessions,omitempty"`
+}
+
+// RemountOutcome is what moving one session onto its substituted chain did.
+type RemountOutcome struct {
+	Disposition string // remounted | identity | leased | faulty | session_gone
+	Reason      string // leased: pinned:*, quiesce_failed:*, unsupported:*, session_state:*
+	ClassDetail string
+	LeaseErrors []string // faulty: what destroying the session failed at
 }
 
 // Span is one traced step of a squash, as the supervisor's span store
@@ -66,6 +96,10 @@ type Occupant interface {
 	// Base is the manifest the session's view was frozen at.
 	Base() layers.Manifest
 	Gone() bool
+	// Remount moves the session onto its base with res's substitutions
+	// applied (identity when they change nothing), taking the session's
+	// gate with ctx.
+	Remount(ctx context.Context, res layers.SquashResult) RemountOutcome
 }
 
 // Squasher runs manual and automatic squashes (§8.6) of the sandboxes of
@@ -78,6 +112,9 @@ type Squasher[W any] struct {
 	Bump func(ctx context.Context, sb *Sandbox[W])
 	// Occupants are sb's live sessions; the caller holds nothing.
 	Occupants func(sb *Sandbox[W]) []Occupant
+	// Width is runtime.layerstack.remount_sweep_width: sessions moved at
+	// once.
+	Width int
 	// Threshold is runtime.layerstack.autosquash.squash_at_n_layers (nil:
 	// autosquash off).
 	Threshold *int
@@ -129,27 +166,22 @@ func (q *Squasher[W]) squash(ctx context.Context, sb *Sandbox[W], progress func(
 	}
 	progress("squash: committed manifest version " + strconv.Itoa(res.Manifest.Version) + ", " + strconv.Itoa(len(res.Blocks)) + " blocks")
 
-	sweep, _ := q.Span(ctx, sb, "squash", "layerstack.squash.remount_sweep", nil)
 	sessions := q.Occupants(sb)
-	sb.Mu.Lock()
-	driver := sb.Rec.OverlayDriver
-	sb.Mu.Unlock()
+	sweep, sctx := q.Span(ctx, sb, "squash", "layerstack.squash.remount_sweep", map[string]any{"sessions": len(sessions)})
 	slices.SortFunc(sessions, func(a, b Occupant) int { return strings.Compare(a.ID(), b.ID()) })
-	for _, ss := range sessions {
-		sw := SweptSession{SessionID: ss.ID()}
-		switch _, changed := res.Substitute(ss.Base()); {
-		case ss.Gone():
-			sw.Disposition = "session_gone"
-		case !changed:
-			sw.Disposition = "identity"
-		case driver == "fuse":
-			sw.Disposition, sw.Reason = "leased", "unsupported:fuse_lower_swap"
-		default:
-			sw.Disposition, sw.Reason = "leased", "unsupported:kernel_gate_not_proven"
+	progress("squash: remount sweep over " + strconv.Itoa(len(sessions)) + " sessions")
+	out.SweptSessions = q.sweep(sctx, res, sessions)
+	for _, sw := range out.SweptSessions {
+		if sw.Disposition == "faulty" {
+			out.FaultySessions = append(out.FaultySessions, FaultySession{SessionID: sw.SessionID, ClassDetail: sw.ClassDetail, LeaseErrors: sw.leaseErrors})
 		}
-		out.SweptSessions = append(out.SweptSessions, sw)
 	}
-	sweep.Done(nil, map[string]any{"sessions": len(out.SweptSessions)})
+	counts := map[string]any{}
+	for _, sw := range out.SweptSessions {
+		n, _ := counts[sw.Disposition].(int)
+		counts[sw.Disposition] = n + 1
+	}
+	sweep.Done(nil, counts)
 
 	sb.Stack.LeasedBy(&res)
 	for _, b := range res.Blocks {
@@ -164,6 +196,35 @@ func (q *Squasher[W]) squash(ctx context.Context, sb *Sandbox[W], progress func(
 	}
 	q.Bump(ctx, sb)
 	return out, nil
+}
+
+// sweep moves every session whose chain a block replaced onto the
+// substituted chain, Width at a time; the result is in sessions' order.
+func (q *Squasher[W]) sweep(ctx context.Context, res layers.SquashResult, sessions []Occupant) []SweptSession {
+	out := make([]SweptSession, len(sessions))
+	width := max(q.Width, 1)
+	slots := make(chan struct{}, width)
+	var wg sync.WaitGroup
+	for i, ss := range sessions {
+		out[i].SessionID = ss.ID()
+		_, changed := res.Substitute(ss.Base())
+		switch {
+		case ss.Gone():
+			out[i].Disposition = "session_gone"
+			continue
+		case !changed:
+			out[i].Disposition = "identity"
+			continue
+		}
+		wg.Go(func() {
+			slots <- struct{}{}
+			defer func() { <-slots }()
+			o := ss.Remount(ctx, res)
+			out[i].Disposition, out[i].Reason, out[i].ClassDetail, out[i].leaseErrors = o.Disposition, o.Reason, o.ClassDetail, o.LeaseErrors
+		})
+	}
+	wg.Wait()
+	return out
 }
 
 // Notify queues an autosquash evaluation of sb (§8.6): at start
@@ -243,6 +304,13 @@ func (q *Squasher[W]) autosquash(sb *Sandbox[W], threshold int, reason string, q
 	after, _ := sb.Stack.Head()
 	attrs["before_layers"], attrs["after_layers"] = len(head.Layers), len(after.Layers)
 	attrs["blocks_committed"] = len(out.SquashedBlocks)
+	remounted := 0
+	for _, sw := range out.SweptSessions {
+		if sw.Disposition == "remounted" {
+			remounted++
+		}
+	}
+	attrs["swept_sessions"], attrs["remounted_sessions"] = len(out.SweptSessions), remounted
 	attrs["squash_duration_ms"] = time.Since(start).Milliseconds()
 	attrs["total_convergence_ms"] = time.Since(queued).Milliseconds()
 	attrs["status"] = "completed"

@@ -26,6 +26,10 @@ type PublishHooks interface {
 	// RecordPublishAudit appends the audit records of a committed publish;
 	// it logs its own failures.
 	RecordPublishAudit(ctx context.Context, sb *Sandbox, prev layers.Manifest, res layers.PublishResult, files []attribution.AuditFile) error
+	// SessionSynced moves the session's attribution (checkpoints, the
+	// file activity capture state) onto its new upper dir after a sync;
+	// the session's base is already the new one.
+	SessionSynced(ctx context.Context, sb *Sandbox, ss *Session, res layers.SyncResult)
 }
 
 // Publisher captures a session's upper dir and publishes it (§9), and
@@ -40,6 +44,9 @@ type Publisher struct {
 	Attr      PublishHooks
 	// Bump records a client-visible change of sb (§4.4).
 	Bump func(ctx context.Context, sb *Sandbox)
+	// Remount moves a live session onto target over the upper dir at
+	// upper (Holders.Remount): sync and publish keep:true.
+	Remount func(ctx context.Context, sb *Sandbox, ss *Session, target layers.Manifest, upper string) error
 }
 
 // event records an event in sb's store, in the trace of the span ctx

@@ -354,6 +354,14 @@ func (h *Holders) Restore(ctx context.Context, sb *Sandbox, sum *RestoreSummary)
 	var sumMu sync.Mutex
 	slots := make(chan struct{}, 4)
 	for _, rec := range recs {
+		upper := filepath.Join(sb.Dir, "sessions", rec.WorkspaceSessionID, "upper")
+		if changed, err := settleSync(upper, &rec); err != nil {
+			h.Log.Warn("settle interrupted sync", "workspace_session_id", rec.WorkspaceSessionID, "err", err)
+		} else if changed {
+			if err := h.DB.Put(ctx, statedb.KindSession, rec.WorkspaceSessionID, sb.Rec.ID, rec); err != nil {
+				h.Log.Warn("persist session", "workspace_session_id", rec.WorkspaceSessionID, "err", err)
+			}
+		}
 		m := layers.Manifest{SchemaVersion: layers.SchemaVersion, Layers: rec.Lease.Layers}
 		ss := &Session{Rec: rec, Dir: filepath.Join(sb.Dir, "sessions", rec.WorkspaceSessionID), Ledger: map[string]*Command{},
 			Lease: sb.Stack.Restore(rec.Lease.LeaseID, m, "workspace-session:"+rec.WorkspaceSessionID)}

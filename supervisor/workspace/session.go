@@ -68,6 +68,7 @@ type Holder interface {
 	CommandRunner
 	FileHolder
 	LoopbackDialer
+	Swapper
 }
 
 // Session is a live workspace session. gate is its admission gate (§5.5):
@@ -102,7 +103,10 @@ func (ss *Session) Upper() string { return filepath.Join(ss.Dir, "upper") }
 func (ss *Session) Implicit() bool { return ss.Rec.FinalizePolicy == PolicyPublish }
 
 // Base is the session's leased manifest: its frozen view (§5.3).
+// A remount changes it (under mu).
 func (ss *Session) Base() layers.Manifest {
+	ss.Mu.Lock()
+	defer ss.Mu.Unlock()
 	return layers.Manifest{SchemaVersion: layers.SchemaVersion, Version: ss.Rec.BaseRevision.ManifestVersion, Layers: ss.Rec.Lease.Layers}
 }
 

@@ -40,6 +40,8 @@ func Text(v any, color bool) string {
 			m["command_session_id"], m["workspace_session_id"])
 	case m["publish"] != nil && m["dry_run"] != nil:
 		writePublish(&b, m)
+	case m["sync"] != nil && m["dry_run"] != nil:
+		writeSync(&b, m)
 	case m["ranges"] != nil && m["line_count"] != nil:
 		fmt.Fprintf(&b, "%v (%v lines, %v view)\n", m["path"], m["line_count"], m["view"])
 		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
@@ -166,7 +168,43 @@ func writePublish(b *strings.Builder, m map[string]any) {
 	if m["destroyed"] == true {
 		b.WriteString(" closed")
 	}
+	if m["kept"] == true {
+		fmt.Fprintf(b, " continues on the new head (%v)", revisionText(m["base_revision"]))
+	}
 	b.WriteString("\n")
+}
+
+func writeSync(b *strings.Builder, m map[string]any) {
+	s, _ := m["sync"].(map[string]any)
+	switch s["result"] {
+	case "synced":
+		fmt.Fprintf(b, "synced onto %v: kept %v of %v changed paths (%v merged)\n", revisionText(s["base_revision"]), s["kept_paths"], s["changed_paths"], s["merged_paths"])
+	case "would_sync":
+		fmt.Fprintf(b, "dry run: would sync onto %v keeping %v of %v changed paths (%v merged)\n", revisionText(s["base_revision"]), s["kept_paths"], s["changed_paths"], s["merged_paths"])
+	case "would_reject":
+		fmt.Fprintf(b, "dry run: would be rejected: %v conflicting of %v changed paths\n", s["conflict_paths"], s["changed_paths"])
+	case "no_op":
+		b.WriteString("already on the head\n")
+	default:
+		writeFields(b, s, "")
+	}
+	if v := s["kept_head_paths"]; v != nil && num(v) > 0 {
+		fmt.Fprintf(b, "took the head's version of %v paths (theirs)\n", v)
+	}
+	if plan, _ := m["plan"].(map[string]any); plan != nil {
+		for _, c := range list(plan["conflicts"]) {
+			fmt.Fprintf(b, "conflict: %v (%v, %v)\n", c["path"], c["outcome"], orDash(c["conflict_reason"]))
+		}
+	}
+	fmt.Fprintf(b, "session %v\n", m["workspace_session_id"])
+}
+
+// revisionText is a revision object as "manifest version N".
+func revisionText(v any) string {
+	if r, ok := v.(map[string]any); ok && r["manifest_version"] != nil {
+		return fmt.Sprintf("manifest version %v", r["manifest_version"])
+	}
+	return cell(v)
 }
 
 func colorDiff(d string, color bool) string {

@@ -92,7 +92,7 @@ const (
 
 // Instructions are sent in the initialize result: the workflow in a few lines.
 const Instructions = `Ephemeral Sandbox runs commands and file edits inside sandboxes: isolated copy-on-write copies of a project directory, never the host's files.
-Workflow: create_sandbox (workspace_root = the project directory) → create_workspace_session (a private view) → exec_command / file_read / file_edit / file_write with its workspace_session_id → diff_workspace_session → publish_workspace_session (dry_run first to see conflicts) → export_changes to write the published result back to a host directory.
+Workflow: create_sandbox (workspace_root = the project directory) → create_workspace_session (a private view) → exec_command / file_read / file_edit / file_write with its workspace_session_id → diff_workspace_session → publish_workspace_session (dry_run first to see conflicts; keep:true publishes and goes on working in the same session) → export_changes to write the published result back to a host directory. sync_workspace_session brings a live session up to date with what others published, keeping its own changes.
 Without workspace_session_id, file_write/file_edit publish immediately and exec_command runs in a one-off session that publishes when the command ends.
 A publish merges each changed path with what others published meanwhile; a conflict rejects the whole publish and keeps the session: pass resolutions (ours/theirs/merge) or edit and publish again.
 Long commands: exec_command returns status "running" after yield_time_ms; poll with write_command_stdin stdin "" (or send a progressToken to get progress notifications); output is bounded (max_output_tokens), read omitted rows with read_command_lines.`
