@@ -359,6 +359,24 @@ var ops = []Op{
 		},
 	},
 	{
+		ID: "fork_workspace_session", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox, Span: "workspace_session.fork",
+		Title: "Fork workspace session", Effect: Additive,
+		Summary: "Create an explicit session whose view equals another session's current view; the two are independent afterwards.",
+		Help: "The new session has its own ID and holder, the source's base revision and a copy of the source's changes " +
+			"(reflinked or copy_file_range'd where the filesystem allows). Blame in the fork keeps crediting the source's commands for the " +
+			"lines they wrote; file_activity of the fork starts empty. Refused while the source has running commands, " +
+			"and for implicit sessions (not_found, as publish).",
+		Result: "{workspace_session_id, network_profile, finalize_policy:\"no_op\", agent, created_at, base_revision, overlay_driver, forked_from}",
+		Output: sessionOut(map[string]any{"forked_from": str()}, "forked_from"),
+		Args: []Arg{
+			{Name: "workspace_session_id", Kind: String, Required: true, ID: true, Help: "The explicit source session."},
+			{Name: "agent", Kind: String, MaxLen: 128, NoControl: true,
+				Help: "Label of the agent or person owning the new session (as create_workspace_session: not inherited from the source)."},
+			{Name: "network_profile", Kind: String, Enum: []string{"shared", "isolated", "offline"}, DefaultDoc: "the source's profile",
+				Help: "As create_workspace_session; omitted, the fork gets the source's profile (a fork never widens network access unasked)."},
+		},
+	},
+	{
 		ID: "list_workspace_sessions", Group: Runtime, Family: "workspace_session", Scope: ScopeSandbox,
 		Title: "List workspace sessions", Effect: ReadOnly,
 		Summary: "List the sandbox's sessions, implicit and explicit.",

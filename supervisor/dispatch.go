@@ -46,6 +46,7 @@ var handlers = map[string]handler{
 	"list_commands":              (*Supervisor).listCommands,
 	"create_workspace_session":   (*Supervisor).createWorkspaceSession,
 	"destroy_workspace_session":  (*Supervisor).destroyWorkspaceSession,
+	"fork_workspace_session":     (*Supervisor).forkWorkspaceSession,
 	"list_workspace_sessions":    (*Supervisor).listWorkspaceSessions,
 	"forward_port":               (*Supervisor).forwardPort,
 	"diff_workspace_session":     (*Supervisor).diffWorkspaceSession,

@@ -59,6 +59,16 @@ var opSpans = map[string]opSpan{
 			}
 			return nil
 		}},
+	"fork_workspace_session": {
+		start: func(c *call) map[string]any {
+			return map[string]any{"workspace_session_id": c.args.String("workspace_session_id")}
+		},
+		end: func(_ *call, res any, _ error) map[string]any {
+			if m, ok := res.(map[string]any); ok {
+				return map[string]any{"fork_workspace_session_id": m["workspace_session_id"], "network_profile": m["network_profile"]}
+			}
+			return nil
+		}},
 	"publish_workspace_session": {
 		start: func(c *call) map[string]any {
 			return map[string]any{"workspace_session_id": c.args.String("workspace_session_id"), "dry_run": c.args.Bool("dry_run")}

@@ -57,6 +57,11 @@ type ckEntry struct {
 	Key    string `json:"key,omitempty"`
 	Digest string `json:"digest"`
 	Bytes  int64  `json:"bytes,omitempty"` // size of the stored content copy
+	// Sess and Agent, in a fork, name the session that wrote the stored
+	// checkpoint's lines that name none (a checkpoint inherited as is;
+	// fork.go).
+	Sess  string `json:"workspace_session_id,omitempty"`
+	Agent string `json:"agent,omitempty"`
 	ckIdentity
 }
 
@@ -76,6 +81,12 @@ type ckLine struct {
 	// it went to the releasing or ending command (FUSE driver); a write
 	// record that arrives later and covers it re-attributes it.
 	Guess bool
+	// Sess and Agent name the session that wrote the line when it is not
+	// the tracker's own: a fork copies its source's checkpoints with the
+	// source's lines marked, so blame and publish keep crediting them to
+	// the source (fork.go). "" = the tracker's session.
+	Sess  string
+	Agent string
 }
 
 // ckRun is a run of equal ckLines as stored.
@@ -86,6 +97,8 @@ type ckRun struct {
 	TS     string `json:"ts,omitempty"`
 	Approx bool   `json:"approximate,omitempty"`
 	Guess  bool   `json:"guess,omitempty"`
+	Sess   string `json:"workspace_session_id,omitempty"`
+	Agent  string `json:"agent,omitempty"`
 }
 
 type ckFile struct {
@@ -100,12 +113,12 @@ func encodeRuns(lines []ckLine) []ckRun {
 	for _, l := range lines {
 		if n := len(runs); n > 0 {
 			r := &runs[n-1]
-			if r.Base == l.Base && r.Cmd == l.Cmd && r.TS == l.TS && r.Approx == l.Approx && r.Guess == l.Guess {
+			if r.Base == l.Base && r.Cmd == l.Cmd && r.TS == l.TS && r.Approx == l.Approx && r.Guess == l.Guess && r.Sess == l.Sess && r.Agent == l.Agent {
 				r.N++
 				continue
 			}
 		}
-		runs = append(runs, ckRun{N: 1, Base: l.Base, Cmd: l.Cmd, TS: l.TS, Approx: l.Approx, Guess: l.Guess})
+		runs = append(runs, ckRun{N: 1, Base: l.Base, Cmd: l.Cmd, TS: l.TS, Approx: l.Approx, Guess: l.Guess, Sess: l.Sess, Agent: l.Agent})
 	}
 	return runs
 }
@@ -114,7 +127,7 @@ func decodeRuns(runs []ckRun) []ckLine {
 	var out []ckLine
 	for _, r := range runs {
 		for range r.N {
-			out = append(out, ckLine{Base: r.Base, Cmd: r.Cmd, TS: r.TS, Approx: r.Approx, Guess: r.Guess})
+			out = append(out, ckLine{Base: r.Base, Cmd: r.Cmd, TS: r.TS, Approx: r.Approx, Guess: r.Guess, Sess: r.Sess, Agent: r.Agent})
 		}
 	}
 	return out
@@ -278,6 +291,13 @@ func loadCheckpoint(dir string, e *ckEntry) ([]ckLine, []byte, bool) {
 	lines := decodeRuns(f.Lines)
 	if len(lines) != len(TextLines(content)) {
 		return nil, nil, false
+	}
+	if e.Sess != "" {
+		for i := range lines {
+			if !lines[i].Base && lines[i].Sess == "" {
+				lines[i].Sess, lines[i].Agent = e.Sess, e.Agent
+			}
+		}
 	}
 	return lines, content, true
 }
@@ -537,8 +557,18 @@ func (t *Tracker) LineOwners(w Workspace, path string, content []byte) []LineOwn
 	}
 	for i, l := range t.attribution(w, path, content) {
 		if i < n && !l.Base {
+			out[i] = l.owner(owner)
 			out[i].CommandSessionID, out[i].TS, out[i].Approximate = l.Cmd, l.TS, l.Approx
 		}
 	}
 	return out
+}
+
+// owner is the session owner of a line the tracker's session (own) or,
+// for a line a fork inherited, its source wrote.
+func (l ckLine) owner(own LineOwner) LineOwner {
+	if l.Sess == "" {
+		return own
+	}
+	return LineOwner{Owner: "workspace_session:" + l.Sess, Agent: l.Agent}
 }

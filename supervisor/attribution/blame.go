@@ -339,6 +339,8 @@ func (a *Audit) SessionBlameOwners(ctx context.Context, t *Tracker, w Workspace,
 		lo := owner
 		lo.TS = fallbackTS
 		if attr != nil && !attr[i].Base {
+			lo = attr[i].owner(owner)
+			lo.TS = fallbackTS
 			lo.CommandSessionID, lo.Approximate = attr[i].Cmd, attr[i].Approx
 			if attr[i].TS != "" {
 				lo.TS = attr[i].TS

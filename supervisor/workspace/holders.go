@@ -83,7 +83,7 @@ func (h *Holders) spanCtx(ctx context.Context, sb *Sandbox, name string, attrs m
 // New runs §5.2 inside a workspace_session.create span.
 func (h *Holders) New(ctx context.Context, sb *Sandbox, policy, network string, agent *string) (*Session, error) {
 	sp, ctx := h.spanCtx(ctx, sb, "workspace_session.create", map[string]any{"finalize_policy": policy, "network_profile": network})
-	ss, err := h.open(ctx, sb, policy, network, agent)
+	ss, err := h.open(ctx, sb, policy, network, agent, nil)
 	var attrs map[string]any
 	if ss != nil {
 		attrs = map[string]any{"workspace_session_id": ss.ID(), "layer_count": len(ss.Rec.Lease.Layers)}
@@ -94,17 +94,24 @@ func (h *Holders) New(ctx context.Context, sb *Sandbox, policy, network string, 
 
 // open runs §5.2: reserve the ID, lease the head, create the
 // directories, start the holder, persist the record. Any failure rolls back
-// every step.
-func (h *Holders) open(ctx context.Context, sb *Sandbox, policy, network string, agent *string) (*Session, error) {
+// every step. With from (a fork) the lease is of from's chain and the upper
+// dir and attribution are from's, copied before the holder starts.
+func (h *Holders) open(ctx context.Context, sb *Sandbox, policy, network string, agent *string, from *forkSource) (*Session, error) {
 	sl, e := h.Admission.Session(sb)
 	if e != nil {
 		return nil, e
 	}
 	defer sl.Release() // a no-op once the session is in sb.Work.sessions
 	id := h.IDs.New("ws-")
-	lease, err := sb.Stack.Acquire("workspace-session:" + id)
-	if err != nil {
-		return nil, fmt.Errorf("lease head: %w", err)
+	var lease *layers.Lease
+	if from != nil {
+		// The source's own lease pins these layers until this one exists.
+		lease = sb.Stack.AcquireAt(from.base, "workspace-session:"+id)
+	} else {
+		var err error
+		if lease, err = sb.Stack.Acquire("workspace-session:" + id); err != nil {
+			return nil, fmt.Errorf("lease head: %w", err)
+		}
 	}
 	m := lease.Manifest()
 	if len(m.Layers) > h.Cfg.Runtime.Workspace.MaxChainDepth {
@@ -123,14 +130,27 @@ func (h *Holders) open(ctx context.Context, sb *Sandbox, policy, network string,
 			OverlayDriver: sb.Rec.OverlayDriver,
 		},
 	}
+	if from != nil {
+		ss.Rec.BaseRevision, ss.Rec.OverlayDriver, ss.Rec.ForkedFrom = from.rec.BaseRevision, from.rec.OverlayDriver, from.rec.WorkspaceSessionID
+	}
 	rollback := func() {
 		RemoveTree(ss.Dir)
 		_, _ = lease.Release()
 	}
-	for _, d := range []string{"upper", "scratch", "attribution"} {
+	dirs := []string{"upper", "scratch", "attribution"}
+	if from != nil {
+		dirs = dirs[1:] // the copy makes the upper dir
+	}
+	for _, d := range dirs {
 		if err := os.MkdirAll(filepath.Join(ss.Dir, d), 0o700); err != nil {
 			rollback()
 			return nil, catalog.Errorf(catalog.OperationFailed, "workspace setup failed at directories: %v", err).With("stage", "directories")
+		}
+	}
+	if from != nil {
+		if err := h.copyFrom(ctx, sb, from, ss); err != nil {
+			rollback()
+			return nil, err
 		}
 	}
 	if err := h.start(ctx, sb, ss); err != nil {

@@ -51,6 +51,8 @@ type SessionRecord struct {
 	BaseRevision       layers.Revision `json:"base_revision"`
 	Lease              LeaseRecord     `json:"lease"`
 	OverlayDriver      string          `json:"overlay_driver"`
+	// ForkedFrom is the source of a session made by fork_workspace_session.
+	ForkedFrom string `json:"forked_from,omitempty"`
 }
 
 type LeaseRecord struct {

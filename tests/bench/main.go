@@ -10,8 +10,9 @@
 // a Go module build inside a kernel and a FUSE session; 8 sessions running
 // no-op commands at once; and the browser console's fleet page with 20
 // sandboxes and 100 live sessions in headless Chromium, with the event
-// stream's lag; and a live session's sync onto a head 100 layers newer
-// against a new session. It prints medians and ratios; targets are printed
+// stream's lag; a live session's sync onto a head 100 layers newer
+// against a new session; and the fork of a session with 1,000 changed files
+// against a new session and `cp -a` of its upper dir. It prints medians and ratios; targets are printed
 // next to the measured values and never asserted. It exits non-zero only when
 // something breaks (an operation fails, a tool that must exist is missing).
 //
@@ -63,7 +64,7 @@ func main() {
 	binFlag := flag.String("bin", "./bin", "directory holding the sandbox binaries")
 	reps := flag.Int("reps", 5, "measured repetitions per case (the exec round trip uses 6× as many)")
 	quick := flag.Bool("quick", false, "fast smoke run: small trees, 2 reps, 8 live sessions")
-	only := flag.String("only", "", "comma-separated section numbers to run (1-10); default all")
+	only := flag.String("only", "", "comma-separated section numbers to run (1-11); default all")
 	jsonOut := flag.String("json", "", "also write every figure, with alternatives, ratios and targets, as one JSON document to this file (- = standard output; the text then goes to standard error)")
 	profile := flag.String("profile", "", "write a CPU profile of the supervisor to this file (go tool pprof bin/sandbox-supervisor FILE)")
 	flag.Parse()
@@ -74,8 +75,8 @@ func main() {
 	sections := map[int]bool{}
 	for _, f := range strings.FieldsFunc(*only, func(r rune) bool { return r == ',' || r == ' ' }) {
 		n, err := strconv.Atoi(f)
-		if err != nil || n < 1 || n > 10 {
-			fmt.Fprintf(os.Stderr, "bench: -only: bad section %q (want numbers 1-10)\n", f)
+		if err != nil || n < 1 || n > 11 {
+			fmt.Fprintf(os.Stderr, "bench: -only: bad section %q (want numbers 1-11)\n", f)
 			os.Exit(2)
 		}
 		sections[n] = true
@@ -166,6 +167,7 @@ func run(cfg config) int {
 	b.section(8, "8. concurrency: 8 sessions at once; 4 KiB file operations", b.concurrency)
 	b.section(9, "9. browser console: the fleet page with 20 sandboxes and 100 live sessions; event stream lag", b.console)
 	b.section(10, "10. live sessions: sync onto a head 100 layers newer vs a new session", b.liveSync)
+	b.section(11, fmt.Sprintf("11. fork of a session with %s changed files vs a new session and cp -a", count(forkChanged)), b.fork)
 	if ctx.Err() != nil {
 		fmt.Fprintln(os.Stderr, "bench: interrupted")
 		return 130
