@@ -1,11 +1,14 @@
 // Session: a terminal on the session (exec_command, the transcript stream,
 // stdin), the command history, a file tree with content and blame gutter,
-// and the session's file activity.
+// and the session's file activity. Sync (the review planner in sync mode:
+// plan, strategies, then sync onto the current head) and Fork (a new
+// session with this one's view, opened at once).
 import { Terminal } from '/vendor/xterm-xterm/xterm.mjs';
 import { FitAddon } from '/vendor/xterm-addon-fit/addon-fit.mjs';
 import { rpc, events, debounce, followCommand, newest } from './api.js';
 import { h, clear, toast, age, time, badge, agentColour, errText, confirmDialog } from './ui.js';
 import { charts } from './obs.js';
+import { planner } from './review.js';
 
 export function sessionPage(view, [sandboxId, wsId]) {
   const cleanups = [];
@@ -19,9 +22,14 @@ export function sessionPage(view, [sandboxId, wsId]) {
   const fileView = h('div', { id: 'file-view', class: 'file' }, h('p', { class: 'muted' }, 'Pick a file.'));
   const activity = h('tbody', { id: 'activity' });
   const resources = h('div', { class: 'charts', id: 'session-resources' });
+  const syncPanel = h('div', { id: 'sync-panel', hidden: true });
+  const syncResult = h('div', { id: 'sync-result' });
+  const forkDialog = forkForm(sandboxId, wsId);
 
   clear(view,
     h('section', { class: 'card' }, info),
+    h('div', {}, syncResult, syncPanel),
+    forkDialog.el,
     h('div', { class: 'cols' },
       h('section', { class: 'card wide' },
         h('h3', {}, 'Terminal'),
@@ -124,11 +132,52 @@ export function sessionPage(view, [sandboxId, wsId]) {
       clear(info,
         h('h2', {}, 'Session ', h('span', { class: 'mono' }, wsId)),
         s.agent ? h('span', { class: 'agent', style: `background:${agentColour(s.agent)}` }, s.agent) : null,
-        badge(s.state), h('span', { class: 'muted' }, `${s.overlay_driver} · ${s.network_profile} · base layers ${s.base_revision?.layer_count} · age ${age(s.created_at)}`),
+        badge(s.state), h('span', { class: 'muted' }, `${s.overlay_driver} · ${s.network_profile} · `,
+          h('span', { id: 'base-revision', title: 'the published revision the session works over',
+            dataset: { manifestVersion: s.base_revision?.manifest_version ?? '', layerCount: s.base_revision?.layer_count ?? '' } },
+          `base revision ${s.base_revision?.manifest_version ?? '?'} (${s.base_revision?.layer_count} layers)`),
+          ` · age ${age(s.created_at)}`),
         h('span', { class: 'spacer' }),
+        s.finalize_policy !== 'publish_then_destroy' ? [ // implicit sessions publish themselves
+          h('button', { id: 'sync', title: 'bring the session onto the current head: plan first', onclick: toggleSync }, syncOpen ? 'Close sync' : 'Sync…'),
+          h('button', { id: 'fork', title: 'a new session with this view, independent afterwards', onclick: () => forkDialog.show(s) }, 'Fork…'),
+        ] : null,
         h('a', { href: `#/review/${sandboxId}/${wsId}`, class: 'button primary', id: 'review' }, 'Review & publish'),
         h('button', { class: 'danger', id: 'discard', onclick: discard }, 'Discard'));
     } catch (e) { clear(info, h('span', { class: 'bad' }, errText(e))); }
+  }
+
+  // The sync panel: open, it shows the dry-run plan of a sync onto the
+  // current head; "Sync" applies it with exactly the chosen strategies.
+  let syncOpen = false;
+  let sync = null;
+  function toggleSync() {
+    syncOpen = !syncOpen;
+    if (syncOpen) {
+      clear(syncResult);
+      sync = planner({ sandboxId, wsId, mode: 'sync', onDone: synced });
+      clear(syncPanel, h('h3', {}, 'Sync onto the current head'), sync.el);
+    } else {
+      sync?.stop(); sync = null;
+      clear(syncPanel);
+    }
+    syncPanel.hidden = !syncOpen;
+    refreshInfo();
+  }
+  cleanups.push(() => sync?.stop());
+
+  // After a sync the session's view changed under the page: show the new
+  // base, and read the tree and the open file (and its blame) again.
+  async function synced(r) {
+    const out = r.sync || {};
+    const from = out.previous_base_revision?.manifest_version;
+    const to = out.base_revision?.manifest_version;
+    toggleSync();
+    clear(syncResult, h('section', { class: 'card', id: 'synced', dataset: { revision: to ?? '' } },
+      h('span', {}, out.no_op ? 'Already on the head' : 'Synced', from !== undefined ? ` from revision ${from}` : '', ` onto revision ${to ?? '?'}`),
+      ' ', Object.entries(out).filter(([k, n]) => typeof n === 'number' && k.endsWith('_paths') && n).map(([k, n]) => badge(`${n} ${k.replace(/_paths$/, '').replace(/_/g, ' ')}`))));
+    await Promise.all([refreshInfo(), listDir('.', tree), openPath ? openFile(openPath) : null, refreshActivity()]);
+    view.dataset.synced = String(to ?? Date.now());
   }
 
   async function discard() {
@@ -186,8 +235,10 @@ export function sessionPage(view, [sandboxId, wsId]) {
   }
 
   const fileTurn = newest();
+  let openPath = null;
   async function openFile(path) {
     const isNewest = fileTurn();
+    openPath = path;
     clear(fileView, h('p', { class: 'muted' }, 'Loading ' + path + '…'));
     try {
       const [f, b] = await Promise.all([
@@ -230,6 +281,46 @@ export function sessionPage(view, [sandboxId, wsId]) {
   return () => cleanups.forEach((f) => f());
 }
 
+// forkForm is the Fork dialog: an agent label and a network profile for the
+// new session; on success the page moves to the fork's session page.
+function forkForm(sandboxId, wsId) {
+  const agent = h('input', { id: 'fork-agent', maxlength: 128, autocomplete: 'off', placeholder: 'agent label' });
+  const profile = h('select', { id: 'fork-network' }, ['shared', 'isolated', 'offline'].map((p) => h('option', { value: p }, p)));
+  const err = h('p', { class: 'bad small', id: 'fork-error' });
+  const ok = h('button', { type: 'submit', class: 'primary', id: 'fork-ok' }, 'Fork');
+  const d = h('dialog', { id: 'fork-dialog' },
+    h('form', { onsubmit: submit },
+      h('h3', {}, 'Fork ', h('span', { class: 'mono' }, wsId)),
+      h('p', { class: 'muted small' }, 'A new session whose files equal this one\'s now; the two are independent afterwards.'),
+      h('div', { class: 'row' }, h('label', {}, 'Agent ', agent), h('label', {}, 'Network ', profile)),
+      err,
+      h('menu', {}, h('button', { type: 'button', id: 'fork-cancel', onclick: () => d.close() }, 'Cancel'), ok)));
+  async function submit(ev) {
+    ev.preventDefault();
+    ok.disabled = true;
+    err.textContent = '';
+    const args = { workspace_session_id: wsId, network_profile: profile.value };
+    if (agent.value.trim()) args.agent = agent.value.trim();
+    try {
+      const r = await rpc('fork_workspace_session', args, sandboxId);
+      d.close();
+      toast(`forked ${wsId} → ${r.workspace_session_id}`);
+      location.hash = `#/session/${sandboxId}/${r.workspace_session_id}`;
+    } catch (e) {
+      err.textContent = errText(e);
+    } finally { ok.disabled = false; }
+  }
+  // show fills in the source's agent (suffixed) and network profile. (Not
+  // d.open: that is the dialog's own open attribute.)
+  const show = (s) => {
+    agent.value = s.agent ? `${s.agent}-fork` : '';
+    profile.value = s.network_profile || 'shared';
+    err.textContent = '';
+    d.showModal();
+  };
+  return { el: d, show };
+}
+
 // blameView renders content with a gutter: one colour per agent (or owner),
 // the owner in each range's first line, command and time on hover.
 export function blameView(content, blame, err) {
@@ -246,7 +337,7 @@ export function blameView(content, blame, err) {
       o.r.layer_id && 'layer ' + o.r.layer_id, o.r.ts && new Date(o.r.ts).toLocaleString(), o.r.approximate && 'approximate', o.r.wholesale && 'wholesale'].filter(Boolean).join('\n') : '';
     return h('tr', {},
       h('td', { class: 'gutter' + (o?.first ? ' first' : ''), style: o ? `background:${agentColour(who)}` : null, title,
-        dataset: o ? { owner: o.r.owner, agent: o.r.agent || '', command: o.r.command_session_id || '' } : {} }, o?.first ? who : ''),
+        dataset: o ? { owner: o.r.owner, agent: o.r.agent || '', command: o.r.command_session_id || '', layer: o.r.layer_id || '' } : {} }, o?.first ? who : ''),
       h('td', { class: 'ln' }, i + 1),
       h('td', { class: 'code' }, text));
   });
