@@ -6,8 +6,6 @@ import (
 	"testing"
 
 	"github.com/chromedp/chromedp"
-
-	"github.com/ephemeral-ai-lab/sandbox/catalog"
 )
 
 // TestConsoleLiveSessions drives the session page's Sync and Fork and the
@@ -20,13 +18,6 @@ import (
 // session credits both commits to it in head's blame; a fork opens with
 // its source's tree and diverges from it.
 func TestConsoleLiveSessions(t *testing.T) {
-	// The operations come from other branches (#19); until they are merged
-	// there is nothing for the page to call.
-	for _, op := range []string{"sync_workspace_session", "fork_workspace_session"} {
-		if _, ok := catalog.Lookup(op); !ok {
-			t.Skipf("%s is not declared in the catalog", op)
-		}
-	}
 	forDrivers(t, func(t *testing.T) {
 		e := newEnv(t)
 		e.start("--http", "tcp://127.0.0.1:0")
