@@ -10,16 +10,27 @@ import (
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
-func (s *Supervisor) publishWorkspaceSession(c *call) (any, error) {
-	id := c.args.String("workspace_session_id")
+// explicitSession is the explicit session id of a publish or sync and
+// its parsed resolutions. Implicit sessions publish themselves (§5.1), so
+// they are not found here.
+func explicitSession(c *call, id string) (*workspace.Session, map[string]layers.Strategy, error) {
 	ss, e := workspace.LookupSession(c.sb, id)
 	if e != nil {
-		return nil, e
+		return nil, nil, e
 	}
 	if ss.Implicit() {
-		return nil, workspace.NotFoundSession(id) // implicit sessions publish themselves (§5.1)
+		return nil, nil, workspace.NotFoundSession(id)
 	}
 	resolutions, err := workspace.ParseResolutions(c.args.Array("resolutions"))
+	if err != nil {
+		return nil, nil, err
+	}
+	return ss, resolutions, nil
+}
+
+func (s *Supervisor) publishWorkspaceSession(c *call) (any, error) {
+	id := c.args.String("workspace_session_id")
+	ss, resolutions, err := explicitSession(c, id)
 	if err != nil {
 		return nil, err
 	}

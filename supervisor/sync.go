@@ -14,14 +14,7 @@ import (
 // moves onto the current head, keeping its own changes.
 func (s *Supervisor) syncWorkspaceSession(c *call) (any, error) {
 	id := c.args.String("workspace_session_id")
-	ss, e := workspace.LookupSession(c.sb, id)
-	if e != nil {
-		return nil, e
-	}
-	if ss.Implicit() {
-		return nil, workspace.NotFoundSession(id) // as publish: implicit sessions are not addressed (§5.1)
-	}
-	resolutions, err := workspace.ParseResolutions(c.args.Array("resolutions"))
+	ss, resolutions, err := explicitSession(c, id)
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +69,7 @@ func syncError(id, stage string, err error) error {
 		return catalog.Errorf(catalog.OperationFailed, "workspace session sync refused: /workspace is in use by command(s) %s (working directory or open files in it; the kernel overlay cannot move them)",
 			strings.Join(cmds, ", ")).
 			With("workspace_session_id", id).With("stage", stage).With("session_retained", true).
-			With("reason", "pinned:"+pinReason(pin)).With("pinned_command_session_ids", cmds).With("pins", procs)
+			With("reason", workspace.PinReason(pin.Pins)).With("pinned_command_session_ids", cmds).With("pins", procs)
 	case errors.Is(err, nsholder.ErrFreezeTimeout):
 		return catalog.Errorf(catalog.OperationFailed, "workspace session sync failed: the session's processes did not stop in time: %v", err).
 			With("workspace_session_id", id).With("stage", stage).With("session_retained", true).With("reason", "quiesce_failed:freeze_timeout")
@@ -86,20 +79,4 @@ func syncError(id, stage string, err error) error {
 	}
 	return catalog.Errorf(catalog.OperationFailed, "workspace session sync failed: %v", err).
 		With("workspace_session_id", id).With("stage", stage).With("session_retained", true)
-}
-
-// pinReason is the contract's pinned:<kind> reason of the first pin.
-func pinReason(pin *nsholder.PinnedError) string {
-	if len(pin.Pins) == 0 {
-		return "workspace"
-	}
-	switch pin.Pins[0].Kind {
-	case "cwd", "root":
-		return "cwd_pinned_workspace"
-	case "fd":
-		return "fd_pinned_workspace"
-	case "mapping":
-		return "mapped_file_pinned_workspace"
-	}
-	return pin.Pins[0].Kind + "_pinned_workspace"
 }

@@ -55,7 +55,7 @@ func (h *Holders) SweepRemount(ctx context.Context, sb *Sandbox, ss *Session, re
 	var pinned *nsholder.PinnedError
 	switch {
 	case errors.As(err, &pinned):
-		return sandbox.RemountOutcome{Disposition: "leased", Reason: pinReason(pinned.Pins), ClassDetail: sweepDetail(pinned.Error())}
+		return sandbox.RemountOutcome{Disposition: "leased", Reason: PinReason(pinned.Pins), ClassDetail: sweepDetail(pinned.Error())}
 	case errors.Is(err, nsholder.ErrFreezeTimeout):
 		return sandbox.RemountOutcome{Disposition: "leased", Reason: "quiesce_failed:freeze_timeout", ClassDetail: sweepDetail(err.Error())}
 	case errors.Is(err, nsholder.ErrSwapUnsupported):
@@ -91,8 +91,9 @@ func holderDead(ss *Session) bool {
 	}
 }
 
-// pinReason is the contract's reason for the first classified pin.
-func pinReason(pins []nsholder.Pin) string {
+// PinReason is the contract's reason (§8.6) for the first classified pin:
+// the squash sweep's leased reason and a refused sync's.
+func PinReason(pins []nsholder.Pin) string {
 	for _, p := range pins {
 		switch p.Kind {
 		case "fd":
