@@ -38,6 +38,8 @@ type ofs struct {
 	euid      int
 	egid      int
 	seq       atomic.Uint64
+	// sharedFds counts the descriptors held by nodes' read-only slots.
+	sharedFds atomic.Int64
 
 	// origin maps the inode number of a copied-up upper entry to the number
 	// it had in its lower layer, so st_ino survives copy-up.
@@ -66,6 +68,10 @@ type node struct {
 	copiedUp atomic.Bool
 	// cuMu serializes copyUpOpen of this node.
 	cuMu sync.Mutex
+	// ro is the descriptor shared by read-only handles of a lower file
+	// (rofd.go), guarded by roMu.
+	roMu sync.Mutex
+	ro   *sharedFd
 }
 
 var (
@@ -88,6 +94,7 @@ var (
 	_ fs.NodeSetxattrer     = (*node)(nil)
 	_ fs.NodeListxattrer    = (*node)(nil)
 	_ fs.NodeRemovexattrer  = (*node)(nil)
+	_ fs.NodeOnForgetter    = (*node)(nil)
 )
 
 // path returns the node's path relative to the mount root; ok is false for
