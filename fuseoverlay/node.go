@@ -39,7 +39,8 @@ type ofs struct {
 	egid      int
 	seq       atomic.Uint64
 	// sharedFds counts the descriptors held by nodes' read-only slots.
-	sharedFds atomic.Int64
+	sharedFds    atomic.Int64
+	maxSharedFds int64 // see sharedFdLimit
 
 	// origin maps the inode number of a copied-up upper entry to the number
 	// it had in its lower layer, so st_ino survives copy-up.

@@ -18,10 +18,17 @@ import (
 // node. Writers never share it: they open their own (upper) descriptor, so
 // write attribution stays per handle.
 
-// maxSharedFds bounds the descriptors held for nodes with no open handle.
-// The holder's descriptor limit is shared with everything else it does;
-// past the bound, opens fall back to a descriptor per handle.
-const maxSharedFds = 4096
+// sharedFdLimit bounds the descriptors held by read-only slots: at most a
+// quarter of the process's descriptor limit, which the holder shares with
+// everything else it does, and never more than 4096. Past the bound, opens
+// fall back to a descriptor per handle.
+func sharedFdLimit() int64 {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		return 0
+	}
+	return int64(min(rl.Cur/4, 4096))
+}
 
 // sharedFd is a read-only descriptor of a lower file. refs counts the node's
 // cache slot and every handle using it; the last one closes it.
@@ -41,7 +48,7 @@ func (n *node) openShared(p string) (sf *sharedFd, ok bool, err error) {
 	n.roMu.Lock()
 	defer n.roMu.Unlock()
 	if n.ro == nil {
-		if n.o.sharedFds.Add(1) > maxSharedFds {
+		if n.o.sharedFds.Add(1) > n.o.maxSharedFds {
 			n.o.sharedFds.Add(-1)
 			return nil, false, nil
 		}

@@ -71,6 +71,29 @@ func TestSharedReadOnlyDescriptor(t *testing.T) {
 			}
 		}
 	})
+	t.Run("past the bound opens get their own descriptor", func(t *testing.T) {
+		f := mountLayers(t, []tree{{"a": "A", "b": "B", "c": "C"}}, nil)
+		o := f.srv.impl.(*server).o
+		o.maxSharedFds = 1
+		var hs []*os.File
+		for _, name := range []string{"a", "b", "c"} {
+			h, err := os.Open(f.p(name))
+			must(t, err)
+			t.Cleanup(func() { h.Close() }) // before the unmount
+			hs = append(hs, h)
+		}
+		for i, name := range []string{"A", "B", "C"} {
+			must(t, unix.Fadvise(int(hs[i].Fd()), 0, 0, unix.FADV_DONTNEED))
+			b := make([]byte, 8)
+			n, err := unix.Pread(int(hs[i].Fd()), b, 0)
+			if err != nil || string(b[:n]) != name {
+				t.Fatalf("file %d reads %q, %v", i, b[:n], err)
+			}
+		}
+		if got := o.sharedFds.Load(); got != 1 {
+			t.Fatalf("%d shared descriptors held, want the bound, 1", got)
+		}
+	})
 	t.Run("writers get their own descriptor", func(t *testing.T) {
 		// Opening for write while a reader shares the lower descriptor
 		// copies up; the write is recorded for the writer's handle.
