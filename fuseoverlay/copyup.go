@@ -43,6 +43,7 @@ func (n *node) copyUp() syscall.Errno {
 	n.o.originMu.Unlock()
 	n.layer = 0
 	n.copiedUp.Store(true)
+	n.dropShared()
 	return 0
 }
 
@@ -307,6 +308,7 @@ func (n *node) copyUpOpen() syscall.Errno {
 	o.noteOrigin(upIno, n.StableAttr().Ino)
 	n.layer = 0
 	n.copiedUp.Store(true)
+	n.dropShared()
 	return 0
 }
 

@@ -49,6 +49,12 @@
 //     kept across opens and directory listings are cached by the kernel:
 //     lowers never change and the upper changes only through this mount.
 //     There is no passthrough and no writeback cache (design rule 5).
+//     What a warm pass still costs is one OPEN and one (asynchronous)
+//     RELEASE per file opened, and one GETXATTR (security.capability,
+//     asked by the kernel's privilege check) per write(2): per-handle
+//     attribution needs the OPEN, so no_open is not used. Read-only opens
+//     of a lower file share one descriptor per node (rofd.go), so such an
+//     OPEN makes no system call.
 //   - lower swap: Server.SwapLower moves the live mount onto another lower
 //     chain under the same upper (a squash, or a newer head) in one
 //     critical section, then invalidates exactly the kernel's entries,

@@ -31,6 +31,9 @@ type handle struct {
 	lowerOf *node
 	mu      sync.Mutex
 	upper   *fs.LoopbackFile
+	// shared is the node's shared read-only descriptor (rofd.go) when fd
+	// is that one: release drops a reference instead of closing it.
+	shared *sharedFd
 }
 
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -129,7 +132,12 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 		delete(h.o.writers, h)
 		h.o.writersMu.Unlock()
 	}
-	errno := h.LoopbackFile.Release(ctx)
+	var errno syscall.Errno
+	if h.shared != nil {
+		h.lowerOf.putShared(h.shared)
+	} else {
+		errno = h.LoopbackFile.Release(ctx)
+	}
 	h.mu.Lock()
 	if h.upper != nil {
 		h.upper.Release(ctx)

@@ -34,6 +34,8 @@ func mount(ctx context.Context, mountpoint string, opts Options) (*Server, error
 		rec:      newRecorder(opts.Sink),
 		owner:    opts.Owner,
 		released: opts.Released,
+
+		maxSharedFds: sharedFdLimit(),
 	}
 	for _, f := range append([]*os.File{opts.Upper}, opts.Lowers...) {
 		if f == nil {

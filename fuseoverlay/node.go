@@ -41,6 +41,9 @@ type ofs struct {
 	euid      int
 	egid      int
 	seq       atomic.Uint64
+	// sharedFds counts the descriptors held by nodes' read-only slots.
+	sharedFds    atomic.Int64
+	maxSharedFds int64 // see sharedFdLimit
 
 	// origin maps the inode number of a copied-up upper entry to the number
 	// it had in its lower layer, so st_ino survives copy-up. An upper swap
@@ -83,6 +86,10 @@ type node struct {
 	copiedUp atomic.Bool
 	// cuMu serializes copyUpOpen of this node.
 	cuMu sync.Mutex
+	// ro is the descriptor shared by read-only handles of a lower file
+	// (rofd.go), guarded by roMu.
+	roMu sync.Mutex
+	ro   *sharedFd
 }
 
 var (
@@ -287,9 +294,12 @@ func (o *ofs) retire(in *fs.Inode) {
 	o.retiredMu.Unlock()
 }
 
-// OnForget drops the node's retired identity once the kernel has
-// forgotten the node: nothing can revive it any more.
+// OnForget is called when the kernel no longer references the node. It
+// drops the node's retired identity (nothing can revive it any more) and
+// its shared read-only descriptor (go-fuse may also call it spuriously; the
+// slot is then simply refilled by the next open).
 func (n *node) OnForget() {
+	n.dropShared()
 	id := n.StableAttr()
 	n.o.retiredMu.Lock()
 	if n.o.retired[id] == &n.Inode {

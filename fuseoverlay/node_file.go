@@ -43,6 +43,16 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	if !ok {
 		return nil, 0, syscall.ESTALE
 	}
+	if !write && n.layer != 0 && n.StableAttr().Mode == unix.S_IFREG {
+		sf, ok, err := n.openShared(p)
+		if err != nil {
+			return nil, 0, errnoOf(err)
+		}
+		if ok {
+			h := &handle{LoopbackFile: sf.lf, fd: sf.fd, o: o, path: p, lowerOf: n, shared: sf}
+			return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
+		}
+	}
 	fd, err := openat(o.fds[n.layer], p, openFlags(flags), 0)
 	if err != nil {
 		return nil, 0, errnoOf(err)
