@@ -119,6 +119,14 @@ func TestMCPOutputSchemas(t *testing.T) {
 			t.Errorf("conflicting dry run: %v", dry)
 		}
 		call("publish_workspace_session", in(map[string]any{"workspace_session_id": conf, "default_strategy": "reject"}), true)
+		// Live sessions (#19): the same conflict on a sync (dry run, refused,
+		// then resolved), a fork, and a publish that keeps the session.
+		call("sync_workspace_session", in(map[string]any{"workspace_session_id": conf, "dry_run": true, "default_strategy": "reject"}), false)
+		call("sync_workspace_session", in(map[string]any{"workspace_session_id": conf, "default_strategy": "reject"}), true)
+		call("sync_workspace_session", in(map[string]any{"workspace_session_id": conf,
+			"resolutions": []any{map[string]any{"path": "README", "strategy": "ours"}}}), false)
+		fork := call("fork_workspace_session", in(map[string]any{"workspace_session_id": conf, "agent": "forked"}), false)
+		call("publish_workspace_session", in(map[string]any{"workspace_session_id": fork["workspace_session_id"], "keep": true}), false)
 		// Refused before the supervisor: the same envelope.
 		call("file_read", in(map[string]any{"path": "README", "frobnicate": true}), true)
 		// A session without changes publishes nothing.

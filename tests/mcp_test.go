@@ -173,7 +173,7 @@ func TestMCPSets(t *testing.T) {
 		"management": {"create_sandbox", "destroy_sandbox", "export_changes", "inspect_sandbox", "list_docker_images", "list_sandboxes", "list_workspace_directories", "squash_layerstacks"},
 		"runtime": {"create_workspace_session", "destroy_workspace_session", "diff_workspace_session", "exec_command", "file_blame",
 			"file_edit", "file_list", "file_read", "file_write", "fork_workspace_session", "forward_port", "list_commands", "list_workspace_sessions", "publish_workspace_session",
-			"read_command_lines", "write_command_stdin"},
+			"read_command_lines", "sync_workspace_session", "write_command_stdin"},
 		"observability": {"cgroup", "daemon", "events", "file_activity", "health", "layerstack", "resources", "snapshot", "topology", "trace"},
 	}
 	for set, tools := range want {
