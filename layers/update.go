@@ -539,11 +539,12 @@ func finishStagedFile(f *os.File, p string, c Change) error {
 }
 
 // stageWorkers is how many goroutines create the staged files whose bytes
-// are in memory. Creating a small file costs about 100 µs of kernel time
-// on ext4 here, most of a publish of new files; two or more creates
-// overlap (measured: 1,000 creates 80–100 ms alone, 35–55 ms on two
-// goroutines, no better on four on 2 CPUs).
-const stageWorkers = 2
+// are in memory, while the builder goes on hashing and making directories.
+// Creating a small file (~100 µs of kernel time on ext4 here) is most of a
+// publish of new files, but creates in one directory serialize on its
+// lock: two workers measured no faster than one (1k files: 224–394 ms with
+// one, 245–429 ms with two, interleaved runs on this 2-CPU host).
+const stageWorkers = 1
 
 type stageJob struct {
 	c    Change
