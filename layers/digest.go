@@ -50,6 +50,12 @@ type Change struct {
 	Root   *Root
 	Target string
 	MTime  time.Time
+
+	// loaded: content holds Source's bytes, read once by the publication
+	// planner while fingerprinting, so staging and attribution reuse them
+	// instead of opening the session's file again (one read per file).
+	loaded  bool
+	content []byte
 }
 
 // OpenSource opens the regular file a write's content comes from (Source,

@@ -68,14 +68,25 @@ func fingerprintOf(sd side) (Fingerprint, error) {
 	return Fingerprint{Kind: "other"}, nil
 }
 
-// sessionFingerprint is the fingerprint of the session's result at the path.
-func sessionFingerprint(c Change) (Fingerprint, error) {
+// Limits of the session file contents the planner keeps in memory: a file
+// up to maxLoadedFile bytes is read once, fingerprinted, staged and
+// attributed from the same bytes, until loadBudget bytes are held; larger
+// files are streamed from the source at each step as before.
+const (
+	maxLoadedFile = 1 << 20
+	loadBudget    = 64 << 20
+)
+
+// sessionFingerprint is the fingerprint of the session's result at the
+// path. A small enough write's source is read into c (Change.content)
+// while budget (bytes still allowed in memory) lasts.
+func sessionFingerprint(c *Change, budget *int64) (Fingerprint, error) {
 	switch c.Kind {
 	case ChangeWrite:
 		var d string
 		if c.Source != "" {
 			var err error
-			if d, err = hashSource(c); err != nil {
+			if d, err = hashOrLoadSource(c, budget); err != nil {
 				return Fingerprint{}, fmt.Errorf("publish %s: session file: %w", c.Path, err)
 			}
 		} else {
@@ -133,8 +144,46 @@ func hashSource(c Change) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
+// hashOrLoadSource hashes a write's source, keeping its bytes in c when
+// it fits the per-file limit and the remaining budget.
+func hashOrLoadSource(c *Change, budget *int64) (string, error) {
+	f, fi, err := c.OpenSource()
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	if size := fi.Size(); size > maxLoadedFile || size > *budget {
+		h := sha256.New()
+		if _, err := io.Copy(h, f); err != nil {
+			return "", err
+		}
+		return hex.EncodeToString(h.Sum(nil)), nil
+	}
+	// Read at most maxLoadedFile+1: a file growing past the limit meanwhile
+	// is streamed like a large one (its whole content is hashed).
+	data, err := io.ReadAll(io.LimitReader(f, maxLoadedFile+1))
+	if err != nil {
+		return "", err
+	}
+	if len(data) > maxLoadedFile {
+		h := sha256.New()
+		h.Write(data)
+		if _, err := io.Copy(h, f); err != nil {
+			return "", err
+		}
+		return hex.EncodeToString(h.Sum(nil)), nil
+	}
+	*budget -= int64(len(data))
+	c.loaded, c.content = true, data
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:]), nil
+}
+
 // readSource is the content of a write's source file.
 func readSource(c Change) ([]byte, error) {
+	if c.loaded {
+		return c.content, nil
+	}
 	f, _, err := c.OpenSource()
 	if err != nil {
 		return nil, err

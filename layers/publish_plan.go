@@ -170,7 +170,11 @@ type CommittedFile struct {
 	// changeset's Root ("" when the change had in-memory Data or is not a
 	// write).
 	SessionSource string
-	PreviousHead  Fingerprint
+	// Content is what the layer holds at Path when the planner read the
+	// session's file once (small files, SessionSource set); nil means read
+	// it from the layer or the session.
+	Content      []byte
+	PreviousHead Fingerprint
 }
 
 func (o *OutcomeSummary) add(outcome string) {

@@ -59,6 +59,7 @@ type planner struct {
 	changed     map[string]bool // paths with a counted session change
 	dirCache    map[string][2]EntryKind
 	baseWalks   map[string]walkResult
+	loadBudget  int64 // bytes of session files the planner may still keep in memory
 }
 
 type walkResult struct {
@@ -109,7 +110,7 @@ func (s *Stack) plan(ctx context.Context, base, head Manifest, hv *View, cs *Cha
 
 	p := &planner{ctx: ctx, opt: opt, bv: s.View(base), hv: hv, headChanged: base.RootHash() != head.RootHash(),
 		changed: make(map[string]bool, len(changes)), dirCache: make(map[string][2]EntryKind),
-		baseWalks: make(map[string]walkResult)}
+		baseWalks: make(map[string]walkResult), loadBudget: loadBudget}
 	p.ign = NewIgnorer(p.bv)
 	for _, c := range changes {
 		p.changed[c.Path] = true
@@ -211,6 +212,9 @@ func (s *Stack) plan(ctx context.Context, base, head Manifest, hv *View, cs *Cha
 				Merged: e.merged, PreviousHead: e.hSide.fp}
 			if w.Kind == ChangeWrite && w.Source != "" && w.Root == e.change.Root && w.Source == e.change.Source {
 				cf.SessionSource = w.Source
+				if w.loaded {
+					cf.Content = w.content
+				}
 			}
 			pr.committed = append(pr.committed, cf)
 		}

@@ -54,12 +54,12 @@ func (p *planner) planEntry(e *planEntry) error {
 		return nil
 	}
 
-	c := e.change
-	e.pp.Change = c.Kind
-	sfp, err := sessionFingerprint(c)
+	sfp, err := sessionFingerprint(&e.change, &p.loadBudget)
 	if err != nil {
 		return err
 	}
+	c := e.change
+	e.pp.Change = c.Kind
 	e.pp.Session = &sfp
 	isDir := c.Kind == ChangeDirectory || c.Kind == ChangeOpaqueDir || (c.Kind == ChangeDelete && b.kind() == KindDir)
 	if p.protected(path, isDir) {

@@ -1200,3 +1200,63 @@ func TestPublishStructuralHeadReplacedDirByFile(t *testing.T) {
 		})
 	}
 }
+
+// A session's small files are read once by the planner and staged and
+// attributed from those bytes (CommittedFile.Content); a file over
+// maxLoadedFile is streamed from the upper dir at each step. Either way the
+// layer holds the session's bytes and its digest is the one
+// ComputeLayerDigest computes from the upper files.
+func TestPublishStagesSessionBytes(t *testing.T) {
+	big := strings.Repeat("0123456789abcde\n", maxLoadedFile/16+1)
+	files := []struct {
+		path, content string
+		mode          fs.FileMode
+		inMemory      bool
+	}{
+		{"small.txt", "s\n", 0o644, true},
+		{"empty", "", 0o600, true},
+		{"run.sh", "#!/bin/sh\n", 0o755, true},
+		{"big.txt", big, 0o644, false},
+	}
+	s := stdStack(t)
+	base := mustHead(t, s)
+	upper := filepath.Join(tempDir(t), "upper")
+	mkdir(t, upper, 0o755)
+	for _, f := range files {
+		writeFile(t, filepath.Join(upper, f.path), f.content, f.mode)
+	}
+	cs, err := Capture(context.Background(), upper, s.View(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	want, err := ComputeLayerDigest(cs.Changes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, res := pubOK(t, s, base, cs, PublishOptions{})
+	if res.NoOp || res.Digest != want {
+		t.Fatalf("publish %+v, want digest %s", res, want)
+	}
+	if stored, err := s.StoredDigest(res.LayerID); err != nil || stored != want {
+		t.Errorf("stored digest %q %v, want %s", stored, err, want)
+	}
+	committed := map[string]CommittedFile{}
+	for _, cf := range plan.Committed {
+		committed[cf.Path] = cf
+	}
+	for _, f := range files {
+		wantFile(t, s, f.path, f.content, f.mode)
+		cf, ok := committed[f.path]
+		if !ok || cf.SessionSource != f.path {
+			t.Errorf("%s: committed %+v", f.path, cf)
+			continue
+		}
+		switch {
+		case f.inMemory && (cf.Content == nil || string(cf.Content) != f.content):
+			t.Errorf("%s: Content %q, want the session's bytes", f.path, cf.Content)
+		case !f.inMemory && cf.Content != nil:
+			t.Errorf("%s: Content of %d bytes, want nil (streamed)", f.path, len(cf.Content))
+		}
+	}
+}

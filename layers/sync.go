@@ -252,6 +252,7 @@ func buildUpper(dir string, v *View, changes []Change, old *Root, special []Drop
 	if err != nil {
 		return fmt.Errorf("stage new upper: %w", err)
 	}
+	defer func() { _ = b.wait() }() // finish reports its error; this stops the workers on an early return
 	for _, c := range changes {
 		if err := b.apply(c); err != nil {
 			return fmt.Errorf("stage new upper: %w", err)

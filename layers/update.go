@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -35,7 +36,8 @@ type PublishResult struct {
 type publishStep int
 
 const (
-	stepAfterStaging publishStep = iota + 1
+	stepStagingWrite publishStep = iota + 1 // each in-memory file a staging worker writes
+	stepAfterStaging
 	stepAfterRename
 	stepAfterDigest
 	stepBeforeManifestRename
@@ -44,6 +46,8 @@ const (
 
 func (p publishStep) String() string {
 	switch p {
+	case stepStagingWrite:
+		return "staging_write"
 	case stepAfterStaging:
 		return "after_staging"
 	case stepAfterRename:
@@ -200,6 +204,8 @@ func (s *Stack) commit(ctx context.Context, head Manifest, v *View, changes []Ch
 	if err != nil {
 		return PublishResult{}, wrap(err)
 	}
+	defer func() { _ = b.wait() }() // finish reports its error; this stops the workers on an early return
+	b.stepWrite = func() error { return s.step(stepStagingWrite) }
 	for _, c := range agg {
 		if err := ctx.Err(); err != nil {
 			return PublishResult{}, wrap(err)
@@ -354,6 +360,14 @@ type layerBuilder struct {
 	dirs     []string               // created directories, in creation order
 	rootMode uint32
 	bytes    int64
+
+	// Staging workers (enqueue): jobs is nil until the first in-memory
+	// write; err is the first failure of one.
+	jobs      chan stageJob
+	stepWrite func() error // test hook before each worker write (nil: none)
+	wg        sync.WaitGroup
+	mu        sync.Mutex
+	err       error
 }
 
 func newLayerBuilder(root string, v *View) (*layerBuilder, error) {
@@ -464,36 +478,54 @@ func (b *layerBuilder) apply(c Change) error {
 }
 
 func (b *layerBuilder) writeFile(c Change) error {
+	if data, ok := c.memContent(); ok {
+		// The bytes are in memory: hash them here, in path order, and leave
+		// the create and write, the bulk of a small file's cost, to the
+		// staging workers.
+		b.h.Write(data)
+		b.bytes += int64(len(data))
+		b.enqueue(c, data)
+		return nil
+	}
 	p := b.host(c.Path)
 	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
+	src, _, err := c.OpenSource()
+	if err != nil {
+		return fmt.Errorf("source: %w", err)
+	}
+	defer src.Close()
 	var n int64
-	if c.Source != "" {
-		src, _, err := c.OpenSource()
-		if err != nil {
-			return fmt.Errorf("source: %w", err)
-		}
-		defer src.Close()
-		if unix.IoctlFileClone(int(f.Fd()), int(src.Fd())) == nil {
-			// Hash what was stored.
-			n, err = io.Copy(b.h, io.NewSectionReader(f, 0, 1<<62))
-		} else {
-			n, err = io.Copy(io.MultiWriter(f, b.h), src)
-		}
-		if err != nil {
-			return fmt.Errorf("copy %s: %w", src.Name(), err)
-		}
+	if unix.IoctlFileClone(int(f.Fd()), int(src.Fd())) == nil {
+		// Hash what was stored.
+		n, err = io.Copy(b.h, io.NewSectionReader(f, 0, 1<<62))
 	} else {
-		if _, err := f.Write(c.Data); err != nil {
-			return err
-		}
-		b.h.Write(c.Data)
-		n = int64(len(c.Data))
+		n, err = io.Copy(io.MultiWriter(f, b.h), src)
+	}
+	if err != nil {
+		return fmt.Errorf("copy %s: %w", src.Name(), err)
 	}
 	b.bytes += n
+	return finishStagedFile(f, p, c)
+}
+
+// memContent returns a write's content when it is in memory: its Data, or
+// its Source's bytes read by the planner.
+func (c Change) memContent() ([]byte, bool) {
+	switch {
+	case c.Source == "":
+		return c.Data, true
+	case c.loaded:
+		return c.content, true
+	}
+	return nil, false
+}
+
+// finishStagedFile sets a staged file's mode and mtime and closes it.
+func finishStagedFile(f *os.File, p string, c Change) error {
 	if err := f.Chmod(c.Mode.Perm()); err != nil {
 		return err
 	}
@@ -506,12 +538,98 @@ func (b *layerBuilder) writeFile(c Change) error {
 	return f.Close()
 }
 
+// stageWorkers is how many goroutines create the staged files whose bytes
+// are in memory, while the builder goes on hashing and making directories.
+// Creating a small file (~100 µs of kernel time on ext4 here) is most of a
+// publish of new files, but creates in one directory serialize on its
+// lock: two workers measured no faster than one (1k files: 224–394 ms with
+// one, 245–429 ms with two, interleaved runs on this 2-CPU host).
+const stageWorkers = 1
+
+type stageJob struct {
+	c    Change
+	data []byte
+}
+
+// enqueue hands a file write to the staging workers, starting them on the
+// first call. Its directory exists already (apply made it).
+func (b *layerBuilder) enqueue(c Change, data []byte) {
+	if b.jobs == nil {
+		b.jobs = make(chan stageJob, 64)
+		for range stageWorkers {
+			b.wg.Add(1)
+			go func() {
+				defer b.wg.Done()
+				for j := range b.jobs {
+					if b.failed() {
+						continue // drain: the publish fails anyway
+					}
+					if err := b.writeMem(j.c, j.data); err != nil {
+						b.setErr(fmt.Errorf("%s %q: %w", j.c.Kind, j.c.Path, err))
+					}
+				}
+			}()
+		}
+	}
+	b.jobs <- stageJob{c: c, data: data}
+}
+
+func (b *layerBuilder) writeMem(c Change, data []byte) error {
+	if b.stepWrite != nil {
+		if err := b.stepWrite(); err != nil {
+			return err
+		}
+	}
+	p := b.host(c.Path)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.Write(data); err != nil {
+		return err
+	}
+	return finishStagedFile(f, p, c)
+}
+
+func (b *layerBuilder) setErr(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.err == nil {
+		b.err = err
+	}
+}
+
+func (b *layerBuilder) failed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err != nil
+}
+
+// wait stops the staging workers once every queued write is done and
+// returns the first error of one. Callers defer it right after
+// newLayerBuilder so no worker still writes when a failed build's staging
+// tree is removed; it may be called more than once.
+func (b *layerBuilder) wait() error {
+	if b.jobs != nil {
+		close(b.jobs)
+		b.wg.Wait()
+		b.jobs = nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
+}
+
 // finish applies the final directory modes (children first) and makes the
 // whole staged layer durable with one syncfs: it flushes every file and
 // directory written above at once, where an fsync per entry would cost a
 // disk flush per changed file (1,000 files took seconds). The root keeps
 // 0700 until it has been renamed into layers/.
 func (b *layerBuilder) finish() error {
+	if err := b.wait(); err != nil {
+		return err
+	}
 	for i := len(b.dirs) - 1; i >= 0; i-- {
 		rel := b.dirs[i]
 		if err := chmodDir(b.host(rel), unixMode(b.modes[rel])); err != nil {

@@ -273,25 +273,32 @@ func (idx *ckIndex) usage(except string) (files int, bytes int64) {
 
 // loadCheckpoint reads a stored checkpoint: its lines and content copy.
 func loadCheckpoint(dir string, e *ckEntry) ([]ckLine, []byte, bool) {
-	if e == nil || e.State != ckStored {
-		return nil, nil, false
-	}
-	b, err := os.ReadFile(filepath.Join(dir, e.Key+".json"))
-	if err != nil {
-		return nil, nil, false
-	}
-	var f ckFile
-	if json.Unmarshal(b, &f) != nil {
+	lines, digest, ok := loadCheckpointLines(dir, e)
+	if !ok {
 		return nil, nil, false
 	}
 	content, err := os.ReadFile(filepath.Join(dir, e.Key+".txt"))
-	if err != nil || ContentDigest(content) != f.Digest {
+	if err != nil || ContentDigest(content) != digest || len(lines) != len(TextLines(content)) {
 		return nil, nil, false
+	}
+	return lines, content, true
+}
+
+// loadCheckpointLines reads a stored checkpoint's lines and the digest of
+// the content they describe, without the content copy.
+func loadCheckpointLines(dir string, e *ckEntry) ([]ckLine, string, bool) {
+	if e == nil || e.State != ckStored {
+		return nil, "", false
+	}
+	b, err := os.ReadFile(filepath.Join(dir, e.Key+".json"))
+	if err != nil {
+		return nil, "", false
+	}
+	var f ckFile
+	if json.Unmarshal(b, &f) != nil {
+		return nil, "", false
 	}
 	lines := decodeRuns(f.Lines)
-	if len(lines) != len(TextLines(content)) {
-		return nil, nil, false
-	}
 	if e.Sess != "" {
 		for i := range lines {
 			if !lines[i].Base && lines[i].Sess == "" {
@@ -299,7 +306,7 @@ func loadCheckpoint(dir string, e *ckEntry) ([]ckLine, []byte, bool) {
 			}
 		}
 	}
-	return lines, content, true
+	return lines, f.Digest, true
 }
 
 func dropCheckpoint(dir string, e *ckEntry) {
@@ -523,15 +530,27 @@ func (cp *checkpointer) visit(p string) {
 // checkpoint. Lines changed after the last checkpoint have an empty Cmd and
 // TS (writer unknown).
 func (t *Tracker) attribution(w Workspace, p string, content []byte) []ckLine {
+	digest := ContentDigest(content)
 	t.mu.Lock() // checkpoints of one session are serialized
 	dir := attrDir(w)
 	e := t.cachedIndex(dir).Files[p]
+	if e != nil && e.Digest == digest {
+		// Unchanged since its checkpoint (the usual case at publication):
+		// the stored lines describe content as is, the content copy is not
+		// needed.
+		lines, ckDigest, ok := loadCheckpointLines(dir, e)
+		t.mu.Unlock()
+		if !ok || ckDigest != digest || len(lines) != len(TextLines(content)) {
+			return nil
+		}
+		return lines
+	}
 	lines, ckContent, ok := loadCheckpoint(dir, e)
 	t.mu.Unlock()
 	if !ok {
 		return nil
 	}
-	if ContentDigest(ckContent) == ContentDigest(content) {
+	if ContentDigest(ckContent) == digest {
 		return lines
 	}
 	out := make([]ckLine, len(TextLines(content)))

@@ -235,6 +235,9 @@ type AuditFile struct {
 	// SessionContent is the content Session describes. When nil, Session
 	// must describe the committed content line by line (else it is ignored).
 	SessionContent []byte
+	// Committed, when non-nil, is the content the layer holds at Path (the
+	// bytes publication staged), so the record need not read it back.
+	Committed []byte
 }
 
 // committedManifests returns the head before the commit and the head the
@@ -317,8 +320,12 @@ func (a *Audit) recordFor(ctx context.Context, prevView, nextView *layers.View, 
 	if e.Kind != layers.KindFile {
 		return AuditRecord{}, false, nil
 	}
-	content, digest, text, err := ReadViewFile(nextView, f.Path)
-	if err != nil {
+	var content []byte
+	var digest string
+	var text bool
+	if f.Committed != nil && int64(len(f.Committed)) == e.Size && e.Size <= TextMax {
+		content, digest, text = f.Committed, ContentDigest(f.Committed), IsText(f.Committed)
+	} else if content, digest, text, err = ReadViewFile(nextView, f.Path); err != nil {
 		return AuditRecord{}, false, err
 	}
 	owner := f.Owner

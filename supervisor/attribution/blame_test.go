@@ -624,3 +624,46 @@ func TestLayerAudit(t *testing.T) {
 		t.Fatalf("unknown layer: %v %v", got, err)
 	}
 }
+
+// A publish hands the staged bytes to the audit (AuditFile.Committed) so it
+// need not read the layer back; bytes that cannot be the layer's (another
+// size) are ignored and the layer is read.
+func TestBlameRecordCommittedBytes(t *testing.T) {
+	cases := []struct {
+		name, content string
+		committed     []byte
+	}{
+		{"staged bytes", "a\nb\n", []byte("a\nb\n")},
+		{"none", "c\nd\n", nil},
+		{"stale bytes", "x\ny\nz\nw\n", []byte("stale\n")},
+	}
+	a := testAudit(t, map[string]string{})
+	ctx := context.Background()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := strings.ReplaceAll(tc.name, " ", "_") + ".txt"
+			var prev layers.Manifest
+			res, err := a.Stack.Update(ctx, func(v *layers.View) ([]layers.Change, error) {
+				prev = v.Manifest()
+				return []layers.Change{{Kind: layers.ChangeWrite, Path: p, Mode: 0o644, Data: []byte(tc.content)}}, nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.RecordPublish(ctx, prev, res, []AuditFile{{Path: p, Owner: OperationOwner("r-" + p), Committed: tc.committed}}); err != nil {
+				t.Fatal(err)
+			}
+			rec, err := a.Store.LatestAudit(ctx, a.SandboxID, p, -1)
+			if err != nil || rec == nil {
+				t.Fatalf("record: %+v %v", rec, err)
+			}
+			if rec.ContentDigest != ContentDigest([]byte(tc.content)) || rec.LineCount != len(TextLines([]byte(tc.content))) {
+				t.Errorf("record digest %s lines %d, want the layer's content %q", rec.ContentDigest, rec.LineCount, tc.content)
+			}
+			m, _ := blame(t, a, p)
+			if got, want := owners(t, m), fmt.Sprintf("operation:r-%s×%d", p, rec.LineCount); got != want {
+				t.Errorf("blame %s, want %s", got, want)
+			}
+		})
+	}
+}

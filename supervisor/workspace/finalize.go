@@ -89,11 +89,17 @@ func (p *Publisher) Publish(ctx context.Context, sb *Sandbox, ss *Session, opt l
 		if cf.Kind != layers.ChangeWrite {
 			continue
 		}
-		f := attribution.AuditFile{Path: cf.Path, Wholesale: cf.Route == "ignored", Owner: owner}
+		f := attribution.AuditFile{Path: cf.Path, Wholesale: cf.Route == "ignored", Owner: owner, Committed: cf.Content}
 		// The session's own version of the file (for a merge it differs from
 		// what was committed) carries the per-line writers of §11.3.
-		// Read beneath the upper dir's Root, as capture did.
-		if data, rerr := cs.Root.ReadFile(cf.Path); rerr == nil {
+		// cf.Content is that version when the planner kept the bytes it
+		// fingerprinted; otherwise read it beneath the upper dir's Root, as
+		// capture did.
+		data, rerr := cf.Content, error(nil)
+		if data == nil {
+			data, rerr = cs.Root.ReadFile(cf.Path)
+		}
+		if rerr == nil {
 			f.Session, f.SessionContent = p.Attr.SessionLineOwners(ss, cf.Path, data), data
 		}
 		files = append(files, f)
