@@ -35,6 +35,10 @@ type Commands struct {
 	Attr SessionHooks
 	// Bump records a client-visible change of sb (§4.4).
 	Bump func(ctx context.Context, sb *Sandbox)
+	// Revise advances sb's activity revision like Bump but returns the
+	// sandbox record instead of storing it: a command's start and end store
+	// it with the command's record in one commit.
+	Revise func(sb *Sandbox) statedb.Row
 }
 
 // RunningCount is the number of sb's commands that are not terminal.
@@ -127,12 +131,14 @@ func (m *Commands) Finish(sb *Sandbox, cmd *Command, interrupt string, extra map
 	cmd.Final = false
 	rec := *r
 	cmd.Mu.Unlock()
-	if err := m.DB.Put(context.Background(), statedb.KindCommand, rec.CommandSessionID, sb.Rec.ID, rec); err != nil {
+	// The terminal record is durable before anyone sees the command end;
+	// the sandbox's new activity revision rides in the same commit.
+	if err := m.DB.PutRows(context.Background(), statedb.Row{Kind: statedb.KindCommand, ID: rec.CommandSessionID, SandboxID: sb.Rec.ID, Rec: rec},
+		m.Revise(sb)); err != nil {
 		m.Log.Warn("persist command", "command", rec.CommandSessionID, "err", err)
 	}
 	close(cmd.Done)
 	m.retain(sb, cmd)
-	m.Bump(context.Background(), sb)
 }
 
 // Kill ends a command on our initiative (timeout, cancel): first sig
@@ -264,6 +270,9 @@ func (m *Commands) Spawn(ctx context.Context, sb *Sandbox, ss *Session, cmdline 
 	// holding ss.mu until the command is in the ledger makes commandEvent
 	// wait for it instead of dropping the event.
 	_, sp := obs.Start(obs.WithScope(ctx, m.Obs, scope(sb)), "holder.exec", map[string]any{"workspace_session_id": ss.ID(), "command_session_id": id})
+	// Revised before ss.mu is taken: Revise takes sb.mu, which is never
+	// taken inside ss.mu.
+	rev := m.Revise(sb)
 	ss.Mu.Lock()
 	proc, err := h.Spawn(ctx, nsholder.SpawnRequest{
 		Cmd: cmdline, Env: m.commandEnv(sb, ss.ID(), id), Dir: "/workspace",
@@ -284,8 +293,9 @@ func (m *Commands) Spawn(ctx context.Context, sb *Sandbox, ss *Session, cmdline 
 	ss.Ledger[id] = cmd
 	// Persist the running record before the holder's exit event can be
 	// handled (it waits for ss.mu): afterwards finishCommand owns the record,
-	// and a later put of "running" would overwrite its terminal state.
-	if err := m.DB.Put(ctx, statedb.KindCommand, id, sb.Rec.ID, cmd.Rec); err != nil {
+	// and a later put of "running" would overwrite its terminal state. The
+	// sandbox's activity revision (§4.4) is stored in the same commit.
+	if err := m.DB.PutRows(ctx, statedb.Row{Kind: statedb.KindCommand, ID: id, SandboxID: sb.Rec.ID, Rec: cmd.Rec}, rev); err != nil {
 		m.Log.Warn("persist command", "command", id, "err", err)
 	}
 	ss.Mu.Unlock()
