@@ -36,39 +36,53 @@ func walCommits(t *testing.T, path string) (commits int, salt uint64) {
 	return commits, salt
 }
 
-// TestCommandCommits: a command's records cost two commits of the state
-// database (each one WAL fsync under synchronous=FULL): its running record
-// with the sandbox's activity revision, and its terminal record with the
-// next revision. Both survive a crash: after kill -9 the command is
-// terminal with its exit code and the revision is the one last reported.
+// TestCommandCommits: the state database commits (each one WAL fsync
+// under synchronous=FULL) of one command. In an explicit session, two: the
+// running record with the sandbox's activity revision, the terminal record
+// with the next. In an implicit session four: the session record, the
+// running record, then the finalization's outcome with the session
+// record's removal and the revision, and the terminal record. Everything
+// survives a crash: after kill -9 each command is terminal with its exit
+// code and the revision is the one last reported.
 func TestCommandCommits(t *testing.T) {
 	forDrivers(t, func(t *testing.T) {
 		e, id := sandboxWithProject(t)
 		ws := e.session(id)
 		wal := filepath.Join(e.data(), "state.db-wal")
-		e.exec(id, "--workspace-session-id", ws, "true") // warm-up: the first command may start more than itself
-		var n int
-		var cmd string
-		for try := 0; ; try++ {
-			before, salt := walCommits(t, wal)
-			out := e.exec(id, "--workspace-session-id", ws, "--yield-time-ms", "10000", "exit 7")
-			if out["status"] != "error" || num(t, out["exit_code"]) != 7 {
-				t.Fatalf("exec: %v", out)
-			}
-			cmd = out["command_session_id"].(string)
-			// What the end of the command writes after its reply is counted too.
-			time.Sleep(300 * time.Millisecond)
-			after, salt2 := walCommits(t, wal)
-			if salt2 == salt {
-				n = after - before
-				break
-			}
-			if try == 3 {
-				t.Fatalf("the WAL was reset during each of %d commands", try+1)
-			}
+		e.exec(id, "--workspace-session-id", ws, "true") // warm-up: the first commands may start more than themselves
+		e.exec(id, "true")
+		cases := []struct {
+			name    string
+			args    []string
+			commits int
+		}{
+			{"explicit", []string{"--workspace-session-id", ws}, 2},
+			{"implicit", nil, 4},
 		}
-		if n != 2 {
-			t.Errorf("one command made %d commits of the state database, want 2", n)
+		cmds := map[string]string{}
+		for _, tc := range cases {
+			var n int
+			for try := 0; ; try++ {
+				before, salt := walCommits(t, wal)
+				out := e.exec(id, append(tc.args, "--yield-time-ms", "10000", "exit 7")...)
+				if out["status"] != "error" || num(t, out["exit_code"]) != 7 {
+					t.Fatalf("%s exec: %v", tc.name, out)
+				}
+				cmds[tc.name] = out["command_session_id"].(string)
+				// What the end of the command writes after its reply is counted too.
+				time.Sleep(500 * time.Millisecond)
+				after, salt2 := walCommits(t, wal)
+				if salt2 == salt {
+					n = after - before
+					break
+				}
+				if try == 3 {
+					t.Fatalf("the WAL was reset during each of %d commands", try+1)
+				}
+			}
+			if n != tc.commits {
+				t.Errorf("%s: one command made %d commits of the state database, want %d", tc.name, n, tc.commits)
+			}
 		}
 		rev := num(t, e.mgr("inspect_sandbox", "--sandbox-id", id)["activity_revision"])
 		e.kill9()
@@ -76,9 +90,11 @@ func TestCommandCommits(t *testing.T) {
 		if got := num(t, e.mgr("inspect_sandbox", "--sandbox-id", id)["activity_revision"]); got != rev {
 			t.Errorf("activity_revision after kill -9: %d, want %d", got, rev)
 		}
-		out := e.rt(id, "read_command_lines", "--command-session-id", cmd)
-		if out["status"] != "error" || num(t, out["exit_code"]) != 7 || out["interrupted"] == true {
-			t.Errorf("command after kill -9: %v", out)
+		for name, cmd := range cmds {
+			out := e.rt(id, "read_command_lines", "--command-session-id", cmd)
+			if out["status"] != "error" || num(t, out["exit_code"]) != 7 || out["interrupted"] == true {
+				t.Errorf("%s command after kill -9: %v", name, out)
+			}
 		}
 	})
 }

@@ -69,18 +69,24 @@ func (s *DB) Put(ctx context.Context, kind, id, sandboxID string, rec any) error
 	return nil
 }
 
-// Row is one record of a PutRows batch.
+// Row is one record of a PutRows batch: Rec stored as (Kind, ID) of
+// SandboxID, or with Delete the record (Kind, ID) removed.
 type Row struct {
 	Kind, ID, SandboxID string
 	Rec                 any
+	Delete              bool
 }
 
-// PutRows stores rows in one transaction. Each commit costs a WAL fsync
-// (synchronous=FULL), so records that change together — a command's
-// record and its sandbox's activity revision — are written with one.
+// PutRows stores and deletes rows in one transaction, in order. Each
+// commit costs a WAL fsync (synchronous=FULL), so records that change
+// together — a command's record and its sandbox's activity revision — are
+// written with one, and a crash keeps all of them or none.
 func (s *DB) PutRows(ctx context.Context, rows ...Row) error {
 	enc := make([]string, len(rows))
 	for i, r := range rows {
+		if r.Delete {
+			continue
+		}
 		b, err := json.Marshal(r.Rec)
 		if err != nil {
 			return fmt.Errorf("encode %s %s: %w", r.Kind, r.ID, err)
@@ -93,6 +99,12 @@ func (s *DB) PutRows(ctx context.Context, rows ...Row) error {
 	}
 	defer tx.Rollback()
 	for i, r := range rows {
+		if r.Delete {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM records WHERE kind = ? AND id = ?`, r.Kind, r.ID); err != nil {
+				return fmt.Errorf("delete %s %s: %w", r.Kind, r.ID, err)
+			}
+			continue
+		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO records(kind, id, sandbox_id, record) VALUES(?, ?, ?, ?)
 		ON CONFLICT(kind, id) DO UPDATE SET record = excluded.record, sandbox_id = excluded.sandbox_id`, r.Kind, r.ID, r.SandboxID, enc[i]); err != nil {
 			return fmt.Errorf("save %s %s: %w", r.Kind, r.ID, err)

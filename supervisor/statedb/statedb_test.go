@@ -136,7 +136,7 @@ func TestIDs(t *testing.T) {
 	}
 }
 
-// TestPutRows: rows written together are all stored, replacing earlier
+// TestPutRows: rows written together are all stored (or deleted), replacing earlier
 // versions; a batch with a row that cannot be stored stores none of them.
 func TestPutRows(t *testing.T) {
 	ctx := context.Background()
@@ -148,7 +148,7 @@ func TestPutRows(t *testing.T) {
 	if err := db.Put(ctx, KindSandbox, "sbx-a", "sbx-a", rec{ID: "sbx-a", N: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.PutRows(ctx, Row{KindCommand, "cmd-1", "sbx-a", rec{ID: "cmd-1"}}, Row{KindSandbox, "sbx-a", "sbx-a", rec{ID: "sbx-a", N: 2}}); err != nil {
+	if err := db.PutRows(ctx, Row{Kind: KindCommand, ID: "cmd-1", SandboxID: "sbx-a", Rec: rec{ID: "cmd-1"}}, Row{Kind: KindSandbox, ID: "sbx-a", SandboxID: "sbx-a", Rec: rec{ID: "sbx-a", N: 2}}); err != nil {
 		t.Fatal(err)
 	}
 	var n []int
@@ -161,11 +161,17 @@ func TestPutRows(t *testing.T) {
 	if got := ids(t, db, KindCommand, "sbx-a"); !slices.Equal(got, []string{"cmd-1"}) || !slices.Equal(n, []int{2}) {
 		t.Fatalf("after PutRows: commands %v, sandbox versions %v", got, n)
 	}
-	err = db.PutRows(ctx, Row{KindCommand, "cmd-2", "sbx-a", rec{ID: "cmd-2"}}, Row{KindCommand, "cmd-3", "sbx-a", make(chan int)})
+	err = db.PutRows(ctx, Row{Kind: KindCommand, ID: "cmd-2", SandboxID: "sbx-a", Rec: rec{ID: "cmd-2"}}, Row{Kind: KindCommand, ID: "cmd-3", SandboxID: "sbx-a", Rec: make(chan int)})
 	if err == nil || !strings.Contains(err.Error(), "cmd-3") {
 		t.Fatalf("unencodable row: err %v", err)
 	}
 	if got := ids(t, db, KindCommand, "sbx-a"); !slices.Equal(got, []string{"cmd-1"}) {
 		t.Errorf("after a failed batch: %v", got)
+	}
+	if err := db.PutRows(ctx, Row{Kind: KindCommand, ID: "cmd-4", SandboxID: "sbx-a", Rec: rec{ID: "cmd-4"}}, Row{Kind: KindCommand, ID: "cmd-1", Delete: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(t, db, KindCommand, "sbx-a"); !slices.Equal(got, []string{"cmd-4"}) {
+		t.Errorf("after a put and a delete: %v", got)
 	}
 }
