@@ -39,25 +39,37 @@ func walCommits(t *testing.T, path string) (commits int, salt uint64) {
 // TestCommandCommits: the state database commits (each one WAL fsync
 // under synchronous=FULL) of one command. In an explicit session, two: the
 // running record with the sandbox's activity revision, the terminal record
-// with the next. In an implicit session four: the session record, the
-// running record, then the finalization's outcome with the session
-// record's removal and the revision, and the terminal record. Everything
-// survives a crash: after kill -9 each command is terminal with its exit
-// code and the revision is the one last reported.
+// with the next revision and the records of the command it evicts (§6.7).
+// In an implicit session four: the session record, the running record,
+// then the finalization's outcome with the session record's removal and
+// the revision, and the terminal record. Everything survives a crash:
+// after kill -9 each command is terminal with its exit code, the evicted
+// ones are reported evicted, and the revision is the one last reported.
 func TestCommandCommits(t *testing.T) {
 	forDrivers(t, func(t *testing.T) {
-		e, id := sandboxWithProject(t)
+		e := newEnv(t)
+		if err := os.MkdirAll(filepath.Join(e.home, "config"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		// Three retained: the two warm-up commands are evicted by the last two cases.
+		if err := os.WriteFile(filepath.Join(e.home, "config", "config.yml"), []byte("runtime:\n  command:\n    max_terminal_entries: 3\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		e.start()
+		id := e.createSandbox(e.project(map[string]string{"a": "a"}))
 		ws := e.session(id)
 		wal := filepath.Join(e.data(), "state.db-wal")
-		e.exec(id, "--workspace-session-id", ws, "true") // warm-up: the first commands may start more than themselves
-		e.exec(id, "true")
+		// Warm-up: the first commands may start more than themselves.
+		warm := []string{e.exec(id, "--workspace-session-id", ws, "true")["command_session_id"].(string),
+			e.exec(id, "true")["command_session_id"].(string)}
 		cases := []struct {
 			name    string
 			args    []string
 			commits int
 		}{
 			{"explicit", []string{"--workspace-session-id", ws}, 2},
-			{"implicit", nil, 4},
+			{"implicit, evicting one", nil, 4},
+			{"explicit, evicting one", []string{"--workspace-session-id", ws}, 2},
 		}
 		cmds := map[string]string{}
 		for _, tc := range cases {
@@ -94,6 +106,15 @@ func TestCommandCommits(t *testing.T) {
 			out := e.rt(id, "read_command_lines", "--command-session-id", cmd)
 			if out["status"] != "error" || num(t, out["exit_code"]) != 7 || out["interrupted"] == true {
 				t.Errorf("%s command after kill -9: %v", name, out)
+			}
+		}
+		for _, cmd := range warm {
+			body := e.rtFail(id, 1, "not_found", "read_command_lines", "--command-session-id", cmd)
+			if body["details"].(map[string]any)["reason"] != "evicted" {
+				t.Errorf("evicted %s after kill -9: %v", cmd, body)
+			}
+			if _, err := os.Stat(filepath.Join(e.data(), "commands", cmd)); !os.IsNotExist(err) {
+				t.Errorf("evicted transcript %s kept: %v", cmd, err)
 			}
 		}
 	})

@@ -132,13 +132,21 @@ func (m *Commands) Finish(sb *Sandbox, cmd *Command, interrupt string, extra map
 	rec := *r
 	cmd.Mu.Unlock()
 	// The terminal record is durable before anyone sees the command end;
-	// the sandbox's new activity revision rides in the same commit.
-	if err := m.DB.PutRows(context.Background(), statedb.Row{Kind: statedb.KindCommand, ID: rec.CommandSessionID, SandboxID: sb.Rec.ID, Rec: rec},
-		m.Revise(sb)); err != nil {
+	// the sandbox's new activity revision and the records of the commands
+	// it evicts ride in the same commit.
+	evicted := m.retain(sb, cmd)
+	rows := []statedb.Row{{Kind: statedb.KindCommand, ID: rec.CommandSessionID, SandboxID: sb.Rec.ID, Rec: rec}, m.Revise(sb)}
+	for _, id := range evicted {
+		rows = append(rows, statedb.Row{Kind: statedb.KindCommand, ID: id, Delete: true},
+			statedb.Row{Kind: statedb.KindEvicted, ID: id, SandboxID: sb.Rec.ID, Rec: map[string]string{"command_session_id": id}})
+	}
+	if err := m.DB.PutRows(context.Background(), rows...); err != nil {
 		m.Log.Warn("persist command", "command", rec.CommandSessionID, "err", err)
 	}
 	close(cmd.Done)
-	m.retain(sb, cmd)
+	for _, id := range evicted {
+		os.RemoveAll(filepath.Join(m.Data, "commands", id))
+	}
 }
 
 // Kill ends a command on our initiative (timeout, cancel): first sig
@@ -166,8 +174,10 @@ func (m *Commands) Kill(cmd *Command, why string, sig syscall.Signal, grace time
 }
 
 // retain applies the terminal-record cap (§6.7): FIFO eviction beyond
-// runtime.command.max_terminal_entries, remembering evicted IDs.
-func (m *Commands) retain(sb *Sandbox, cmd *Command) {
+// runtime.command.max_terminal_entries, remembering evicted IDs. It
+// returns the evicted IDs, whose records and transcripts the caller
+// removes.
+func (m *Commands) retain(sb *Sandbox, cmd *Command) []string {
 	sb.Mu.Lock()
 	sb.Work.TerminalOrder = append(sb.Work.TerminalOrder, cmd.Rec.CommandSessionID)
 	var evict []string
@@ -180,11 +190,7 @@ func (m *Commands) retain(sb *Sandbox, cmd *Command) {
 		sb.Work.Evicted[id] = true
 	}
 	sb.Mu.Unlock()
-	for _, id := range evict {
-		os.RemoveAll(filepath.Join(m.Data, "commands", id))
-		_ = m.DB.Delete(context.Background(), statedb.KindCommand, id)
-		_ = m.DB.Put(context.Background(), statedb.KindEvicted, id, sb.Rec.ID, map[string]string{"command_session_id": id})
-	}
+	return evict
 }
 
 // LookupCommand finds a retained command, or says why not (§3.3).
