@@ -42,7 +42,6 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 		cmd.Timer = time.AfterFunc(d, func() { s.cmds.Kill(cmd, workspace.CmdTimedOut, syscall.SIGTERM, 100*time.Millisecond) })
 		cmd.Mu.Unlock()
 	}
-	s.bump(c.ctx, sb)
 	workspace.WaitYield(cmd, s.cmds.Yield(c.args.Uint("yield_time_ms")))
 	return cmd.YieldOutput(start), nil
 }

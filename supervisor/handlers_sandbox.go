@@ -12,6 +12,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/obs"
 	sbx "github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
@@ -89,6 +90,13 @@ func (s *Supervisor) destroySandbox(c *call) (any, error) {
 
 // bump records a client-visible change (§4.4).
 func (s *Supervisor) bump(ctx context.Context, sb *sandbox) { s.sbm.Bump(ctx, sb) }
+
+// revise is bump without the write: the caller stores the row in its own
+// transaction.
+func (s *Supervisor) revise(sb *sandbox) statedb.Row {
+	rec := s.sbm.Revise(sb)
+	return statedb.Row{Kind: statedb.KindSandbox, ID: rec.ID, SandboxID: rec.ID, Rec: &rec}
+}
 
 // newSandboxManager wires the registry's lifecycle to the state database,
 // the sessions, the cgroups, the observability stores and the image cache.

@@ -160,8 +160,10 @@ func Serve(ctx context.Context, opt Options) error {
 	}
 	s.cgroups = setupCgroups("/sys/fs/cgroup", "/proc/self/cgroup")
 	s.glue = &attrGlue{cfg: cfg, store: st, log: log, recordLayerOrigin: s.recordLayerOrigin}
-	s.cmds = &workspace.Commands{Cfg: cfg, DB: st.DB, Log: log, Data: dirs.Data, IDs: s.ids, Obs: s.obs, Attr: sessionHooks{s}, Bump: s.bump}
-	s.publisher = &workspace.Publisher{Cfg: cfg, DB: st.DB, Log: log, Obs: s.obs, Protected: s.protected, Attr: publishHooks{s}, Bump: s.bump}
+	s.cmds = &workspace.Commands{Cfg: cfg, DB: st.DB, Log: log, Data: dirs.Data, IDs: s.ids, Obs: s.obs, Attr: sessionHooks{s}, Bump: s.bump,
+		Revise: s.revise}
+	s.publisher = &workspace.Publisher{Cfg: cfg, DB: st.DB, Log: log, Obs: s.obs, Protected: s.protected, Attr: publishHooks{s}, Bump: s.bump,
+		Revise: s.revise}
 	s.teardown = &workspace.Teardown{Cfg: cfg, DB: st.DB, Log: log, Obs: s.obs, Cgroups: s.cgroups, Cmds: s.cmds, Bump: s.bump,
 		FinalizeImplicit: s.publisher.FinalizeImplicit}
 	s.publisher.Teardown = s.teardown

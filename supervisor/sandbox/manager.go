@@ -56,13 +56,20 @@ type Manager[W any] struct {
 
 // Bump records a client-visible change (§4.4).
 func (m *Manager[W]) Bump(ctx context.Context, sb *Sandbox[W]) {
-	sb.Mu.Lock()
-	sb.Rec.ActivityRevision++
-	rec := sb.Rec
-	sb.Mu.Unlock()
+	rec := m.Revise(sb)
 	if err := m.Store.PutSandbox(ctx, &rec); err != nil {
 		m.Log.Warn("persist activity revision", "sandbox", rec.ID, "err", err)
 	}
+}
+
+// Revise advances sb's activity revision (§4.4) and returns the record to
+// persist, for a caller that stores it in the same transaction as the
+// change it records.
+func (m *Manager[W]) Revise(sb *Sandbox[W]) Record {
+	sb.Mu.Lock()
+	defer sb.Mu.Unlock()
+	sb.Rec.ActivityRevision++
+	return sb.Rec
 }
 
 // Remove deletes everything a sandbox owns: directory, the occupants'

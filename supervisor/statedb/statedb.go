@@ -69,6 +69,53 @@ func (s *DB) Put(ctx context.Context, kind, id, sandboxID string, rec any) error
 	return nil
 }
 
+// Row is one record of a PutRows batch: Rec stored as (Kind, ID) of
+// SandboxID, or with Delete the record (Kind, ID) removed.
+type Row struct {
+	Kind, ID, SandboxID string
+	Rec                 any
+	Delete              bool
+}
+
+// PutRows stores and deletes rows in one transaction, in order. Each
+// commit costs a WAL fsync (synchronous=FULL), so records that change
+// together — a command's record and its sandbox's activity revision — are
+// written with one, and a crash keeps all of them or none.
+func (s *DB) PutRows(ctx context.Context, rows ...Row) error {
+	enc := make([]string, len(rows))
+	for i, r := range rows {
+		if r.Delete {
+			continue
+		}
+		b, err := json.Marshal(r.Rec)
+		if err != nil {
+			return fmt.Errorf("encode %s %s: %w", r.Kind, r.ID, err)
+		}
+		enc[i] = string(b)
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("save %d records: %w", len(rows), err)
+	}
+	defer tx.Rollback()
+	for i, r := range rows {
+		if r.Delete {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM records WHERE kind = ? AND id = ?`, r.Kind, r.ID); err != nil {
+				return fmt.Errorf("delete %s %s: %w", r.Kind, r.ID, err)
+			}
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO records(kind, id, sandbox_id, record) VALUES(?, ?, ?, ?)
+		ON CONFLICT(kind, id) DO UPDATE SET record = excluded.record, sandbox_id = excluded.sandbox_id`, r.Kind, r.ID, r.SandboxID, enc[i]); err != nil {
+			return fmt.Errorf("save %s %s: %w", r.Kind, r.ID, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("save %d records: %w", len(rows), err)
+	}
+	return nil
+}
+
 // Delete removes the record (kind, id); an absent one is no error.
 func (s *DB) Delete(ctx context.Context, kind, id string) error {
 	if _, err := s.db.ExecContext(ctx, `DELETE FROM records WHERE kind = ? AND id = ?`, kind, id); err != nil {

@@ -135,3 +135,43 @@ func TestIDs(t *testing.T) {
 		t.Fatal("ids are not unique and in creation order")
 	}
 }
+
+// TestPutRows: rows written together are all stored (or deleted), replacing earlier
+// versions; a batch with a row that cannot be stored stores none of them.
+func TestPutRows(t *testing.T) {
+	ctx := context.Background()
+	db, err := Open(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.Put(ctx, KindSandbox, "sbx-a", "sbx-a", rec{ID: "sbx-a", N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.PutRows(ctx, Row{Kind: KindCommand, ID: "cmd-1", SandboxID: "sbx-a", Rec: rec{ID: "cmd-1"}}, Row{Kind: KindSandbox, ID: "sbx-a", SandboxID: "sbx-a", Rec: rec{ID: "sbx-a", N: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	var n []int
+	_ = db.List(ctx, KindSandbox, "", func(b []byte) error {
+		var r rec
+		err := json.Unmarshal(b, &r)
+		n = append(n, r.N)
+		return err
+	})
+	if got := ids(t, db, KindCommand, "sbx-a"); !slices.Equal(got, []string{"cmd-1"}) || !slices.Equal(n, []int{2}) {
+		t.Fatalf("after PutRows: commands %v, sandbox versions %v", got, n)
+	}
+	err = db.PutRows(ctx, Row{Kind: KindCommand, ID: "cmd-2", SandboxID: "sbx-a", Rec: rec{ID: "cmd-2"}}, Row{Kind: KindCommand, ID: "cmd-3", SandboxID: "sbx-a", Rec: make(chan int)})
+	if err == nil || !strings.Contains(err.Error(), "cmd-3") {
+		t.Fatalf("unencodable row: err %v", err)
+	}
+	if got := ids(t, db, KindCommand, "sbx-a"); !slices.Equal(got, []string{"cmd-1"}) {
+		t.Errorf("after a failed batch: %v", got)
+	}
+	if err := db.PutRows(ctx, Row{Kind: KindCommand, ID: "cmd-4", SandboxID: "sbx-a", Rec: rec{ID: "cmd-4"}}, Row{Kind: KindCommand, ID: "cmd-1", Delete: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(t, db, KindCommand, "sbx-a"); !slices.Equal(got, []string{"cmd-4"}) {
+		t.Errorf("after a put and a delete: %v", got)
+	}
+}

@@ -35,6 +35,10 @@ type Commands struct {
 	Attr SessionHooks
 	// Bump records a client-visible change of sb (§4.4).
 	Bump func(ctx context.Context, sb *Sandbox)
+	// Revise advances sb's activity revision like Bump but returns the
+	// sandbox record instead of storing it: a command's start and end store
+	// it with the command's record in one commit.
+	Revise func(sb *Sandbox) statedb.Row
 }
 
 // RunningCount is the number of sb's commands that are not terminal.
@@ -127,12 +131,22 @@ func (m *Commands) Finish(sb *Sandbox, cmd *Command, interrupt string, extra map
 	cmd.Final = false
 	rec := *r
 	cmd.Mu.Unlock()
-	if err := m.DB.Put(context.Background(), statedb.KindCommand, rec.CommandSessionID, sb.Rec.ID, rec); err != nil {
+	// The terminal record is durable before anyone sees the command end;
+	// the sandbox's new activity revision and the records of the commands
+	// it evicts ride in the same commit.
+	evicted := m.retain(sb, cmd)
+	rows := []statedb.Row{{Kind: statedb.KindCommand, ID: rec.CommandSessionID, SandboxID: sb.Rec.ID, Rec: rec}, m.Revise(sb)}
+	for _, id := range evicted {
+		rows = append(rows, statedb.Row{Kind: statedb.KindCommand, ID: id, Delete: true},
+			statedb.Row{Kind: statedb.KindEvicted, ID: id, SandboxID: sb.Rec.ID, Rec: map[string]string{"command_session_id": id}})
+	}
+	if err := m.DB.PutRows(context.Background(), rows...); err != nil {
 		m.Log.Warn("persist command", "command", rec.CommandSessionID, "err", err)
 	}
 	close(cmd.Done)
-	m.retain(sb, cmd)
-	m.Bump(context.Background(), sb)
+	for _, id := range evicted {
+		os.RemoveAll(filepath.Join(m.Data, "commands", id))
+	}
 }
 
 // Kill ends a command on our initiative (timeout, cancel): first sig
@@ -160,8 +174,10 @@ func (m *Commands) Kill(cmd *Command, why string, sig syscall.Signal, grace time
 }
 
 // retain applies the terminal-record cap (§6.7): FIFO eviction beyond
-// runtime.command.max_terminal_entries, remembering evicted IDs.
-func (m *Commands) retain(sb *Sandbox, cmd *Command) {
+// runtime.command.max_terminal_entries, remembering evicted IDs. It
+// returns the evicted IDs, whose records and transcripts the caller
+// removes.
+func (m *Commands) retain(sb *Sandbox, cmd *Command) []string {
 	sb.Mu.Lock()
 	sb.Work.TerminalOrder = append(sb.Work.TerminalOrder, cmd.Rec.CommandSessionID)
 	var evict []string
@@ -174,11 +190,7 @@ func (m *Commands) retain(sb *Sandbox, cmd *Command) {
 		sb.Work.Evicted[id] = true
 	}
 	sb.Mu.Unlock()
-	for _, id := range evict {
-		os.RemoveAll(filepath.Join(m.Data, "commands", id))
-		_ = m.DB.Delete(context.Background(), statedb.KindCommand, id)
-		_ = m.DB.Put(context.Background(), statedb.KindEvicted, id, sb.Rec.ID, map[string]string{"command_session_id": id})
-	}
+	return evict
 }
 
 // LookupCommand finds a retained command, or says why not (§3.3).
@@ -264,6 +276,9 @@ func (m *Commands) Spawn(ctx context.Context, sb *Sandbox, ss *Session, cmdline 
 	// holding ss.mu until the command is in the ledger makes commandEvent
 	// wait for it instead of dropping the event.
 	_, sp := obs.Start(obs.WithScope(ctx, m.Obs, scope(sb)), "holder.exec", map[string]any{"workspace_session_id": ss.ID(), "command_session_id": id})
+	// Revised before ss.mu is taken: Revise takes sb.mu, which is never
+	// taken inside ss.mu.
+	rev := m.Revise(sb)
 	ss.Mu.Lock()
 	proc, err := h.Spawn(ctx, nsholder.SpawnRequest{
 		Cmd: cmdline, Env: m.commandEnv(sb, ss.ID(), id), Dir: "/workspace",
@@ -284,8 +299,9 @@ func (m *Commands) Spawn(ctx context.Context, sb *Sandbox, ss *Session, cmdline 
 	ss.Ledger[id] = cmd
 	// Persist the running record before the holder's exit event can be
 	// handled (it waits for ss.mu): afterwards finishCommand owns the record,
-	// and a later put of "running" would overwrite its terminal state.
-	if err := m.DB.Put(ctx, statedb.KindCommand, id, sb.Rec.ID, cmd.Rec); err != nil {
+	// and a later put of "running" would overwrite its terminal state. The
+	// sandbox's activity revision (§4.4) is stored in the same commit.
+	if err := m.DB.PutRows(ctx, statedb.Row{Kind: statedb.KindCommand, ID: id, SandboxID: sb.Rec.ID, Rec: cmd.Rec}, rev); err != nil {
 		m.Log.Warn("persist command", "command", id, "err", err)
 	}
 	ss.Mu.Unlock()

@@ -42,8 +42,11 @@ type Publisher struct {
 	Protected *layers.Patterns // runtime.publish.protected_paths
 	Teardown  *Teardown
 	Attr      PublishHooks
-	// Bump records a client-visible change of sb (§4.4).
-	Bump func(ctx context.Context, sb *Sandbox)
+	// Bump records a client-visible change of sb (§4.4); Revise advances
+	// the revision and returns the sandbox record for the caller's own
+	// transaction (Commands.Revise).
+	Bump   func(ctx context.Context, sb *Sandbox)
+	Revise func(sb *Sandbox) statedb.Row
 	// Remount moves a live session onto target over the upper dir at
 	// upper (Holders.Remount): sync and publish keep:true.
 	Remount func(ctx context.Context, sb *Sandbox, ss *Session, target layers.Manifest, upper string) error
@@ -171,22 +174,24 @@ func (p *Publisher) finalize(ctx context.Context, sb *Sandbox, ss *Session, drai
 		p.event(ctx, sb, "workspace_session.finalize.publish_failed", map[string]any{"workspace_session_id": ss.ID(),
 			"reject_class": rej.Reason, "detail": err.Error(), "conflict_paths": conflictPaths(rej)})
 	}
-	p.persistOutcome(ctx, sb, drain, extra)
-	if _, err := p.Teardown.DestroySession(ctx, sb, ss, 0); err != nil {
+	// One commit: the outcome, the session record's removal and the
+	// sandbox's activity revision (§4.4).
+	rows := append(outcomeRows(sb, drain, extra), p.Revise(sb))
+	if _, err := p.Teardown.DestroySessionWith(ctx, sb, ss, 0, rows...); err != nil {
 		ss.SetState(SessFinalizeFailed)
 		extra["finalization_failed"], extra["finalization_failure_class"], extra["finalization_attempts"] = true, "holder_finalization_destroy_failed", 1
+		p.Bump(ctx, sb) // the revision did not reach the database
 	}
-	p.Bump(ctx, sb)
 	return extra
 }
 
-// persistOutcome stores the finalization outcome on the draining command's
-// record before the session is destroyed: the session record goes first in
-// destroySession, so a crash after it must not lose what was published
-// (the restart then reports the command interrupted, with the outcome).
-func (p *Publisher) persistOutcome(ctx context.Context, sb *Sandbox, drain *Command, extra map[string]any) {
+// outcomeRows is the draining command's record with the finalization
+// outcome, stored in the transaction that removes the session record: a
+// crash after the removal must not lose what was published (the restart
+// then reports the command interrupted, with the outcome).
+func outcomeRows(sb *Sandbox, drain *Command, extra map[string]any) []statedb.Row {
 	if drain == nil || len(extra) == 0 {
-		return
+		return nil
 	}
 	drain.Mu.Lock()
 	rec := drain.Rec
@@ -195,9 +200,7 @@ func (p *Publisher) persistOutcome(ctx context.Context, sb *Sandbox, drain *Comm
 	for k, v := range extra {
 		rec.Extra[k] = v
 	}
-	if err := p.DB.Put(ctx, statedb.KindCommand, rec.CommandSessionID, sb.Rec.ID, rec); err != nil {
-		p.Log.Warn("persist finalization outcome", "command", rec.CommandSessionID, "err", err)
-	}
+	return []statedb.Row{{Kind: statedb.KindCommand, ID: rec.CommandSessionID, SandboxID: sb.Rec.ID, Rec: rec}}
 }
 
 // conflictPaths lists at most 20 rejected paths of a publish rejection.

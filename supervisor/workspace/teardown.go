@@ -39,14 +39,22 @@ func scope(sb *Sandbox) obs.Scope { return obs.Scope{ID: sb.Rec.ID, Dir: sb.Dir}
 // DestroySession tears a session down (§5.7) inside a
 // workspace_session.destroy span.
 func (t *Teardown) DestroySession(ctx context.Context, sb *Sandbox, ss *Session, grace time.Duration) (int64, error) {
+	return t.DestroySessionWith(ctx, sb, ss, grace)
+}
+
+// DestroySessionWith is DestroySession that also writes rows in the
+// transaction that removes the session's record: an implicit session's
+// finalization stores its command's outcome and the sandbox's activity
+// revision there, in one commit with the removal.
+func (t *Teardown) DestroySessionWith(ctx context.Context, sb *Sandbox, ss *Session, grace time.Duration, rows ...statedb.Row) (int64, error) {
 	ctx, sp := obs.Start(obs.WithScope(ctx, t.Obs, scope(sb)), "workspace_session.destroy", map[string]any{"workspace_session_id": ss.ID()})
-	n, err := t.closeSession(ctx, sb, ss, grace)
+	n, err := t.closeSession(ctx, sb, ss, grace, rows)
 	sp.Done(err, map[string]any{"evicted_upperdir_bytes": n})
 	return n, err
 }
 
 // closeSession tears a session down: holder, lease, directory, record.
-func (t *Teardown) closeSession(ctx context.Context, sb *Sandbox, ss *Session, grace time.Duration) (int64, error) {
+func (t *Teardown) closeSession(ctx context.Context, sb *Sandbox, ss *Session, grace time.Duration, rows []statedb.Row) (int64, error) {
 	upperBytes := DirBytes(ctx, ss.Upper())
 	ss.Mu.Lock()
 	h := ss.Holder
@@ -63,7 +71,7 @@ func (t *Teardown) closeSession(ctx context.Context, sb *Sandbox, ss *Session, g
 	// directory (removed at the next start) and layers no persisted lease
 	// pins (swept), so a destroy cut short completes at restart instead of
 	// leaving a record whose upper dir is half gone (restore_failed).
-	if err := t.DB.Delete(ctx, statedb.KindSession, ss.ID()); err != nil {
+	if err := t.DB.PutRows(ctx, append(rows, statedb.Row{Kind: statedb.KindSession, ID: ss.ID(), Delete: true})...); err != nil {
 		return upperBytes, err
 	}
 	t.Cgroups.RemoveSession(ss.ID())
