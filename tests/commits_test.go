@@ -48,13 +48,8 @@ func walCommits(t *testing.T, path string) (commits int, salt uint64) {
 func TestCommandCommits(t *testing.T) {
 	forDrivers(t, func(t *testing.T) {
 		e := newEnv(t)
-		if err := os.MkdirAll(filepath.Join(e.home, "config"), 0o700); err != nil {
-			t.Fatal(err)
-		}
 		// Three retained: the two warm-up commands are evicted by the last two cases.
-		if err := os.WriteFile(filepath.Join(e.home, "config", "config.yml"), []byte("runtime:\n  command:\n    max_terminal_entries: 3\n"), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		writeConfig(t, e, "runtime:\n  command:\n    max_terminal_entries: 3\n")
 		e.start()
 		id := e.createSandbox(e.project(map[string]string{"a": "a"}))
 		ws := e.session(id)

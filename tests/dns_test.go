@@ -262,13 +262,7 @@ func TestDNSIsolated(t *testing.T) {
 		t.Run(helper+"/"+tc.name, func(t *testing.T) {
 			needHelper(t, helper)
 			e := newEnv(t)
-			if err := os.MkdirAll(filepath.Join(e.home, "config"), 0o700); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(e.home, "config", "config.yml"),
-				[]byte("network:\n  isolated:\n    helper: "+helper+"\n"), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			writeConfig(t, e, "network:\n  isolated:\n    helper: "+helper+"\n")
 			dir := e.startOutside(tc.resolver)
 			id := e.createSandbox(e.project(map[string]string{"a.txt": "a\n"}))
 			ws := e.session(id, "--network-profile", "isolated")

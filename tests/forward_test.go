@@ -9,8 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -94,12 +92,7 @@ func forwardEnv(t *testing.T, config string) (*env, string) {
 	t.Helper()
 	needHelper(t, "pasta")
 	e := newEnv(t)
-	if err := os.MkdirAll(filepath.Join(e.home, "config"), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(e.home, "config", "config.yml"), []byte("network:\n  isolated:\n    helper: pasta\n"+config), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeConfig(t, e, "network:\n  isolated:\n    helper: pasta\n"+config)
 	e.start("--listen", "tcp://127.0.0.1:0", "--http", "tcp://127.0.0.1:0")
 	return e, e.createSandbox(e.project(map[string]string{"a.txt": "a\n"}))
 }

@@ -59,12 +59,7 @@ func needHelper(t *testing.T, helper string) {
 func netEnv(t *testing.T, isolated string) (*env, string) {
 	t.Helper()
 	e := newEnv(t)
-	if err := os.MkdirAll(filepath.Join(e.home, "config"), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(e.home, "config", "config.yml"), []byte("network:\n  isolated:\n"+isolated), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeConfig(t, e, "network:\n  isolated:\n"+isolated)
 	e.start("--listen", "tcp://127.0.0.1:0")
 	return e, e.createSandbox(e.project(map[string]string{"a.txt": "a\n"}))
 }
@@ -317,12 +312,7 @@ func TestIsolatedNetworkMissingHelper(t *testing.T) {
 		t.Run(tc.helper, func(t *testing.T) {
 			e := newEnv(t)
 			e.supEnv = []string{"PATH=" + t.TempDir()}
-			if err := os.MkdirAll(filepath.Join(e.home, "config"), 0o700); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(e.home, "config", "config.yml"), []byte("network:\n  isolated:\n    helper: "+tc.helper+"\n"), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			writeConfig(t, e, "network:\n  isolated:\n    helper: "+tc.helper+"\n")
 			e.start()
 			id := e.createSandbox(e.project(map[string]string{"a": "a"}))
 			body := e.rtFail(id, 1, "operation_failed", "create_workspace_session", "--network-profile", "isolated")

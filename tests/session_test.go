@@ -296,12 +296,7 @@ func TestNetworkProfiles(t *testing.T) {
 func TestRetentionEvictsOldest(t *testing.T) {
 	forDrivers(t, func(t *testing.T) {
 		e := newEnv(t)
-		if err := os.MkdirAll(filepath.Join(e.home, "config"), 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(e.home, "config", "config.yml"), []byte("runtime:\n  command:\n    max_terminal_entries: 3\n"), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		writeConfig(t, e, "runtime:\n  command:\n    max_terminal_entries: 3\n")
 		e.start()
 		id := e.createSandbox(e.project(map[string]string{"a": "a"}))
 		ws := e.session(id)
