@@ -165,6 +165,8 @@ type Tracker struct {
 
 	actMu sync.Mutex // serializes captures of file activity (activity.go)
 
+	scans int // full passes over the index by checkpoints (tests)
+
 	fuseMu sync.Mutex
 	fuse   *fuseAttr // FUSE driver: write ranges since the last checkpoint (fuseattr.go)
 }
@@ -261,14 +263,53 @@ func loadIndex(dir string) *ckIndex {
 	return idx
 }
 
-func (idx *ckIndex) usage(except string) (files int, bytes int64) {
-	for p, e := range idx.Files {
-		if e.State == ckStored && p != except {
-			files++
-			bytes += e.Bytes
-		}
+// stored is what an entry counts against the attribution store's limits.
+func (e *ckEntry) stored() (files int, bytes int64) {
+	if e == nil || e.State != ckStored {
+		return 0, 0
 	}
-	return files, bytes
+	return 1, e.Bytes
+}
+
+// ckUsage is the stored checkpoints' count and bytes, kept current by a
+// checkpointer as it changes the index: recounting the index for every
+// visited file made a command that wrote n files cost n² map steps at its
+// checkpoint (about a second at 10,000 files).
+type ckUsage struct {
+	files int
+	bytes int64
+	// scans counts full passes over the index (tests check it stays at
+	// one per checkpoint).
+	scans int
+}
+
+// usageExcept is the usage of every stored checkpoint but p's.
+func (cp *checkpointer) usageExcept(p string) (files int, bytes int64) {
+	if !cp.counted {
+		cp.use = ckUsage{scans: cp.use.scans + 1}
+		for _, e := range cp.idx.Files {
+			f, b := e.stored()
+			cp.use.files += f
+			cp.use.bytes += b
+		}
+		cp.counted = true
+	}
+	f, b := cp.idx.Files[p].stored()
+	return cp.use.files - f, cp.use.bytes - b
+}
+
+// put sets (e != nil) or removes p's entry, keeping the usage current.
+func (cp *checkpointer) put(p string, e *ckEntry) {
+	of, ob := cp.idx.Files[p].stored()
+	nf, nb := e.stored()
+	cp.use.files += nf - of
+	cp.use.bytes += nb - ob
+	if e == nil {
+		delete(cp.idx.Files, p)
+	} else {
+		cp.idx.Files[p] = e
+	}
+	cp.changed = true
 }
 
 // loadCheckpoint reads a stored checkpoint: its lines and content copy.
@@ -385,12 +426,12 @@ func (t *Tracker) checkpointWith(ctx context.Context, w Workspace, line ckLine, 
 			for p, e := range cp.idx.Files {
 				if !seen[p] {
 					dropCheckpoint(dir, e)
-					delete(cp.idx.Files, p)
-					cp.changed = true
+					cp.put(p, nil)
 				}
 			}
 		}
 	}
+	t.scans += cp.use.scans
 	if cp.changed {
 		t.idx, t.dirty = cp.idx, true
 	}
@@ -411,14 +452,15 @@ type checkpointer struct {
 	line    ckLine // the writer of new lines
 	changed bool
 	ranges  map[string][]writeRange // FUSE write records per path since the previous checkpoint
+	use     ckUsage                 // valid once counted
+	counted bool
 }
 
 func (cp *checkpointer) set(p string, e *ckEntry) {
 	if old := cp.idx.Files[p]; old != nil && old.Key != "" && e.Key == "" {
 		dropCheckpoint(cp.dir, old)
 	}
-	cp.idx.Files[p] = e
-	cp.changed = true
+	cp.put(p, e)
 }
 
 // visit checkpoints one path of the upper dir.
@@ -428,8 +470,7 @@ func (cp *checkpointer) visit(p string) {
 	if err != nil {
 		if prev != nil && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, layers.ErrSymlink) || errors.Is(err, unix.ENOTDIR)) {
 			dropCheckpoint(cp.dir, prev)
-			delete(cp.idx.Files, p)
-			cp.changed = true
+			cp.put(p, nil)
 		}
 		return
 	}
@@ -502,7 +543,7 @@ func (cp *checkpointer) visit(p string) {
 		cp.set(p, &e)
 		return
 	}
-	files, bytes := cp.idx.usage(p)
+	files, bytes := cp.usageExcept(p)
 	if files+1 > attrMaxFiles || bytes+int64(len(content)) > attrMaxBytes {
 		cp.set(p, &ckEntry{State: ckOver, Digest: digest, ckIdentity: id})
 		return
@@ -518,8 +559,7 @@ func (cp *checkpointer) visit(p string) {
 	if err != nil {
 		cp.log.Warn("attribution.checkpoint_failed", "path", p, "err", err)
 		dropCheckpoint(cp.dir, &ckEntry{Key: key})
-		delete(cp.idx.Files, p)
-		cp.changed = true
+		cp.put(p, nil)
 		return
 	}
 	cp.set(p, &ckEntry{State: ckStored, Key: key, Digest: digest, Bytes: int64(len(content)), ckIdentity: id})
