@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/statedb"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/workspace"
 )
 
@@ -18,18 +19,20 @@ func (s *Supervisor) execCommand(c *call) (any, error) {
 	}
 	defer sl.Release() // a no-op once spawn put the command in sb.Work.commands
 	var ss *session
+	var first []statedb.Row // a new implicit session's record, stored with its command's
 	if c.args.Has("workspace_session_id") {
 		var e *catalog.Error
 		if ss, e = workspace.LookupSession(sb, c.args.String("workspace_session_id")); e != nil {
 			return nil, e
 		}
 	} else {
-		var err error
-		if ss, err = s.holders.New(c.ctx, sb, workspace.PolicyPublish, "shared", nil); err != nil {
+		rec, err := statedb.Row{}, error(nil)
+		if ss, rec, err = s.holders.NewImplicit(c.ctx, sb); err != nil {
 			return nil, err
 		}
+		first = append(first, rec)
 	}
-	cmd, err := s.cmds.Spawn(c.ctx, sb, ss, c.args.String("cmd"), sl)
+	cmd, err := s.cmds.Spawn(c.ctx, sb, ss, c.args.String("cmd"), sl, first...)
 	if err != nil {
 		if ss.Implicit() && len(ss.Running()) == 0 {
 			_, _ = s.teardown.DestroySession(context.Background(), sb, ss, 0)

@@ -178,6 +178,7 @@ func Serve(ctx context.Context, opt Options) error {
 			return img.Rootfs, nil
 		}}
 	s.publisher.Remount = s.holders.Remount
+	s.teardown.RefillSpare = s.holders.RefillSpare
 	log.Info("cgroups", "delegated", s.cgroups.Delegated, "root", s.cgroups.Root, "reason", s.cgroups.Reason)
 	if err := s.recover(ctx); err != nil {
 		return err

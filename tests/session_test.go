@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -168,6 +169,54 @@ func TestImplicitSessionsPublish(t *testing.T) {
 			t.Fatalf("implicit sessions left: %d", n)
 		}
 	})
+}
+
+// TestImplicitFinalizationQuiesces: a process that left its command's
+// process group (setsid) does not hold the implicit session open (§6.5);
+// it dies when the session is quiesced, before the capture (§6.6, §9.1).
+// When the draining command's reply arrives no process of the session is
+// left, and what it had written is published and stays as published. The
+// holder itself ends after the reply (#18), which nothing here can see.
+func TestImplicitFinalizationQuiesces(t *testing.T) {
+	forDrivers(t, func(t *testing.T) {
+		e, id := sandboxWithProject(t)
+		marker := fmt.Sprintf("quiesce-marker-%d", time.Now().UnixNano())
+		out := e.exec(id, "setsid sh -c 'while :; do echo x >> bg.txt; sleep 0.01; done; : "+marker+"' >/dev/null 2>&1 & sleep 0.3; echo started")
+		if out["status"] != "ok" || out["output"] != "started" {
+			t.Fatalf("implicit command: %v", out)
+		}
+		if pub, _ := out["publish"].(map[string]any); pub == nil || pub["no_op"] != false {
+			t.Fatalf("publish: %v", out)
+		}
+		if pids := processesWith(marker); len(pids) > 0 {
+			t.Fatalf("session processes %v alive after the draining command's reply", pids)
+		}
+		first := e.rt(id, "file_read", "--path", "bg.txt")["content"]
+		if s, _ := first.(string); !strings.HasPrefix(s, "x\n") {
+			t.Fatalf("published bg.txt: %q", first)
+		}
+		time.Sleep(300 * time.Millisecond)
+		if again := e.rt(id, "file_read", "--path", "bg.txt")["content"]; again != first {
+			t.Fatalf("bg.txt changed after the publish: %d bytes, then %d", len(first.(string)), len(again.(string)))
+		}
+	})
+}
+
+// processesWith lists the processes whose command line contains s.
+func processesWith(s string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, ent := range ents {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(b), s) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 func TestCommandStatuses(t *testing.T) {

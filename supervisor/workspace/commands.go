@@ -94,8 +94,37 @@ func DrainOutput(cmd *Command) {
 // Finish makes a command terminal: status from its exit or from why
 // we ended it, or interrupted when its holder vanished.
 func (m *Commands) Finish(sb *Sandbox, cmd *Command, interrupt string, extra map[string]any) {
-	if cmd.Terminal() {
+	e := m.End(sb, cmd, interrupt, extra)
+	if e == nil {
 		return
+	}
+	// The terminal record is durable before anyone sees the command end;
+	// the sandbox's new activity revision and the records of the commands
+	// it evicts ride in the same commit.
+	if err := m.DB.PutRows(context.Background(), e.Rows()...); err != nil {
+		m.Log.Warn("persist command", "command", e.Rec.CommandSessionID, "err", err)
+	}
+	e.Apply()
+}
+
+// Ending is a command's terminal record, built by End but neither stored
+// nor seen yet: its rows go into a commit of the caller's choice (an
+// implicit session's finalization stores them with the session record's
+// removal), then Apply makes the end visible.
+type Ending struct {
+	m       *Commands
+	sb      *Sandbox
+	cmd     *Command
+	Rec     CommandRecord // the terminal record; the caller may still add to Rec.Extra
+	evicted []string
+}
+
+// End builds cmd's terminal record (Finish without the commit), or returns
+// nil when cmd is already terminal. The command's output is drained and
+// its terminal and transcript are closed.
+func (m *Commands) End(sb *Sandbox, cmd *Command, interrupt string, extra map[string]any) *Ending {
+	if cmd.Terminal() {
+		return nil
 	}
 	DrainOutput(cmd)
 	_ = cmd.Proc.PTY.Close()
@@ -105,7 +134,7 @@ func (m *Commands) Finish(sb *Sandbox, cmd *Command, interrupt string, extra map
 	if cmd.Timer != nil {
 		cmd.Timer.Stop()
 	}
-	r := &cmd.Rec
+	r := cmd.Rec
 	ended := now.UTC().Format("2006-01-02T15:04:05.000Z")
 	r.EndedAt, r.EndedUnixMs = &ended, now.UnixMilli()
 	code := func(n int) *int { return &n }
@@ -128,24 +157,37 @@ func (m *Commands) Finish(sb *Sandbox, cmd *Command, interrupt string, extra map
 	if len(extra) > 0 {
 		r.Extra = extra
 	}
-	cmd.Final = false
-	rec := *r
 	cmd.Mu.Unlock()
-	// The terminal record is durable before anyone sees the command end;
-	// the sandbox's new activity revision and the records of the commands
-	// it evicts ride in the same commit.
-	evicted := m.retain(sb, cmd)
-	rows := []statedb.Row{{Kind: statedb.KindCommand, ID: rec.CommandSessionID, SandboxID: sb.Rec.ID, Rec: rec}, m.Revise(sb)}
-	for _, id := range evicted {
+	return &Ending{m: m, sb: sb, cmd: cmd, Rec: r, evicted: m.retain(sb, cmd)}
+}
+
+// RecordRow is the terminal record's row alone.
+func (e *Ending) RecordRow() statedb.Row {
+	return statedb.Row{Kind: statedb.KindCommand, ID: e.Rec.CommandSessionID, SandboxID: e.sb.Rec.ID, Rec: e.Rec}
+}
+
+// Rows are the terminal record, the sandbox's advanced activity revision
+// (§4.4) and the removal of the commands the end evicts (§6.7); call once.
+func (e *Ending) Rows() []statedb.Row {
+	rows := []statedb.Row{e.RecordRow(), e.m.Revise(e.sb)}
+	for _, id := range e.evicted {
 		rows = append(rows, statedb.Row{Kind: statedb.KindCommand, ID: id, Delete: true},
-			statedb.Row{Kind: statedb.KindEvicted, ID: id, SandboxID: sb.Rec.ID, Rec: map[string]string{"command_session_id": id}})
+			statedb.Row{Kind: statedb.KindEvicted, ID: id, SandboxID: e.sb.Rec.ID, Rec: map[string]string{"command_session_id": id}})
 	}
-	if err := m.DB.PutRows(context.Background(), rows...); err != nil {
-		m.Log.Warn("persist command", "command", rec.CommandSessionID, "err", err)
-	}
-	close(cmd.Done)
-	for _, id := range evicted {
-		os.RemoveAll(filepath.Join(m.Data, "commands", id))
+	return rows
+}
+
+// Apply makes the end visible once its rows are stored: the record in
+// memory, Done closed (waiting requests answer), the evicted transcripts
+// removed.
+func (e *Ending) Apply() {
+	e.cmd.Mu.Lock()
+	e.cmd.Rec = e.Rec
+	e.cmd.Final = false
+	e.cmd.Mu.Unlock()
+	close(e.cmd.Done)
+	for _, id := range e.evicted {
+		os.RemoveAll(filepath.Join(e.m.Data, "commands", id))
 	}
 }
 
@@ -249,8 +291,11 @@ func (m *Commands) commandEnv(sb *Sandbox, wsID, cmdID string) []string {
 
 // Spawn starts one command in a session through its holder.
 // sl is the command's admission slot, consumed when the command enters
-// sb.Work.commands.
-func (m *Commands) Spawn(ctx context.Context, sb *Sandbox, ss *Session, cmdline string, sl *Slot) (*Command, error) {
+// sb.Work.commands. first are the rows of an implicit session's record
+// (Holders.NewImplicit): they are stored with the command's running
+// record, in one commit before the command starts, so that nothing the
+// command writes exists without its session's record.
+func (m *Commands) Spawn(ctx context.Context, sb *Sandbox, ss *Session, cmdline string, sl *Slot, first ...statedb.Row) (*Command, error) {
 	h, release, e := ss.Enter()
 	if e != nil {
 		return nil, e
@@ -279,7 +324,18 @@ func (m *Commands) Spawn(ctx context.Context, sb *Sandbox, ss *Session, cmdline 
 	// Revised before ss.mu is taken: Revise takes sb.mu, which is never
 	// taken inside ss.mu.
 	rev := m.Revise(sb)
+	running := statedb.Row{Kind: statedb.KindCommand, ID: id, SandboxID: sb.Rec.ID, Rec: cmd.Rec}
 	ss.Mu.Lock()
+	if len(first) > 0 {
+		if err := m.DB.PutRows(ctx, append(first, running, rev)...); err != nil {
+			ss.Mu.Unlock()
+			sp.Done(err, nil)
+			tr.Close()
+			os.RemoveAll(dir)
+			m.Bump(ctx, sb) // the revision did not reach the database
+			return nil, fmt.Errorf("persist session and command: %w", err)
+		}
+	}
 	proc, err := h.Spawn(ctx, nsholder.SpawnRequest{
 		Cmd: cmdline, Env: m.commandEnv(sb, ss.ID(), id), Dir: "/workspace",
 		Rows: uint16(m.Cfg.Runtime.Command.PtyRows), Cols: uint16(m.Cfg.Runtime.Command.PtyCols),
@@ -287,6 +343,12 @@ func (m *Commands) Spawn(ctx context.Context, sb *Sandbox, ss *Session, cmdline 
 	})
 	sp.Done(err, nil)
 	if err != nil {
+		if len(first) > 0 {
+			// The running record was stored: the command never ran.
+			if err := m.DB.PutRows(ctx, statedb.Row{Kind: statedb.KindCommand, ID: id, Delete: true}); err != nil {
+				m.Log.Warn("remove command record", "command", id, "err", err)
+			}
+		}
 		ss.Mu.Unlock()
 		tr.Close()
 		os.RemoveAll(dir)
@@ -301,8 +363,10 @@ func (m *Commands) Spawn(ctx context.Context, sb *Sandbox, ss *Session, cmdline 
 	// handled (it waits for ss.mu): afterwards finishCommand owns the record,
 	// and a later put of "running" would overwrite its terminal state. The
 	// sandbox's activity revision (§4.4) is stored in the same commit.
-	if err := m.DB.PutRows(ctx, statedb.Row{Kind: statedb.KindCommand, ID: id, SandboxID: sb.Rec.ID, Rec: cmd.Rec}, rev); err != nil {
-		m.Log.Warn("persist command", "command", id, "err", err)
+	if len(first) == 0 {
+		if err := m.DB.PutRows(ctx, running, rev); err != nil {
+			m.Log.Warn("persist command", "command", id, "err", err)
+		}
 	}
 	ss.Mu.Unlock()
 	go func() {

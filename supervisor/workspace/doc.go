@@ -16,6 +16,20 @@
 // and audit calls go through PublishHooks. Still in the root package: the
 // handlers and the attribution glue behind SessionHooks and PublishHooks.
 //
+// An implicit session's exec_command (§5.1, §6.6) keeps off its reply's
+// path what no client can observe, where the contract is silent on the
+// order (#18): the session's record is stored in the commit of its first
+// command's running record, before that command starts, so nothing the
+// command writes exists without it (a crash earlier leaves an orphan
+// directory that the next start removes); finalization quiesces the
+// session (every process but the holder SIGKILLed and reaped) before the
+// capture, stores the draining command's terminal record with the session
+// record's removal in one commit, and answers; the holder, which runs
+// nothing of the session's, is killed afterwards in the background,
+// before the session's directory is removed and the sandbox's next spare
+// holder is started (a crash in between: the holder dies with the
+// supervisor, the directory is trash the next start empties).
+//
 // It must never import the root supervisor package or decide how a sandbox
 // itself is created, squashed or removed (that is supervisor/sandbox).
 package workspace

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"time"
 
 	"github.com/ephemeral-ai-lab/sandbox/layers"
@@ -144,9 +145,15 @@ func (p *Publisher) finalize(ctx context.Context, sb *Sandbox, ss *Session, drai
 	h := ss.Holder
 	ss.Holder = nil
 	ss.Mu.Unlock()
-	if h != nil {
-		_ = h.Close(0) // SIGKILL of the whole PID namespace: nothing writes during capture
-	}
+	// Every session process is SIGKILLed and reaped before the capture, so
+	// nothing writes during it. The holder itself, which runs nothing of
+	// the session's, outlives the reply: its exit (the kernel's teardown of
+	// its namespaces and mounts) is the slowest part of a quiesce and
+	// changes nothing a client can see, so the session's teardown ends it
+	// in the background before the directory goes. A holder that cannot
+	// quiesce is killed outright, as is one whose session's upper dir
+	// becomes a recovery artifact (nothing may still mount it then).
+	h = p.quiesce(ctx, ss, h)
 	opt := PublishOptions(p.Cfg, p.Protected)
 	opt.Implicit = true
 	pctx, psp := obs.Start(obs.WithScope(ctx, p.Obs, scope(sb)), "workspace_session.publish", map[string]any{"workspace_session_id": ss.ID(), "dry_run": false})
@@ -162,6 +169,10 @@ func (p *Publisher) finalize(ctx context.Context, sb *Sandbox, ss *Session, drai
 	case err == nil:
 		extra["publish"] = PublishObject(plan, res, false)
 	default:
+		if h != nil {
+			_ = h.Close(0)
+			h = nil
+		}
 		if !errors.As(err, &rej) {
 			msg := err.Error()
 			rej = &layers.Rejection{Reason: "publish_error", Message: &msg, Conflicts: []layers.RejectedPath{}}
@@ -174,15 +185,49 @@ func (p *Publisher) finalize(ctx context.Context, sb *Sandbox, ss *Session, drai
 		p.event(ctx, sb, "workspace_session.finalize.publish_failed", map[string]any{"workspace_session_id": ss.ID(),
 			"reject_class": rej.Reason, "detail": err.Error(), "conflict_paths": conflictPaths(rej)})
 	}
-	// One commit: the outcome, the session record's removal and the
-	// sandbox's activity revision (§4.4).
-	rows := append(outcomeRows(sb, drain, extra), p.Revise(sb))
-	if _, err := p.Teardown.DestroySessionWith(ctx, sb, ss, 0, rows...); err != nil {
+	// One commit: the draining command's terminal record with the outcome,
+	// the session record's removal and the sandbox's activity revision
+	// (§4.4). The command ends (its request answers) only afterwards, once
+	// the session is gone (§6.6).
+	var end *Ending
+	var rows []statedb.Row
+	if drain != nil {
+		end = p.Teardown.Cmds.End(sb, drain, "", maps.Clone(extra))
+	}
+	if end != nil {
+		rows = end.Rows()
+	} else {
+		rows = append(outcomeRows(sb, drain, extra), p.Revise(sb))
+	}
+	if _, err := p.Teardown.destroy(ctx, sb, ss, 0, h, rows); err != nil {
 		ss.SetState(SessFinalizeFailed)
 		extra["finalization_failed"], extra["finalization_failure_class"], extra["finalization_attempts"] = true, "holder_finalization_destroy_failed", 1
+		if end != nil {
+			end.Rec.Extra = maps.Clone(extra)
+			if err := p.DB.PutRows(ctx, end.RecordRow()); err != nil {
+				p.Log.Warn("persist command", "command", end.Rec.CommandSessionID, "err", err)
+			}
+		}
 		p.Bump(ctx, sb) // the revision did not reach the database
 	}
+	if end != nil {
+		end.Apply()
+	}
 	return extra
+}
+
+// quiesce kills every process of ss but its holder h and returns h, still
+// to be closed; when that fails, h is killed with them and nil returned.
+func (p *Publisher) quiesce(ctx context.Context, ss *Session, h Holder) Holder {
+	if h == nil {
+		return nil
+	}
+	if err := h.Quiesce(ctx); err != nil {
+		p.Log.Warn("quiesce holder; killing it", "workspace_session_id", ss.ID(), "err", err)
+		_ = h.Close(0) // SIGKILL of the whole PID namespace
+		return nil
+	}
+	return h
 }
 
 // outcomeRows is the draining command's record with the finalization

@@ -54,7 +54,7 @@ func (h *Holders) Fork(ctx context.Context, sb *Sandbox, src *Session, network s
 		network = rec.NetworkProfile
 	}
 	from := &forkSource{ss: src, rec: rec, base: src.Base(), running: src.Running()}
-	ss, err := h.open(ctx, sb, PolicyNoOp, network, agent, from)
+	ss, _, err := h.open(ctx, sb, PolicyNoOp, network, agent, from, true)
 	if err != nil {
 		return nil, err
 	}

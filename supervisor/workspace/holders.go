@@ -82,24 +82,40 @@ func (h *Holders) spanCtx(ctx context.Context, sb *Sandbox, name string, attrs m
 
 // New runs §5.2 inside a workspace_session.create span.
 func (h *Holders) New(ctx context.Context, sb *Sandbox, policy, network string, agent *string) (*Session, error) {
+	ss, _, err := h.create(ctx, sb, policy, network, agent, true)
+	return ss, err
+}
+
+// NewImplicit is New for the implicit session of an exec_command (§5.1)
+// except that the session's record is not stored: it is returned for the
+// caller to store in the commit of the session's first command's running
+// record (Commands.Spawn), which comes before that command can write
+// anything; a crash before it leaves an orphan directory that the next
+// start removes. One fsynced commit fewer on every implicit command (#18).
+func (h *Holders) NewImplicit(ctx context.Context, sb *Sandbox) (*Session, statedb.Row, error) {
+	return h.create(ctx, sb, PolicyPublish, NetShared, nil, false)
+}
+
+func (h *Holders) create(ctx context.Context, sb *Sandbox, policy, network string, agent *string, persist bool) (*Session, statedb.Row, error) {
 	sp, ctx := h.spanCtx(ctx, sb, "workspace_session.create", map[string]any{"finalize_policy": policy, "network_profile": network})
-	ss, err := h.open(ctx, sb, policy, network, agent, nil)
+	ss, row, err := h.open(ctx, sb, policy, network, agent, nil, persist)
 	var attrs map[string]any
 	if ss != nil {
 		attrs = map[string]any{"workspace_session_id": ss.ID(), "layer_count": len(ss.Rec.Lease.Layers)}
 	}
 	sp.Done(err, attrs)
-	return ss, err
+	return ss, row, err
 }
 
 // open runs §5.2: reserve the ID, lease the head, create the
-// directories, start the holder, persist the record. Any failure rolls back
-// every step. With from (a fork) the lease is of from's chain and the upper
-// dir and attribution are from's, copied before the holder starts.
-func (h *Holders) open(ctx context.Context, sb *Sandbox, policy, network string, agent *string, from *forkSource) (*Session, error) {
+// directories, start the holder, persist the record (with persist; else
+// the record's row is returned for the caller to store). Any failure rolls
+// back every step. With from (a fork) the lease is of from's chain and the
+// upper dir and attribution are from's, copied before the holder starts.
+func (h *Holders) open(ctx context.Context, sb *Sandbox, policy, network string, agent *string, from *forkSource, persist bool) (*Session, statedb.Row, error) {
 	sl, e := h.Admission.Session(sb)
 	if e != nil {
-		return nil, e
+		return nil, statedb.Row{}, e
 	}
 	defer sl.Release() // a no-op once the session is in sb.Work.sessions
 	id := h.IDs.New("ws-")
@@ -110,13 +126,13 @@ func (h *Holders) open(ctx context.Context, sb *Sandbox, policy, network string,
 	} else {
 		var err error
 		if lease, err = sb.Stack.Acquire("workspace-session:" + id); err != nil {
-			return nil, fmt.Errorf("lease head: %w", err)
+			return nil, statedb.Row{}, fmt.Errorf("lease head: %w", err)
 		}
 	}
 	m := lease.Manifest()
 	if len(m.Layers) > h.Cfg.Runtime.Workspace.MaxChainDepth {
 		_, _ = lease.Release()
-		return nil, catalog.Errorf(catalog.OperationFailed, "layer chain too deep: run squash_layerstacks").
+		return nil, statedb.Row{}, catalog.Errorf(catalog.OperationFailed, "layer chain too deep: run squash_layerstacks").
 			With("layer_count", len(m.Layers)).With("max_chain_depth", h.Cfg.Runtime.Workspace.MaxChainDepth)
 	}
 	ss := &Session{
@@ -144,23 +160,26 @@ func (h *Holders) open(ctx context.Context, sb *Sandbox, policy, network string,
 	for _, d := range dirs {
 		if err := os.MkdirAll(filepath.Join(ss.Dir, d), 0o700); err != nil {
 			rollback()
-			return nil, catalog.Errorf(catalog.OperationFailed, "workspace setup failed at directories: %v", err).With("stage", "directories")
+			return nil, statedb.Row{}, catalog.Errorf(catalog.OperationFailed, "workspace setup failed at directories: %v", err).With("stage", "directories")
 		}
 	}
 	if from != nil {
 		if err := h.copyFrom(ctx, sb, from, ss); err != nil {
 			rollback()
-			return nil, err
+			return nil, statedb.Row{}, err
 		}
 	}
 	if err := h.start(ctx, sb, ss); err != nil {
 		rollback()
-		return nil, err
+		return nil, statedb.Row{}, err
 	}
-	if err := h.DB.Put(ctx, statedb.KindSession, id, sb.Rec.ID, ss.Rec); err != nil {
-		_ = ss.Holder.Close(0)
-		rollback()
-		return nil, err
+	row := statedb.Row{Kind: statedb.KindSession, ID: id, SandboxID: sb.Rec.ID, Rec: ss.Rec}
+	if persist {
+		if err := h.DB.PutRows(ctx, row); err != nil {
+			_ = ss.Holder.Close(0)
+			rollback()
+			return nil, statedb.Row{}, err
+		}
 	}
 	sb.Mu.Lock()
 	sb.Work.Sessions[id] = ss
@@ -168,7 +187,7 @@ func (h *Holders) open(ctx context.Context, sb *Sandbox, policy, network string,
 	sb.Rec.LiveWorkspaceSessions = append(sb.Rec.LiveWorkspaceSessions, id)
 	sb.Mu.Unlock()
 	h.event(ctx, sb, "lease.acquired", map[string]any{"workspace_session_id": id, "revision": ss.Rec.BaseRevision})
-	return ss, nil
+	return ss, row, nil
 }
 
 // start starts the session's holder over its persisted lease and
@@ -221,7 +240,7 @@ func (h *Holders) start(ctx context.Context, sb *Sandbox, ss *Session) error {
 		"overlay_driver": ss.Rec.OverlayDriver, "lowers": len(cfg.Lowers), "network_profile": ss.Rec.NetworkProfile})
 	var hl *nsholder.Client
 	if ss.Implicit() {
-		if spare := h.takeSpare(sb, cfg); spare != nil {
+		if spare := h.takeSpare(hctx, sb, cfg); spare != nil {
 			if hl, err = spare.Setup(hctx, cfg); err != nil {
 				// A spare that died or failed its setup: start afresh, which
 				// also reports a setup error that is the session's own.

@@ -67,6 +67,9 @@ type Holder interface {
 	Done() <-chan struct{}
 	Events() <-chan nsholder.Event
 	Close(grace time.Duration) error
+	// Quiesce kills every process of the session but the holder and
+	// returns once they are reaped.
+	Quiesce(ctx context.Context) error
 	CommandRunner
 	FileHolder
 	LoopbackDialer

@@ -31,6 +31,9 @@ type Teardown struct {
 	// FinalizeImplicit publishes an implicit session and destroys it
 	// (§6.6); the result is what the draining command reports.
 	FinalizeImplicit func(ctx context.Context, sb *Sandbox, ss *Session, drain *Command) map[string]any
+	// RefillSpare starts sb's next spare holder (Holders.RefillSpare):
+	// called once a finalized implicit session's holder is gone.
+	RefillSpare func(sb *Sandbox)
 }
 
 // scope names sb's observability stores.
@@ -39,22 +42,24 @@ func scope(sb *Sandbox) obs.Scope { return obs.Scope{ID: sb.Rec.ID, Dir: sb.Dir}
 // DestroySession tears a session down (§5.7) inside a
 // workspace_session.destroy span.
 func (t *Teardown) DestroySession(ctx context.Context, sb *Sandbox, ss *Session, grace time.Duration) (int64, error) {
-	return t.DestroySessionWith(ctx, sb, ss, grace)
+	return t.destroy(ctx, sb, ss, grace, nil, nil)
 }
 
-// DestroySessionWith is DestroySession that also writes rows in the
-// transaction that removes the session's record: an implicit session's
-// finalization stores its command's outcome and the sandbox's activity
-// revision there, in one commit with the removal.
-func (t *Teardown) DestroySessionWith(ctx context.Context, sb *Sandbox, ss *Session, grace time.Duration, rows ...statedb.Row) (int64, error) {
+// destroy is DestroySession that also writes rows in the transaction that
+// removes the session's record (an implicit session's finalization stores
+// its command's end and the sandbox's activity revision there, in one
+// commit with the removal), and that ends quiesced, the session's holder
+// already taken from it with every session process gone, after the
+// session is removed and in the background, before its directory goes.
+func (t *Teardown) destroy(ctx context.Context, sb *Sandbox, ss *Session, grace time.Duration, quiesced Holder, rows []statedb.Row) (int64, error) {
 	ctx, sp := obs.Start(obs.WithScope(ctx, t.Obs, scope(sb)), "workspace_session.destroy", map[string]any{"workspace_session_id": ss.ID()})
-	n, err := t.closeSession(ctx, sb, ss, grace, rows)
+	n, err := t.closeSession(ctx, sb, ss, grace, quiesced, rows)
 	sp.Done(err, map[string]any{"evicted_upperdir_bytes": n})
 	return n, err
 }
 
 // closeSession tears a session down: holder, lease, directory, record.
-func (t *Teardown) closeSession(ctx context.Context, sb *Sandbox, ss *Session, grace time.Duration, rows []statedb.Row) (int64, error) {
+func (t *Teardown) closeSession(ctx context.Context, sb *Sandbox, ss *Session, grace time.Duration, quiesced Holder, rows []statedb.Row) (int64, error) {
 	upperBytes := DirBytes(ctx, ss.Upper())
 	ss.Mu.Lock()
 	h := ss.Holder
@@ -68,13 +73,16 @@ func (t *Teardown) closeSession(ctx context.Context, sb *Sandbox, ss *Session, g
 		}
 	}
 	// The record goes first: a crash after it leaves only an orphan
-	// directory (removed at the next start) and layers no persisted lease
-	// pins (swept), so a destroy cut short completes at restart instead of
-	// leaving a record whose upper dir is half gone (restore_failed).
+	// directory (removed at the next start; a quiesced holder dies with
+	// the supervisor) and layers no persisted lease pins (swept), so a
+	// destroy cut short completes at restart instead of leaving a record
+	// whose upper dir is half gone (restore_failed).
 	if err := t.DB.PutRows(ctx, append(rows, statedb.Row{Kind: statedb.KindSession, ID: ss.ID(), Delete: true})...); err != nil {
+		if quiesced != nil {
+			_ = quiesced.Close(0)
+		}
 		return upperBytes, err
 	}
-	t.Cgroups.RemoveSession(ss.ID())
 	if ss.Lease != nil {
 		if _, err := ss.Lease.Release(); err != nil {
 			t.Log.Warn("release lease", "workspace_session_id", ss.ID(), "err", err)
@@ -84,15 +92,33 @@ func (t *Teardown) closeSession(ctx context.Context, sb *Sandbox, ss *Session, g
 	// deleting a large upper dir and its attribution copies took longer
 	// than publishing it. sessions/ only ever holds live sessions; a crash
 	// before the removal ends leaves trash that the next start empties
-	// (RemoveOrphanSessionDirs).
+	// (RemoveOrphanSessionDirs). A quiesced holder still mounts the
+	// directory: it is closed first, and the session's cgroup, which it
+	// is in, is removed after it.
 	trash := filepath.Join(sb.Dir, SessionTrashDir)
 	gone := filepath.Join(trash, ss.ID())
 	if err := os.MkdirAll(trash, 0o700); err != nil {
-		RemoveTree(ss.Dir)
+		gone = ss.Dir
 	} else if err := os.Rename(ss.Dir, gone); err != nil {
-		RemoveTree(ss.Dir)
-	} else if !sb.GoBackground(func() { RemoveTree(gone) }) {
+		gone = ss.Dir
+	}
+	remove := func() {
+		if quiesced != nil {
+			if err := quiesced.Close(0); err != nil {
+				t.Log.Warn("close holder", "workspace_session_id", ss.ID(), "err", err)
+			}
+			t.Cgroups.RemoveSession(ss.ID())
+			if ss.Implicit() && t.RefillSpare != nil {
+				t.RefillSpare(sb)
+			}
+		}
 		RemoveTree(gone)
+	}
+	if quiesced == nil {
+		t.Cgroups.RemoveSession(ss.ID())
+	}
+	if gone == ss.Dir || !sb.GoBackground(remove) {
+		remove()
 	}
 	sb.Mu.Lock()
 	delete(sb.Work.Sessions, ss.ID())
