@@ -127,6 +127,19 @@ type Record struct {
 	Length  int64  // write: bytes in the coalesced range
 }
 
+// ServerProcs is the GOMAXPROCS a process serving a mount should run with
+// (the holder sets it; it is process-wide, so Mount leaves it alone).
+// go-fuse reads requests on goroutines blocked in read(2) on /dev/fuse and
+// starts another reader whenever none is left waiting, so a close (an
+// asynchronous RELEASE) followed by the next open wakes two readers and
+// spawns a third; with a second P every such hand-off also wakes an idle
+// P's thread. Measured on 2 CPUs, server in its own process, 50 warm reads
+// of 2,000 files: with one P the server spends 40% less CPU per request
+// (about 6.5 instead of 11 µs) and half the voluntary context switches,
+// and a warm git status of 5,000 files takes half the time. Requests still
+// run in parallel while their handlers are in system calls.
+const ServerProcs = 1
+
 // Server is one mounted overlay.
 type Server struct {
 	impl serverImpl

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -238,6 +239,9 @@ func mountFuse(ws string, cfg *Config, own *owners, notify func(*FSNotice)) (*fu
 			notify(&FSNotice{Released: []ReleasedFile{{Path: path, Command: command}}})
 		}
 	}
+	// The holder's own work is light; serving FUSE requests is what its
+	// runtime is for from here on (see fuseoverlay.ServerProcs).
+	runtime.GOMAXPROCS(fuseoverlay.ServerProcs)
 	// Background: the context may bound the server's life, not just the mount.
 	if fm.srv, err = fuseoverlay.Mount(context.Background(), ws, opts); err != nil {
 		return fail(err)

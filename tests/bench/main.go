@@ -61,6 +61,9 @@ func main() {
 	if len(os.Args) == 3 && os.Args[1] == overlayWorkerArg {
 		os.Exit(overlayWorker(os.Args[2]))
 	}
+	if len(os.Args) == 3 && os.Args[1] == overlayServerArg {
+		os.Exit(overlayServer(os.Args[2]))
+	}
 	binFlag := flag.String("bin", "./bin", "directory holding the sandbox binaries")
 	reps := flag.Int("reps", 5, "measured repetitions per case (the exec round trip uses 6× as many)")
 	quick := flag.Bool("quick", false, "fast smoke run: small trees, 2 reps, 8 live sessions")

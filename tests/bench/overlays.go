@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -27,7 +29,11 @@ import (
 // Every overlay column is mounted by a worker (this binary re-executed with
 // overlayWorkerArg) in a fresh user+mount namespace, as a session's holder
 // mounts it, and the workloads run in that worker, so what is measured is the
-// filesystem, not the supervisor's command path.
+// filesystem, not the supervisor's command path. The FUSE overlay is served
+// by a process of its own (overlayServerArg), as the holder serves it to the
+// session's commands, with the holder's GOMAXPROCS: served by the worker
+// itself it would share one Go runtime with the workloads, which no session
+// does (and which measures differently: see fuseoverlay.ServerProcs).
 //
 // Cold cannot mean "caches dropped" rootless (drop_caches needs init-ns
 // root), so cold means the first pass over a fresh mount: the overlay's (and
@@ -37,6 +43,15 @@ import (
 // of each rep.
 
 const overlayWorkerArg = "__overlay-worker"
+
+// overlayServerArg re-executes this binary as the server of one FUSE
+// overlay mount (a worker's child, in the worker's namespaces).
+const overlayServerArg = "__overlay-fuse-server"
+
+// serverJob is what a worker passes to its FUSE server (as JSON in argv).
+type serverJob struct {
+	Lower, Upper, Work, Mnt string
+}
 
 // overlayTrees are the workload sizes.
 type overlayTrees struct {
@@ -336,41 +351,89 @@ func (job *workerJob) mount(ctx context.Context, rep int) (*mounted, error) {
 			return nil, fmt.Errorf("fuse-overlayfs: %v: %s", err, out)
 		}
 	case "fuse":
-		var files []*os.File
-		for _, d := range []string{job.Lower, upper, work} {
-			f, err := os.Open(d)
-			if err != nil {
-				return nil, err
-			}
-			files = append(files, f)
-		}
-		// Provenance on, as in a session: every open is attributed and the
-		// records are passed on (and dropped here).
-		srv, err := fuseoverlay.Mount(ctx, mnt, fuseoverlay.Options{
-			Lowers: files[:1], Upper: files[1], Work: files[2], Name: "bench",
-			Owner: func(uint32) string { return "cmd-bench" },
-			Sink:  func([]fuseoverlay.Record) {},
-		})
+		self, err := os.Executable()
 		if err != nil {
-			for _, f := range files {
-				f.Close()
-			}
-			return nil, fmt.Errorf("fuseoverlay.Mount: %w", err)
+			return nil, err
 		}
-		// files stay referenced until the unmount: the server keeps only
-		// their descriptors, which a collected *os.File would close.
+		arg, err := json.Marshal(serverJob{Lower: job.Lower, Upper: upper, Work: work, Mnt: mnt})
+		if err != nil {
+			return nil, err
+		}
+		// The server unmounts and exits when its stdin closes.
+		cmd := exec.CommandContext(ctx, self, overlayServerArg, string(arg))
+		cmd.Stderr = os.Stderr
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			return nil, err
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			return nil, err
+		}
+		if err := cmd.Start(); err != nil {
+			return nil, fmt.Errorf("start fuse server: %w", err)
+		}
+		if line, err := bufio.NewReader(stdout).ReadString('\n'); line != "ready\n" {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return nil, fmt.Errorf("fuse server: %q %v", line, err)
+		}
 		umount = func() error {
-			err := srv.Unmount()
-			srv.Wait()
-			for _, f := range files {
-				f.Close()
+			stdin.Close()
+			if err := cmd.Wait(); err != nil {
+				return fmt.Errorf("fuse server: %w", err)
 			}
-			return err
+			return nil
 		}
 	default:
 		return nil, fmt.Errorf("unknown column %q", job.Column)
 	}
 	return &mounted{dir: mnt, unmount: umount}, nil
+}
+
+// overlayServer is main() for the FUSE server process: it mounts the
+// overlay the way the holder does (provenance on: every open is attributed
+// and the records are passed on, here dropped), says "ready" and serves
+// until its stdin closes.
+func overlayServer(arg string) int {
+	var job serverJob
+	if err := json.Unmarshal([]byte(arg), &job); err != nil {
+		fmt.Fprintln(os.Stderr, "fuse server:", err)
+		return 2
+	}
+	runtime.GOMAXPROCS(fuseoverlay.ServerProcs)
+	var files []*os.File
+	for _, d := range []string{job.Lower, job.Upper, job.Work} {
+		f, err := os.Open(d)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fuse server:", err)
+			return 1
+		}
+		files = append(files, f)
+	}
+	srv, err := fuseoverlay.Mount(context.Background(), job.Mnt, fuseoverlay.Options{
+		Lowers: files[:1], Upper: files[1], Work: files[2], Name: "bench",
+		Owner: func(uint32) string { return "cmd-bench" },
+		Sink:  func([]fuseoverlay.Record) {},
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fuse server: fuseoverlay.Mount:", err)
+		return 1
+	}
+	fmt.Println("ready")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	uerr := srv.Unmount()
+	srv.Wait()
+	// files stay referenced until here: the server keeps only their
+	// descriptors, which a collected *os.File would close.
+	for _, f := range files {
+		f.Close()
+	}
+	if uerr != nil {
+		fmt.Fprintln(os.Stderr, "fuse server:", uerr)
+		return 1
+	}
+	return 0
 }
 
 // workloads runs every workload once over a fresh mount: the cold passes
