@@ -153,6 +153,7 @@ func (b *bench) overlays() {
 			b.printf("%s: %s\n", c, r.Unavailable)
 		}
 	}
+	b.printf("fuse is served by a process of its own with GOMAXPROCS=%d, as a session's holder serves it (fuseoverlay.ServerProcs)\n", fuseoverlay.ServerProcs)
 	b.println("git status runs with GIT_OPTIONAL_LOCKS=0 as in sessions; in every overlay column the index's uid and st_dev differ from what the")
 	b.println("namespace sees, so each pass re-reads every file (natively it only stats them)")
 	limits := map[string]float64{"read warm": 2, "git status warm": 2, "read cold": 4, "git status cold": 4, "write": 1.5}
