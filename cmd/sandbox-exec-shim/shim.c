@@ -29,6 +29,7 @@
  * /proc/sys/kernel/cap_last_cap (and /proc/self/fd on kernels without
  * close_range).
  */
+#include <asm/stat.h>
 #include <asm/unistd.h>
 #include <linux/capability.h>
 #include <linux/errno.h>
@@ -264,16 +265,16 @@ __attribute__((noreturn)) static void die_errno(long e) {
 /* executable is Go's findExecutable: 0 when path is a non-directory the
  * caller may execute, else -errno. */
 static long executable(const char *path) {
-	struct statx st;
-	long r = sys5(__NR_statx, AT_FDCWD, path, 0, STATX_TYPE | STATX_MODE, &st);
+	struct stat st; /* the architecture's own layout, from <asm/stat.h> */
+	long r = sys4(__NR_newfstatat, AT_FDCWD, path, &st, 0);
 	if (r < 0)
 		return r;
-	if ((st.stx_mode & S_IFMT) == S_IFDIR)
+	if ((st.st_mode & S_IFMT) == S_IFDIR)
 		return -EISDIR;
 	r = sys4(__NR_faccessat2, AT_FDCWD, path, X_OK, AT_EACCESS);
 	if (r == 0 || (r != -ENOSYS && r != -EPERM))
 		return r;
-	return (st.stx_mode & 0111) ? 0 : -EACCES;
+	return (st.st_mode & 0111) ? 0 : -EACCES;
 }
 
 /* lookpath resolves file on $PATH into buf: an empty entry means ".", and

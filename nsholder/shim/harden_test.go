@@ -133,11 +133,25 @@ func TestHardenFilterUnknownArchFailsClosed(t *testing.T) {
 	}
 }
 
+// TestHardenFilterTable runs the program of every architecture's table
+// (the C shim's header carries them all) through the interpreter; the
+// checks that need numbers of calls outside the tables run for the native
+// one only.
 func TestHardenFilterTable(t *testing.T) {
-	arch := nativeSeccompArch
-	if arch == nil {
-		t.Skipf("no seccomp table for %s (hardening fails closed there)", runtime.GOARCH)
+	if nativeSeccompArch == nil {
+		t.Logf("no seccomp table for %s (hardening fails closed there)", runtime.GOARCH)
 	}
+	goarchs := make([]string, 0, len(seccompArches))
+	for g := range seccompArches {
+		goarchs = append(goarchs, g)
+	}
+	sort.Strings(goarchs)
+	for _, g := range goarchs {
+		t.Run(g, func(t *testing.T) { testFilterTable(t, seccompArches[g], g == runtime.GOARCH) })
+	}
+}
+
+func testFilterTable(t *testing.T, arch *seccompArch, native bool) {
 	prog, err := buildSeccompFilter(arch)
 	if err != nil {
 		t.Fatal(err)
@@ -206,13 +220,16 @@ func TestHardenFilterTable(t *testing.T) {
 		check(fmt.Sprintf("mknod(mode %#o in arg2)", m.mode), seccompInput{nr: nr("mknod"), args: [6]uint64{0, 0o644, m.mode}}, retAllow)
 	}
 
-	// Ordinary calls pass.
+	// Ordinary calls pass (numbers of this machine's architecture).
 	for name, n := range map[string]uint32{
 		"read": unix.SYS_READ, "write": unix.SYS_WRITE, "openat": unix.SYS_OPENAT, "execve": unix.SYS_EXECVE,
 		"ptrace": unix.SYS_PTRACE, "renameat2": unix.SYS_RENAMEAT2,
 		"prctl": unix.SYS_PRCTL, "seccomp": unix.SYS_SECCOMP, "capset": unix.SYS_CAPSET, "wait4": unix.SYS_WAIT4,
 		"chown": unix.SYS_FCHOWNAT, "close_range": unix.SYS_CLOSE_RANGE, "pidfd_open": unix.SYS_PIDFD_OPEN,
 	} {
+		if !native {
+			break
+		}
 		check(name, seccompInput{nr: n, args: [6]uint64{unix.CLONE_NEWUSER, unix.S_IFCHR, unix.S_IFCHR}}, retAllow)
 	}
 	check("nr -1 (tracer skip)", seccompInput{nr: 0xffffffff}, retAllow)
