@@ -2,10 +2,14 @@
 GO       ?= go
 BIN      := bin
 BINARIES := sandbox-supervisor sandbox-manager-cli sandbox-runtime-cli sandbox-observability-cli sandbox-mcp sandbox-exec-shim
-# The clients and the exec shim are started once per call or command: built
-# without cgo they are static (no dynamic loader, no libc start-up, the pure
-# Go user lookup), which saves about 3 ms of CPU per start here.
-STATIC   := $(filter-out sandbox-supervisor,$(BINARIES))
+# The clients are started once per call: built without cgo they are static
+# (no dynamic loader, no libc start-up, the pure Go user lookup), which
+# saves about 3 ms of CPU per start here.
+STATIC   := $(filter-out sandbox-supervisor sandbox-exec-shim,$(BINARIES))
+# The exec shim, started once per command, is freestanding static C
+# (cmd/sandbox-exec-shim/build.sh): about 0.15 ms per start against 1.3 ms
+# for a static Go binary.
+CC       ?= cc
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X main.version=$(VERSION)
 PREFIX   ?= $(HOME)/.local
@@ -19,6 +23,7 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/sandbox-supervisor
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(STATIC))
+	CC='$(CC)' sh cmd/sandbox-exec-shim/build.sh $(BIN)/sandbox-exec-shim
 
 # The one test command: static checks, unit tests, end-to-end tests.
 test: build

@@ -34,9 +34,10 @@
 //     detaches /workspace.
 //   - Commands: a PTY per command (creack/pty on the session's devpts),
 //     Setsid+Setctty, cwd and environment from the request, exec'd through
-//     the exec shim (package nsholder/shim) as /proc/self/fd/3: the small
-//     sandbox-exec-shim binary of Config.Shim, or the holder's own binary
-//     (`nsholder shim`) when that is "", opened before pivot_root. The PTY
+//     the exec shim (package nsholder/shim) as /proc/self/fd/3: the static
+//     C sandbox-exec-shim of Config.Shim, or the holder's own binary
+//     (`nsholder shim`, the Go twin) when that is "", opened before
+//     pivot_root. The PTY
 //     master goes to the supervisor with SCM_RIGHTS. Events: Exited when the root is reaped (wait status),
 //     then Done once kill(-pgid, 0) says the process group is empty.
 //   - File operations on an fd of /workspace (files.go).

@@ -38,9 +38,9 @@ package nsholder
 // as a non-directory (a symlink could point out of the root before
 // pivot_root) is replaced by a directory in that upper; after pivot_root
 // the root stays writable and Image.Files are written into it. Commands
-// there need the static sandbox-exec-shim (Config.Shim): the fallback, the
-// holder's own binary, is dynamically linked and an image need not have a
-// compatible loader.
+// there need the static sandbox-exec-shim (Config.Shim; freestanding C, it
+// needs nothing of the image): the fallback, the holder's own binary, is
+// dynamically linked and an image need not have a compatible loader.
 
 import (
 	"errors"

@@ -3,16 +3,24 @@
 //
 //	sandbox-exec-shim [-C DIR] -- ARGV...
 //
-// (or, as a fallback, `sandbox-supervisor nsholder shim -- ARGV...`), which
-// runs as uid 0 of the session's user namespace (with every capability of
-// that namespace), drops what a command must not have and then execs ARGV.
-// The kept capabilities and the seccomp rules are tables below so they can
-// be audited line by line against §6.2; the per-architecture system call
-// numbers live in harden_<arch>.go.
+// which runs as uid 0 of the session's user namespace (with every
+// capability of that namespace), drops what a command must not have and
+// then execs ARGV.
 //
-// The package is the whole of the sandbox-exec-shim binary, which every
-// command pays to start: it must stay small and import nothing of the
-// module (go list -deps ./cmd/sandbox-exec-shim).
+// The package owns what hardening means: the kept capabilities and the
+// seccomp rules are tables below, and the per-architecture system call
+// numbers are in archtables.go, so they can be audited line by line against
+// §6.2. Two programs enforce them. The installed sandbox-exec-shim is
+// freestanding C (cmd/sandbox-exec-shim/shim.c), because every command pays
+// its start and a Go runtime costs about 1 ms of it; it writes no rule of
+// its own but includes harden.h, which CHeader renders from these tables
+// (go generate ./nsholder/shim; TestCHeaderIsCurrent fails when the
+// committed header is stale). Run is the same in Go: the fallback,
+// `sandbox-supervisor nsholder shim -- ARGV...`, when the C shim is not
+// installed next to the supervisor. The behaviour tests run both.
+//
+// It must never let a command run unhardened (any failure: one line and
+// exit 126), and Run must not allocate after the filter is on.
 package shim
 
 import (
@@ -21,6 +29,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -158,10 +167,6 @@ type seccompArch struct {
 	Absent map[string]bool
 }
 
-// nativeSeccompArch is set by harden_<arch>.go; nil on an architecture
-// without a table, where hardening fails closed.
-var nativeSeccompArch *seccompArch
-
 // Offsets into struct seccomp_data { int nr; u32 arch; u64 ip; u64 args[6]; }.
 const (
 	seccompDataNr   = 0
@@ -182,13 +187,29 @@ type bpfAsm struct {
 	insns  []unix.SockFilter
 	jumps  map[int][2]string // instruction index → (true, false) labels; "" is the next instruction
 	labels map[string]int
+	notes  map[int]string // instruction index → what it tests (comments of the C header)
 }
 
 func newBPFAsm() *bpfAsm {
-	return &bpfAsm{jumps: map[int][2]string{}, labels: map[string]int{}}
+	return &bpfAsm{jumps: map[int][2]string{}, labels: map[string]int{}, notes: map[int]string{}}
 }
 
 func (a *bpfAsm) label(name string) { a.labels[name] = len(a.insns) }
+
+// note annotates the last instruction emitted.
+func (a *bpfAsm) note(s string) { a.notes[len(a.insns)-1] = s }
+
+// labelAt returns the labels of instruction i, sorted.
+func (a *bpfAsm) labelAt(i int) []string {
+	var ls []string
+	for l, at := range a.labels {
+		if at == i {
+			ls = append(ls, l)
+		}
+	}
+	sort.Strings(ls)
+	return ls
+}
 
 func (a *bpfAsm) stmt(code uint16, k uint32) {
 	a.insns = append(a.insns, unix.SockFilter{Code: code, K: k})
@@ -248,8 +269,15 @@ func (a *bpfAsm) assemble() ([]unix.SockFilter, error) {
 //	nr == mknod(at) && mode&S_IFMT ∈ {S_IFCHR, S_IFBLK} → ERRNO(EPERM)
 //	otherwise                          → ALLOW
 func buildSeccompFilter(arch *seccompArch) ([]unix.SockFilter, error) {
+	prog, _, err := compileSeccomp(arch)
+	return prog, err
+}
+
+// compileSeccomp is buildSeccompFilter that also returns, per instruction,
+// its labels and what it tests, for the comments of the C header.
+func compileSeccomp(arch *seccompArch) ([]unix.SockFilter, []string, error) {
 	if arch == nil {
-		return nil, fmt.Errorf("no seccomp table for architecture %s", runtime.GOARCH)
+		return nil, nil, fmt.Errorf("no seccomp table for architecture %s", runtime.GOARCH)
 	}
 	// Arguments are u64; their low 32 bits are the first word on the
 	// little-endian architectures with a table (amd64, arm64).
@@ -257,11 +285,15 @@ func buildSeccompFilter(arch *seccompArch) ([]unix.SockFilter, error) {
 
 	a := newBPFAsm()
 	a.loadWord(seccompDataArch)
+	a.note("seccomp_data.arch")
 	a.jeq(arch.Audit, "", "kill")
+	a.note("AUDIT_ARCH of " + arch.Name)
 	a.loadWord(seccompDataNr)
+	a.note("seccomp_data.nr")
 	if arch.X32Bit != 0 {
 		// nr -1 (a tracer skipping a call) is not x32; let it through to ENOSYS.
 		a.jset(arch.X32Bit, "x32", "")
+		a.note("x32 ABI bit")
 	}
 	type argBlock struct {
 		label string
@@ -274,7 +306,7 @@ func buildSeccompFilter(arch *seccompArch) ([]unix.SockFilter, error) {
 			if arch.Absent[r.Name] {
 				continue
 			}
-			return nil, fmt.Errorf("seccomp table for %s lacks %s", arch.Name, r.Name)
+			return nil, nil, fmt.Errorf("seccomp table for %s lacks %s", arch.Name, r.Name)
 		}
 		switch r.Action {
 		case actEPERM:
@@ -286,25 +318,32 @@ func buildSeccompFilter(arch *seccompArch) ([]unix.SockFilter, error) {
 			a.jeq(nr, l, "")
 			blocks = append(blocks, argBlock{l, r})
 		default:
-			return nil, fmt.Errorf("seccomp rule %s: unknown action %d", r.Name, r.Action)
+			return nil, nil, fmt.Errorf("seccomp rule %s: unknown action %d", r.Name, r.Action)
 		}
+		a.note(r.Name)
 	}
 	a.ret(retAllow)
 	for _, b := range blocks {
 		a.label(b.label)
 		a.loadWord(argLow(b.rule.Arg))
+		a.note(fmt.Sprintf("%s: low 32 bits of args[%d]", b.rule.Name, b.rule.Arg))
 		switch b.rule.Action {
 		case actEPERMIfNewNamespace:
 			a.jset(cloneNewNamespaceFlags, "eperm", "allow")
+			a.note("CLONE_NEW*")
 		case actEPERMIfDevice:
 			a.stmt(unix.BPF_ALU|unix.BPF_AND|unix.BPF_K, unix.S_IFMT)
+			a.note("S_IFMT")
 			a.jeq(unix.S_IFCHR, "eperm", "")
+			a.note("S_IFCHR")
 			a.jeq(unix.S_IFBLK, "eperm", "allow")
+			a.note("S_IFBLK")
 		}
 	}
 	if arch.X32Bit != 0 {
 		a.label("x32")
 		a.jeq(0xffffffff, "allow", "kill")
+		a.note("nr -1 (a tracer skipping a call)")
 	}
 	a.label("allow")
 	a.ret(retAllow)
@@ -314,7 +353,24 @@ func buildSeccompFilter(arch *seccompArch) ([]unix.SockFilter, error) {
 	a.ret(retENOSYS)
 	a.label("kill")
 	a.ret(retKillProcess)
-	return a.assemble()
+	prog, err := a.assemble()
+	if err != nil {
+		return nil, nil, err
+	}
+	notes := make([]string, len(prog))
+	for i := range prog {
+		n := strings.Join(a.labelAt(i), ", ")
+		switch {
+		case n == "":
+			n = a.notes[i]
+		case a.notes[i] == "":
+			n += ":"
+		default:
+			n += ": " + a.notes[i]
+		}
+		notes[i] = n
+	}
+	return prog, notes, nil
 }
 
 // Run is the shim's main: args are `-- ARGV...`. It marks every

@@ -133,11 +133,25 @@ func TestHardenFilterUnknownArchFailsClosed(t *testing.T) {
 	}
 }
 
+// TestHardenFilterTable runs the program of every architecture's table
+// (the C shim's header carries them all) through the interpreter; the
+// checks that need numbers of calls outside the tables run for the native
+// one only.
 func TestHardenFilterTable(t *testing.T) {
-	arch := nativeSeccompArch
-	if arch == nil {
-		t.Skipf("no seccomp table for %s (hardening fails closed there)", runtime.GOARCH)
+	if nativeSeccompArch == nil {
+		t.Logf("no seccomp table for %s (hardening fails closed there)", runtime.GOARCH)
 	}
+	goarchs := make([]string, 0, len(seccompArches))
+	for g := range seccompArches {
+		goarchs = append(goarchs, g)
+	}
+	sort.Strings(goarchs)
+	for _, g := range goarchs {
+		t.Run(g, func(t *testing.T) { testFilterTable(t, seccompArches[g], g == runtime.GOARCH) })
+	}
+}
+
+func testFilterTable(t *testing.T, arch *seccompArch, native bool) {
 	prog, err := buildSeccompFilter(arch)
 	if err != nil {
 		t.Fatal(err)
@@ -206,13 +220,16 @@ func TestHardenFilterTable(t *testing.T) {
 		check(fmt.Sprintf("mknod(mode %#o in arg2)", m.mode), seccompInput{nr: nr("mknod"), args: [6]uint64{0, 0o644, m.mode}}, retAllow)
 	}
 
-	// Ordinary calls pass.
+	// Ordinary calls pass (numbers of this machine's architecture).
 	for name, n := range map[string]uint32{
 		"read": unix.SYS_READ, "write": unix.SYS_WRITE, "openat": unix.SYS_OPENAT, "execve": unix.SYS_EXECVE,
 		"ptrace": unix.SYS_PTRACE, "renameat2": unix.SYS_RENAMEAT2,
 		"prctl": unix.SYS_PRCTL, "seccomp": unix.SYS_SECCOMP, "capset": unix.SYS_CAPSET, "wait4": unix.SYS_WAIT4,
 		"chown": unix.SYS_FCHOWNAT, "close_range": unix.SYS_CLOSE_RANGE, "pidfd_open": unix.SYS_PIDFD_OPEN,
 	} {
+		if !native {
+			break
+		}
 		check(name, seccompInput{nr: n, args: [6]uint64{unix.CLONE_NEWUSER, unix.S_IFCHR, unix.S_IFCHR}}, retAllow)
 	}
 	check("nr -1 (tracer skip)", seccompInput{nr: 0xffffffff}, retAllow)
@@ -276,17 +293,53 @@ func testBinary(t *testing.T) string {
 	return p
 }
 
+// execShim is one implementation of the exec shim under test: the C
+// sandbox-exec-shim (cmd/sandbox-exec-shim) or the Go Run (this test binary
+// with envShimTest, as `sandbox-supervisor nsholder shim` runs it). Both are
+// held to every behaviour test below.
+type execShim struct {
+	name string
+	path string
+	env  []string // added to the environment of the shim
+}
+
+// execShims returns both shims; the C one is built from its source (a
+// missing C compiler skips, or fails under ESBX_REQUIRE_ALL=1).
+func execShims(t *testing.T) []*execShim {
+	t.Helper()
+	return []*execShim{
+		{name: "go", path: testBinary(t), env: []string{envShimTest + "=1"}},
+		{name: "c", path: buildCShim(t)},
+	}
+}
+
+// buildCShim builds the C exec shim into a temporary directory with the
+// flags of the Makefile (cmd/sandbox-exec-shim/build.sh).
+func buildCShim(t *testing.T) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "sandbox-exec-shim")
+	cmd := exec.Command("sh", "../../cmd/sandbox-exec-shim/build.sh", out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		msg := fmt.Sprintf("cannot build the C exec shim: %v\n%s", err, b)
+		if os.Getenv("ESBX_REQUIRE_ALL") == "1" {
+			t.Fatal("ESBX_REQUIRE_ALL=1: " + msg)
+		}
+		t.Skip(msg)
+	}
+	return out
+}
+
 // inUserNS returns a command that runs argv in a fresh user+mount namespace
-// (as nsholder.NamespaceAttr makes them), through the shim when shim is set.
-func inUserNS(t *testing.T, shim bool, argv ...string) *exec.Cmd {
+// (as nsholder.NamespaceAttr makes them), through shim s when s is not nil.
+func inUserNS(t *testing.T, s *execShim, argv ...string) *exec.Cmd {
 	t.Helper()
 	requireUserNS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	var cmd *exec.Cmd
-	if shim {
-		cmd = exec.CommandContext(ctx, testBinary(t), append([]string{"--"}, argv...)...)
-		cmd.Env = append(os.Environ(), envShimTest+"=1")
+	if s != nil {
+		cmd = exec.CommandContext(ctx, s.path, append([]string{"--"}, argv...)...)
+		cmd.Env = append(os.Environ(), s.env...)
 	} else {
 		cmd = exec.CommandContext(ctx, argv[0], argv[1:]...)
 		cmd.Env = os.Environ()
@@ -322,12 +375,18 @@ func parseStatus(t *testing.T, s string) map[string]string {
 }
 
 func TestHardenStatusAfterExec(t *testing.T) {
+	for _, s := range execShims(t) {
+		t.Run(s.name, func(t *testing.T) { testHardenStatusAfterExec(t, s) })
+	}
+}
+
+func testHardenStatusAfterExec(t *testing.T, s *execShim) {
 	kept := fmt.Sprintf("%016x", keptCapMask())
 	for _, argv := range [][]string{
 		{"/bin/cat", "/proc/self/status"},                                           // the exec'd command itself
 		{"/bin/bash", "--noprofile", "--norc", "-c", "cat /proc/self/status; true"}, // a descendant after fork+exec
 	} {
-		out, code := runOut(t, inUserNS(t, true, argv...))
+		out, code := runOut(t, inUserNS(t, s, argv...))
 		if code != 0 {
 			t.Fatalf("%v: exit %d\n%s", argv, code, out)
 		}
@@ -349,6 +408,12 @@ func TestHardenStatusAfterExec(t *testing.T) {
 }
 
 func TestHardenShellDenials(t *testing.T) {
+	for _, s := range execShims(t) {
+		t.Run(s.name, func(t *testing.T) { testHardenShellDenials(t, s) })
+	}
+}
+
+func testHardenShellDenials(t *testing.T, s *execShim) {
 	dir := t.TempDir()
 	script := `
 mkdir -p "$D/x"
@@ -360,7 +425,7 @@ mknod "$D/null" c 1 3; echo "mknod-c rc=$?"
 mknod "$D/whiteout" c 0 0; echo "mknod-c00 rc=$?"
 mknod "$D/blk" b 7 0; echo "mknod-b rc=$?"
 `
-	cmd := inUserNS(t, true, "/bin/bash", "--noprofile", "--norc", "-c", script)
+	cmd := inUserNS(t, s, "/bin/bash", "--noprofile", "--norc", "-c", script)
 	cmd.Env = append(cmd.Env, "D="+dir, "LC_ALL=C")
 	out, code := runOut(t, cmd)
 	if code != 0 {
@@ -380,15 +445,15 @@ mknod "$D/blk" b 7 0; echo "mknod-b rc=$?"
 }
 
 // checkerResults runs hardenChecker inside a fresh user namespace, through
-// the shim or not, and returns name → "ok" or an errno name.
-func checkerResults(t *testing.T, shim bool) map[string]string {
+// shim s or (nil) none, and returns name → "ok" or an errno name.
+func checkerResults(t *testing.T, s *execShim) map[string]string {
 	t.Helper()
 	dir := t.TempDir()
-	cmd := inUserNS(t, shim, testBinary(t))
+	cmd := inUserNS(t, s, testBinary(t))
 	cmd.Env = append(cmd.Env, envChecker+"=1", envCheckDir+"="+dir)
 	out, code := runOut(t, cmd)
 	if code != 0 {
-		t.Fatalf("checker (shim=%v): exit %d\n%s", shim, code, out)
+		t.Fatalf("checker (shim %v): exit %d\n%s", s, code, out)
 	}
 	res := map[string]string{}
 	sc := bufio.NewScanner(strings.NewReader(out))
@@ -401,7 +466,13 @@ func checkerResults(t *testing.T, shim bool) map[string]string {
 }
 
 func TestHardenSyscallsFromGo(t *testing.T) {
-	got := checkerResults(t, true)
+	for _, s := range execShims(t) {
+		t.Run(s.name, func(t *testing.T) { testHardenSyscallsFromGo(t, s) })
+	}
+}
+
+func testHardenSyscallsFromGo(t *testing.T, s *execShim) {
+	got := checkerResults(t, s)
 	want := map[string]string{
 		"unshare(CLONE_NEWNS)":           "EPERM",
 		"unshare(CLONE_NEWUSER)":         "EPERM",
@@ -442,7 +513,7 @@ func TestHardenSyscallsFromGo(t *testing.T) {
 	// The same checker without the shim, in the same kind of namespace:
 	// these calls succeed or fail differently there, so the refusals above
 	// come from the filter and not merely from missing capabilities.
-	ctl := checkerResults(t, false)
+	ctl := checkerResults(t, nil)
 	for _, k := range []string{"mknodat(S_IFCHR 0:0)", "exec with CLONE_NEWUSER",
 		"exec with CLONE_NEWNS", "exec with CLONE_NEWPID", "exec with CLONE_NEWNET", "exec with CLONE_NEWUTS|NEWIPC",
 		"fsopen", "open_tree", "mount(tmpfs)", "unshare(CLONE_NEWNS)"} {
@@ -480,6 +551,12 @@ func TestHardenOrdinaryWork(t *testing.T) {
 			t.Skipf("%s not installed", tool)
 		}
 	}
+	for _, s := range execShims(t) {
+		t.Run(s.name, func(t *testing.T) { testHardenOrdinaryWork(t, s) })
+	}
+}
+
+func testHardenOrdinaryWork(t *testing.T, s *execShim) {
 	dir := t.TempDir()
 	script := `set -e
 cd "$D"
@@ -502,7 +579,7 @@ echo "$(echo cmdsubst ok)"
 if command -v strace >/dev/null; then strace -f -qq -o /dev/null /bin/true && echo "ptrace ok"; else echo "ptrace ok"; fi
 echo DONE
 `
-	cmd := inUserNS(t, true, "/bin/bash", "--noprofile", "--norc", "-c", script)
+	cmd := inUserNS(t, s, "/bin/bash", "--noprofile", "--norc", "-c", script)
 	cmd.Env = append(cmd.Env, "D="+dir, "LC_ALL=C")
 	out, code := runOut(t, cmd)
 	if code != 0 {
@@ -517,12 +594,18 @@ echo DONE
 }
 
 func TestHardenClosesInheritedDescriptors(t *testing.T) {
+	for _, s := range execShims(t) {
+		t.Run(s.name, func(t *testing.T) { testHardenClosesInheritedDescriptors(t, s) })
+	}
+}
+
+func testHardenClosesInheritedDescriptors(t *testing.T, s *execShim) {
 	f, err := os.Open(os.DevNull)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	cmd := inUserNS(t, true, "/bin/bash", "--noprofile", "--norc", "-c", `for i in 3 4 5 6 7 8; do [ -e /proc/$$/fd/$i ] && echo "open $i: $(readlink /proc/$$/fd/$i)"; done; echo END`)
+	cmd := inUserNS(t, s, "/bin/bash", "--noprofile", "--norc", "-c", `for i in 3 4 5 6 7 8; do [ -e /proc/$$/fd/$i ] && echo "open $i: $(readlink /proc/$$/fd/$i)"; done; echo END`)
 	cmd.ExtraFiles = []*os.File{f, f, f, f, f, f} // fds 3..8 in the shim
 	out, code := runOut(t, cmd)
 	if code != 0 {
@@ -535,14 +618,42 @@ func TestHardenClosesInheritedDescriptors(t *testing.T) {
 
 func TestHardenFailsClosed(t *testing.T) {
 	requireUserNS(t)
-	// Nonexistent command, missing "--": 126 with a one-line reason.
-	for _, argv := range [][]string{{"--", "/nonexistent/cmd"}, {"--", "no-such-command-xyz"}, {"/bin/true"}, {"--"}} {
-		cmd := inUserNS(t, false, testBinary(t))
-		cmd.Args = append([]string{cmd.Path}, argv...)
-		cmd.Env = append(cmd.Env, envShimTest+"=1")
+	for _, s := range execShims(t) {
+		t.Run(s.name, func(t *testing.T) { testHardenFailsClosed(t, s) })
+	}
+}
+
+func testHardenFailsClosed(t *testing.T, s *execShim) {
+	// Nonexistent command or directory, a command found only relative to
+	// the current directory, missing "--": 126 with a one-line reason.
+	rel := t.TempDir()
+	if err := os.WriteFile(filepath.Join(rel, "relcmd"), []byte("#!/bin/sh\necho SHOULD-NOT-RUN\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		argv []string
+		path string // PATH of the shim; "" keeps the test's
+	}{
+		{argv: []string{"--", "/nonexistent/cmd"}},
+		{argv: []string{"--", "no-such-command-xyz"}},
+		{argv: []string{"-C", "/nonexistent", "--", "/bin/true"}},
+		{argv: []string{"-C", rel, "--", "relcmd"}, path: "/nonexistent:"}, // an empty entry is "."
+		{argv: []string{"-C", rel, "--", "relcmd"}, path: "."},
+		{argv: []string{"/bin/true"}},
+		{argv: []string{"--"}},
+		{argv: []string{"--", ""}},
+		{argv: []string{"-C", "/"}},
+	} {
+		cmd := inUserNS(t, nil, s.path)
+		cmd.Args = append([]string{cmd.Path}, tc.argv...)
+		cmd.Env = append(cmd.Env, s.env...)
+		if tc.path != "" {
+			cmd.Env = append(cmd.Env, "PATH="+tc.path)
+		}
 		out, code := runOut(t, cmd)
-		if code != shimFailureExit || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.HasPrefix(out, "sandbox: ") {
-			t.Errorf("%v: exit %d, output %q; want 126 and one line", argv, code, out)
+		if code != shimFailureExit || strings.Count(strings.TrimSpace(out), "\n") != 0 ||
+			!strings.HasPrefix(out, "sandbox: cannot start command: ") || strings.Contains(out, "SHOULD-NOT-RUN") {
+			t.Errorf("%v (PATH %q): exit %d, output %q; want 126 and one line", tc.argv, tc.path, code, out)
 		}
 	}
 	// Without namespace privileges (as an ordinary user) hardening cannot
@@ -551,13 +662,33 @@ func TestHardenFailsClosed(t *testing.T) {
 		t.Log("running as root: skipping the unprivileged fail-closed case")
 		return
 	}
-	cmd := exec.Command(testBinary(t), "--", "/bin/echo", "SHOULD-NOT-RUN")
-	cmd.Env = append(os.Environ(), envShimTest+"=1")
+	cmd := exec.Command(s.path, "--", "/bin/echo", "SHOULD-NOT-RUN")
+	cmd.Env = append(os.Environ(), s.env...)
 	out, code := runOut(t, cmd)
 	if code != shimFailureExit || strings.Contains(out, "SHOULD-NOT-RUN") {
 		t.Fatalf("unprivileged shim: exit %d, output %q; want 126 without running the command", code, out)
 	}
 	t.Logf("unprivileged shim refused: %s", strings.TrimSpace(out))
+}
+
+// TestShimStartsCommand: -C DIR, the PATH lookup of a bare name, the
+// arguments and the environment reach the command unchanged.
+func TestShimStartsCommand(t *testing.T) {
+	requireUserNS(t)
+	for _, s := range execShims(t) {
+		t.Run(s.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cmd := inUserNS(t, nil, s.path)
+			cmd.Args = []string{cmd.Path, "-C", dir, "--", "sh", "-c", `echo "$0|$1|$ESBX_X"; pwd -P`, "a b", "c\nd"}
+			cmd.Env = append(cmd.Env, s.env...)
+			cmd.Env = append(cmd.Env, "ESBX_X=x=y", "PATH=/nonexistent::/usr/bin:/bin")
+			out, code := runOut(t, cmd)
+			real, _ := filepath.EvalSymlinks(dir)
+			if want := "a b|c\nd|x=y\n" + real + "\n"; code != 0 || out != want {
+				t.Errorf("exit %d, output %q; want %q", code, out, want)
+			}
+		})
+	}
 }
 
 // ---------------------------------------------------------------------------
