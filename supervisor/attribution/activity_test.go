@@ -91,7 +91,7 @@ func TestRangeAttribution(t *testing.T) {
 	}
 	rs := []writeRange{{cmd: "a", off: 0, end: 3}, {cmd: "b", off: 3, end: 6}, {cmd: "a", off: 6, end: 9}, {cmd: "c", off: 0, end: 1}}
 	for i, want := range []string{"c", "b", "a", ""} {
-		got, ok := rangeWriter(rs, spans[i])
+		got, ok := rangeWriter(rs, spans[i], false)
 		if got != want || ok != (want != "") {
 			t.Errorf("line %d: %q %v, want %q", i+1, got, ok, want)
 		}

@@ -529,8 +529,12 @@ func (cp *checkpointer) visit(p string) {
 		} else {
 			lines[i] = cp.line
 		}
+		// A kept line that was a guess goes to a range written to this
+		// path since (a second writer's records arrived after the first
+		// release); a range moved here by a rename covers the whole copy,
+		// kept lines included, and so credits new lines only.
 		if (!kept || lines[i].Guess) && len(rs) > 0 && i < len(spans) {
-			if cmd, ok := rangeWriter(rs, spans[i]); ok {
+			if cmd, ok := rangeWriter(rs, spans[i], kept); ok {
 				// The ranges are of the session the checkpoint credits (a
 				// fork's first checkpoint: its source's).
 				lines[i] = ckLine{Cmd: cmd, TS: cp.ts, Sess: cp.line.Sess, Agent: cp.line.Agent}

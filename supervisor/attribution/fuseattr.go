@@ -40,6 +40,11 @@ const (
 type writeRange struct {
 	cmd      string
 	off, end int64
+	// moved: written to another path that was then renamed onto this one
+	// (a save through a temporary file). Such a range says who wrote the
+	// bytes of the copy, not who first wrote a line the diff keeps, so it
+	// credits new lines only (checkpointer.visit).
+	moved bool
 }
 
 // fuseAttr is a FUSE session's pending write ranges.
@@ -98,6 +103,9 @@ func (fa *fuseAttr) move(from, to string) {
 	defer fa.mu.Unlock()
 	if rs, ok := fa.ranges[from]; ok {
 		delete(fa.ranges, from)
+		for i := range rs {
+			rs[i].moved = true
+		}
 		fa.ranges[to] = rs // the destination's content is now the source's
 	}
 }
@@ -108,10 +116,14 @@ func (fa *fuseAttr) drop(p string) {
 	fa.mu.Unlock()
 }
 
-// rangeWriter returns the writer of the latest range overlapping span.
-func rangeWriter(rs []writeRange, span [2]int64) (string, bool) {
+// rangeWriter returns the writer of the latest range overlapping span;
+// inPlace considers only ranges written to the path itself (not moved).
+func rangeWriter(rs []writeRange, span [2]int64, inPlace bool) (string, bool) {
 	for i := len(rs) - 1; i >= 0; i-- {
 		r := rs[i]
+		if inPlace && r.moved {
+			continue
+		}
 		if r.off < span[1] && span[0] < r.end {
 			return r.cmd, r.cmd != ""
 		}
