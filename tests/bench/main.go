@@ -534,6 +534,10 @@ func runGit(repo string, args ...string) error {
 
 // ---------------------------------------------------------------- part 2
 
+// settleAfterCase is the pause after each timed case of the round-trip
+// section, longer than the background work an implicit session leaves.
+const settleAfterCase = 40 * time.Millisecond
+
 func (b *bench) execRoundTrip() {
 	n := b.cfg.reps * 6
 	proj := filepath.Join(b.root, "small")
@@ -603,6 +607,12 @@ func (b *bench) execRoundTrip() {
 			if i > 0 {
 				m.ds = append(m.ds, d)
 			}
+			// Each case is timed on an idle machine: an implicit session
+			// ends its holder and removes its directory after the reply
+			// (about 4 ms of CPU), which would otherwise land on the next
+			// case (bash, bwrap) and flatter the ratios against them. That
+			// work is a throughput cost; section 8 measures throughput.
+			time.Sleep(settleAfterCase)
 		}
 	}
 	b.destroySession(sbx, ws)
