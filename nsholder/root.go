@@ -686,3 +686,19 @@ func loopbackUp() error {
 	}
 	return nil
 }
+
+// ExecShimName is the exec shim's file name, installed next to
+// sandbox-supervisor.
+const ExecShimName = "sandbox-exec-shim"
+
+// ExecShimNextTo returns the exec shim installed next to the supervisor
+// binary self, or "" when there is no executable one: commands then start
+// through `self nsholder shim` (the Go shim, about 1.3 ms more per
+// command), and an image sandbox cannot run commands (Config.Shim).
+func ExecShimNextTo(self string) string {
+	p := filepath.Join(filepath.Dir(self), ExecShimName)
+	if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() || unix.Access(p, unix.R_OK|unix.X_OK) != nil {
+		return ""
+	}
+	return p
+}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
+	"github.com/ephemeral-ai-lab/sandbox/nsholder"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/doctor"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/images"
@@ -153,7 +154,7 @@ func Serve(ctx context.Context, opt Options) error {
 	s.admission = workspace.NewAdmission(cfg, s.allSandboxes)
 	s.exporter = &sbx.Exporter[*occupants]{Reg: s.sandboxes, Log: log}
 	s.obs = newObsRegistry(cfg, dirs.Data, log, s.ids) // stores are created on first append
-	s.shimPath = execShim(self)
+	s.shimPath = nsholder.ExecShimNextTo(self)
 	s.probes = doctor.RunProbes(ctx, self, dirs.Data, log)
 	if err := s.openImages(ctx); err != nil {
 		return err
@@ -468,15 +469,4 @@ func (s *Supervisor) serveConn(ctx context.Context, conn net.Conn, tcp bool) {
 	defer s.active.Add(-1)
 	w.Final(s.mux.Serve(line, rpc.Origin{TCP: tcp, Progress: w.Progress,
 		Conn: func() (context.Context, func()) { return rpc.WatchHangup(ctx, conn) }}))
-}
-
-// execShim returns the sandbox-exec-shim binary installed next to self, or
-// "" when there is no executable one (holders then exec commands through
-// `self nsholder shim`).
-func execShim(self string) string {
-	p := filepath.Join(filepath.Dir(self), "sandbox-exec-shim")
-	if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() || unix.Access(p, unix.R_OK|unix.X_OK) != nil {
-		return ""
-	}
-	return p
 }

@@ -213,7 +213,7 @@ func TestDoctorJSONShape(t *testing.T) {
 		}
 		ids = append(ids, c["id"].(string))
 	}
-	want := "userns kernel_overlay fuse_device fuse_overlay subid cgroup_delegation docker systemd_user net_helper net_tun"
+	want := "userns kernel_overlay fuse_device fuse_overlay subid cgroup_delegation docker systemd_user net_helper net_tun exec_shim"
 	if strings.Join(ids, " ") != want {
 		t.Errorf("ids = %v, want %s", ids, want)
 	}
@@ -299,6 +299,44 @@ func TestDoctorNetwork(t *testing.T) {
 			}
 			if !r.OK {
 				t.Errorf("optional network checks failed the report: %+v", r)
+			}
+		})
+	}
+}
+
+// TestDoctorExecShim: the exec shim next to the supervisor is found when it
+// is an executable file; a missing or non-executable one is reported, not
+// required, with the command that builds it.
+func TestDoctorExecShim(t *testing.T) {
+	cases := []struct {
+		name string
+		mode os.FileMode // 0: no file
+		ok   bool
+	}{
+		{"installed", 0o755, true},
+		{"missing", 0, false},
+		{"not executable", 0o644, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			opt := doctorOptions(t, probeOK)
+			dir := t.TempDir()
+			opt.Self = filepath.Join(dir, "sandbox-supervisor")
+			if tc.mode != 0 {
+				if err := os.WriteFile(filepath.Join(dir, nsholder.ExecShimName), []byte("#!/bin/sh\n"), tc.mode); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := Run(context.Background(), opt)
+			c := r.Check("exec_shim")
+			if c.ID != "exec_shim" || c.Required || c.OK != tc.ok {
+				t.Fatalf("check = %+v, want ok %v, not required", c, tc.ok)
+			}
+			if !tc.ok && (!strings.Contains(c.Fix, "build.sh "+filepath.Join(dir, nsholder.ExecShimName)) || !strings.Contains(c.Detail, "Docker image")) {
+				t.Fatalf("fix/detail do not say how: %+v", c)
+			}
+			if !r.OK {
+				t.Fatalf("a missing shim failed the report: %+v", r)
 			}
 		})
 	}
