@@ -12,8 +12,13 @@ package nsholder
 //   - fuse: writes through file descriptors reach the server, and with it
 //     the upper, before write(2) returns (no writeback cache), but stores
 //     through a shared writable mapping stay dirty pages of the FUSE mount
-//     until writeback; syncfs(2) of /workspace writes them back through the
-//     server, and the overlay's buffered provenance records are passed on.
+//     until writeback. syncfs(2) is not enough: the kernel does not wait in
+//     sync for FUSE writeback that someone else started (the flusher, under
+//     dirty-page pressure on the host), and newer kernels do not wait for
+//     FUSE writeback in sync at all. fsync(2) does wait (fuse_fsync waits
+//     for every write of the inode), so every /workspace file a session
+//     process maps shared is fsynced (flushMappings), then syncfs catches
+//     the rest, and the overlay's buffered provenance records are passed on.
 //   - kernel: OverlayFS hands reads, writes and mappings of a copied-up
 //     file to the upper file itself, so the session's data are pages of
 //     the upper's own inodes, which a host reader shares: nothing to flush.
@@ -31,10 +36,14 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ephemeral-ai-lab/sandbox/internal/beneath"
 )
 
 // freezeLimit is how long a freeze lasts at most without a Thaw.
@@ -170,11 +179,56 @@ func (s *server) freeze(req *freezeHeader) error {
 		z.expired = true
 	})
 	if fm := s.root.fuse; fm != nil {
+		if err := s.flushMappings(); err != nil {
+			z.end()
+			return fmt.Errorf("freeze: %w", err)
+		}
 		if err := unix.Syncfs(int(s.root.workspace.Fd())); err != nil {
 			z.end()
 			return fmt.Errorf("freeze: flush /workspace: %w", err)
 		}
 		fm.flush()
+	}
+	return nil
+}
+
+// flushMappings fsyncs every /workspace file that a session process maps
+// shared (from /proc/<pid>/maps), which waits until the server has written
+// its dirty pages to the upper. A mapped file deleted since has no name to
+// open and nothing to keep in the upper; one renamed is listed under its
+// new name. Caller holds wsMu (no holder file operation in flight).
+func (s *server) flushMappings() error {
+	seen := map[string]bool{}
+	for _, p := range listProcs() {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/maps")
+		if err != nil {
+			continue // gone
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			// address perms offset dev inode path; the path may hold spaces.
+			f := strings.Fields(line)
+			if len(f) < 6 || len(f[1]) < 4 || f[1][3] != 's' {
+				continue
+			}
+			rel, ok := strings.CutPrefix(strings.Join(f[5:], " "), "/workspace/")
+			if ok && !strings.HasSuffix(rel, " (deleted)") {
+				seen[rel] = true
+			}
+		}
+	}
+	for rel := range seen {
+		fd, err := beneath.Open(int(s.root.workspace.Fd()), rel, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
+		if err != nil {
+			continue // gone or not a plain path beneath /workspace
+		}
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+			err = unix.Fsync(fd)
+		}
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("flush the mapping of /workspace/%s: %w", rel, err)
+		}
 	}
 	return nil
 }

@@ -339,3 +339,69 @@ func TestSwapUpperHolder(t *testing.T) {
 		})
 	}
 }
+
+// writebackRacer keeps storing into every page of /workspace/mw.bin through
+// a shared mapping, all 'a' then all 'b' and so on, while a child process
+// keeps starting the writeback of those pages (sync_file_range
+// SYNC_FILE_RANGE_WRITE, as the kernel's flusher does when dirty pages
+// pile up on the host). syncfs(2) does not wait for FUSE writeback that
+// someone else started (the kernel skips FUSE inodes in sync's wait; newer
+// kernels do not wait for FUSE writeback at all), so at any moment some
+// of the newest stores may be on their way to the server only.
+const writebackRacer = `case $(uname -m) in aarch64) sfr=84;; *) sfr=277;; esac; ` +
+	`exec perl -e 'open(my $f, "+<", "/workspace/mw.bin") or die "open: $!"; my $n = -s $f; ` +
+	`my $a = syscall(9, 0, $n, 3, 1, fileno($f), 0); die "mmap: $!" if $a == -1; ` +
+	`for my $c ("a", "b") { open(my $s, ">", "/tmp/$c") or die "src: $!"; print $s ($c x $n); close($s) } ` +
+	`if (fork() == 0) { while (1) { syscall($ARGV[0], fileno($f), 0, 0, 2) } } ` +
+	`open(my $r, ">", "/workspace/mw-ready") or die; close($r); ` +
+	`for (my $i = 0; ; $i++) { open(my $s, "<", "/tmp/" . ("a", "b")[$i % 2]) or die "src: $!"; my $got = 0; ` +
+	`while ($got < $n) { my $r = syscall(0, fileno($s), $a + $got, $n - $got); die "read: $!" if $r <= 0; $got += $r } close($s) }' $sfr`
+
+// TestFreezeWaitsForWriteback: after Freeze returns, the FUSE session's
+// upper holds exactly what its processes see in /workspace, also when
+// the writeback of their mapped stores was started by someone else and
+// is still under way at the freeze. Several freezes are taken while the
+// racer runs; each compares the upper file on the host with the file read
+// through the session's mount.
+func TestFreezeWaitsForWriteback(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/perl"); err != nil {
+		t.Skipf("no perl for the mapping writer: %v", err)
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skipf("no FUSE here: %v", err)
+	}
+	const size = 4 << 20
+	f := newFixture(t)
+	must(t, os.WriteFile(filepath.Join(f.upper, "mw.bin"), make([]byte, size), 0o644))
+	cfg := f.config("sess-writeback")
+	cfg.Overlay = OverlayFuse
+	s := startSession(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s.spawnIn("/", "cmd-racer", writebackRacer)
+	waitFile(t, filepath.Join(f.upper, "mw-ready"))
+	for i := range 20 {
+		time.Sleep(20 * time.Millisecond)
+		must(t, s.h.Freeze(ctx, 0))
+		upper, err := os.ReadFile(filepath.Join(f.upper, "mw.bin"))
+		must(t, err)
+		view, _, err := s.h.ReadFile(ctx, "mw.bin", size+1)
+		must(t, err)
+		if n := diffBytes(string(upper), string(view)); n != 0 {
+			t.Fatalf("freeze %d: the upper differs from the session's view in %d of %d bytes: the freeze returned before the writeback", i, n, len(view))
+		}
+		must(t, s.h.Thaw(ctx))
+	}
+}
+
+// diffBytes counts the positions where a and b differ, and the length
+// difference.
+func diffBytes(a, b string) int {
+	n := max(len(a), len(b)) - min(len(a), len(b))
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			n++
+		}
+	}
+	return n
+}
