@@ -144,6 +144,13 @@ func (s *attrGlue) captureActivity(ctx context.Context, sb *sandbox, ss *session
 	s.recordActivity(ctx, sb, ss.Attr.CaptureActivity(ctx, s.workspace(sb, ss), cmd, requestID, source, paths...))
 }
 
+// kernelCommandEnd checkpoints a kernel session at a command's end and
+// records its file activity, from one walk of the upper dir
+// (attribution.Tracker.CommandEnd).
+func (s *attrGlue) kernelCommandEnd(ctx context.Context, sb *sandbox, ss *session, commandID string, approximate bool) {
+	s.recordActivity(ctx, sb, ss.Attr.CommandEnd(ctx, s.workspace(sb, ss), commandID, approximate, s.activityEnabled()))
+}
+
 // fileOpActivity records a session file operation (file_write, file_edit)
 // with its request_id: for the kernel driver through capture of the one
 // path, for the FUSE driver directly (the holder's own writes are not
@@ -227,12 +234,8 @@ func (h sessionHooks) FuseCommandEnd(sb *sandbox, ss *session, cmd string) {
 	h.s.glue.fuseCommandEnd(sb, ss, cmd)
 }
 
-func (h sessionHooks) CheckpointSession(ctx context.Context, sb *sandbox, ss *session, commandID string, approximate bool, paths ...string) {
-	h.s.glue.checkpointSession(ctx, sb, ss, commandID, approximate, paths...)
-}
-
-func (h sessionHooks) CaptureActivity(ctx context.Context, sb *sandbox, ss *session, cmd, requestID, source string, paths ...string) {
-	h.s.glue.captureActivity(ctx, sb, ss, cmd, requestID, source, paths...)
+func (h sessionHooks) KernelCommandEnd(ctx context.Context, sb *sandbox, ss *session, commandID string, approximate bool) {
+	h.s.glue.kernelCommandEnd(ctx, sb, ss, commandID, approximate)
 }
 
 func (h sessionHooks) FinalizeImplicit(ctx context.Context, sb *sandbox, ss *session, drain *command) map[string]any {

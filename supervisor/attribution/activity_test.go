@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -98,5 +100,68 @@ func TestRangeAttribution(t *testing.T) {
 	}
 	if got := fmt.Sprint(lineSpans([]byte("a\rb\r\nc"))); got != "[[0 2] [2 5] [5 6]]" {
 		t.Errorf("lone CR and CRLF: spans %v", got)
+	}
+}
+
+// TestCommandEndWalksOnce: a kernel session's command end checkpoints and
+// captures file activity from one walk of the upper dir, and gets both
+// right from it: the new file is credited to the command and reported
+// created, the file below the FUSE staging directory is neither. A command
+// that changed nothing leaves the capture state file as it was, and a
+// capture state rewritten underneath (a sync, a fork) is read again.
+func TestCommandEndWalksOnce(t *testing.T) {
+	a := testAudit(t, map[string]string{"kept.txt": "k\n"})
+	w, tr := testSession(t, a)
+	ctx := context.Background()
+	upperWrite(t, w, "src/new.txt", "one\ntwo\n")
+	upperWrite(t, w, fuseStagingDir+"/tmp1", "staged\n")
+
+	recs := tr.CommandEnd(ctx, w, "cmd-1", false, true)
+	if got := tr.walks.Load(); got != 1 {
+		t.Fatalf("command end walked the upper dir %d times, want 1", got)
+	}
+	var got []string
+	for _, r := range recs {
+		got = append(got, r.Op+" "+r.Path)
+	}
+	if want := []string{"mkdir src", "create src/new.txt"}; !slices.Equal(got, want) {
+		t.Fatalf("activity of the command: %q, want %q", got, want)
+	}
+	if got := cmdsOf(tr.LineOwners(w, "src/new.txt", []byte("one\ntwo\n"))); got != "cmd-1,cmd-1" {
+		t.Fatalf("owners of the new file: %s", got)
+	}
+
+	// Nothing changed: no record, and the state file is not rewritten.
+	state := filepath.Join(w.Dir, activityStateName)
+	before, ok := identityOfFile(state)
+	if !ok {
+		t.Fatal("no capture state after the first command")
+	}
+	if recs := tr.CommandEnd(ctx, w, "cmd-2", false, true); len(recs) != 0 {
+		t.Fatalf("a no-op command has activity: %+v", recs)
+	}
+	if after, _ := identityOfFile(state); after != before {
+		t.Fatalf("a no-op command rewrote the capture state (%+v → %+v)", before, after)
+	}
+	if got := tr.walks.Load(); got != 2 {
+		t.Fatalf("two command ends walked the upper dir %d times, want 2", got)
+	}
+
+	// The state is replaced underneath (as a sync does): the cache is not
+	// used, so the forgotten file is reported again.
+	if err := writeFileAtomic(state, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	recs = tr.CommandEnd(ctx, w, "cmd-3", false, true)
+	got = got[:0]
+	for _, r := range recs {
+		got = append(got, r.Op+" "+r.Path)
+	}
+	if want := []string{"mkdir src", "create src/new.txt"}; !slices.Equal(got, want) {
+		t.Fatalf("activity after the state was replaced: %q, want %q", got, want)
+	}
+	// Without activity only the checkpoint runs.
+	if recs := tr.CommandEnd(ctx, w, "cmd-4", false, false); recs != nil {
+		t.Fatalf("command end without activity returned records: %+v", recs)
 	}
 }

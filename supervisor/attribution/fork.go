@@ -128,7 +128,7 @@ func (t *Tracker) Fork(ctx context.Context, from Workspace, running []string, to
 	if len(running) == 1 {
 		line.Cmd = running[0]
 	}
-	to.checkpointWith(ctx, into, line, ranges, false)
+	to.checkpointWith(ctx, into, line, ranges, false, nil)
 	// The fork's file activity starts from the copy: its first capture
 	// reports only what the fork changes.
 	to.actMu.Lock()

@@ -260,7 +260,7 @@ func (t *Tracker) fuseCheckpointSave(ctx context.Context, w Workspace, cmd strin
 		}
 		return
 	}
-	t.checkpointWith(ctx, w, ckLine{Cmd: cmd, Guess: true}, ranges, deferIndex, paths...)
+	t.checkpointWith(ctx, w, ckLine{Cmd: cmd, Guess: true}, ranges, deferIndex, nil, paths...)
 }
 
 // FuseCommandEnd is the command-end checkpoint of a FUSE session: the

@@ -161,7 +161,7 @@ func (t *Tracker) syncActivity(ctx context.Context, w Workspace, root *layers.Ro
 		return // never captured (FUSE sessions, no commands yet)
 	}
 	prev := loadUpperState(w.Dir)
-	cur := walkUpper(ctx, root)
+	cur := t.walkUpper(ctx, root)
 	if ctx.Err() != nil {
 		return
 	}

@@ -495,10 +495,10 @@ func CountRunning(sbs []*Sandbox) (total int) {
 type SessionHooks interface {
 	// FuseCommandEnd checkpoints the files a FUSE session's command wrote.
 	FuseCommandEnd(sb *Sandbox, ss *Session, cmd string)
-	// CheckpointSession credits what changed in ss to commandID.
-	CheckpointSession(ctx context.Context, sb *Sandbox, ss *Session, commandID string, approximate bool, paths ...string)
-	// CaptureActivity records the file activity of ss since the last capture.
-	CaptureActivity(ctx context.Context, sb *Sandbox, ss *Session, cmd, requestID, source string, paths ...string)
+	// KernelCommandEnd credits what changed in ss (kernel driver) to
+	// commandID, approximately when others ran meanwhile, and records the
+	// file activity of ss since the last capture.
+	KernelCommandEnd(ctx context.Context, sb *Sandbox, ss *Session, commandID string, approximate bool)
 	// FinalizeImplicit publishes an implicit session and destroys it.
 	FinalizeImplicit(ctx context.Context, sb *Sandbox, ss *Session, drain *Command) map[string]any
 }
@@ -544,8 +544,7 @@ func (m *Commands) done(sb *Sandbox, ss *Session, cmd *Command) {
 	} else {
 		// Kernel driver attribution (§11.3): what changed is credited to the
 		// command that ended, approximately when others ran meanwhile.
-		m.Attr.CheckpointSession(context.Background(), sb, ss, cmd.Rec.CommandSessionID, others > 0)
-		m.Attr.CaptureActivity(context.Background(), sb, ss, cmd.Rec.CommandSessionID, "", "capture")
+		m.Attr.KernelCommandEnd(context.Background(), sb, ss, cmd.Rec.CommandSessionID, others > 0)
 	}
 	if !drained {
 		m.Finish(sb, cmd, "", nil)
