@@ -24,9 +24,11 @@ import (
 )
 
 // Session checkpoints (§11.3). sessions/<id>/attribution/ holds, per changed
-// text file of the session's upper dir, <key>.json (per-line writers and
-// the content digest) and <key>.txt (the content, the next checkpoint's
-// diff base), where key is derived from the path; index.json maps every
+// text file of the session's upper dir, a record of per-line writers and
+// the content digest, with the content (the next checkpoint's diff base):
+// in the pack of the checkpoint pass that stored it (pack.go), or, for a
+// sync's merges and sessions of older versions, as <key>.json and
+// <key>.txt, where key is derived from the path; index.json maps every
 // path seen to its stat identity and state, so unchanged files cost one
 // lstat. At most attrMaxFiles checkpoints and attrMaxBytes of content copies
 // per session; beyond, a file has no checkpoint and its lines fall back to
@@ -40,7 +42,7 @@ const (
 
 // Index entry states.
 const (
-	ckStored  = "checkpoint" // <key>.json and <key>.txt exist
+	ckStored  = "checkpoint" // a record in a pack, or <key>.json and <key>.txt
 	ckBase    = "base"       // content equal to the base's: nothing to attribute
 	ckNonText = "non_text"   // not attributed line by line
 	ckOver    = "over_limit" // no room left in the session's budget
@@ -54,8 +56,12 @@ type ckIdentity struct {
 }
 
 type ckEntry struct {
-	State  string `json:"state"`
-	Key    string `json:"key,omitempty"`
+	State string `json:"state"`
+	Key   string `json:"key,omitempty"`
+	// Pack and Off locate the record of a checkpoint stored in a pack
+	// (Key is then "").
+	Pack   string `json:"pack,omitempty"`
+	Off    int64  `json:"off,omitempty"`
 	Digest string `json:"digest"`
 	Bytes  int64  `json:"bytes,omitempty"` // size of the stored content copy
 	// Sess and Agent, in a fork, name the session that wrote the stored
@@ -228,6 +234,7 @@ func (t *Tracker) saveIndex(dir string, idx *ckIndex) error {
 	if err != nil {
 		return err
 	}
+	gcPacks(dir, idx)
 	if st, serr := os.Stat(filepath.Join(dir, attrIndexName)); serr == nil {
 		t.idxMod, t.idxSize = st.ModTime(), st.Size()
 		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
@@ -251,6 +258,13 @@ func loadIndex(dir string) *ckIndex {
 		idx = &ckIndex{V: 1, Files: map[string]*ckEntry{}}
 	}
 	ents, _ := os.ReadDir(dir)
+	var packs []string
+	for _, de := range ents {
+		if isPackName(de.Name()) {
+			packs = append(packs, de.Name())
+		}
+	}
+	loadPacks(dir, packs, idx)
 	for _, de := range ents {
 		name := de.Name()
 		if !strings.HasSuffix(name, ".json") || name == attrIndexName {
@@ -321,6 +335,30 @@ func (cp *checkpointer) put(p string, e *ckEntry) {
 
 // loadCheckpoint reads a stored checkpoint: its lines and content copy.
 func loadCheckpoint(dir string, e *ckEntry) ([]ckLine, []byte, bool) {
+	return loadCheckpointFrom(dir, e, nil)
+}
+
+// loadCheckpointFrom is loadCheckpoint, reading a record of the pack pw
+// is filling (not written yet) from pw.
+func loadCheckpointFrom(dir string, e *ckEntry, pw *packWriter) ([]ckLine, []byte, bool) {
+	if e != nil && e.State == ckStored && e.Pack != "" {
+		var f ckFile
+		var content []byte
+		var err error
+		if r, ok := pw.pending(e.Pack, e.Off); ok {
+			f, content, err = readRecord(r, e.Off)
+		} else {
+			f, content, err = readPacked(dir, e)
+		}
+		if err != nil {
+			return nil, nil, false
+		}
+		lines := entryLines(e, f)
+		if ContentDigest(content) != f.Digest || len(lines) != len(TextLines(content)) {
+			return nil, nil, false
+		}
+		return lines, content, true
+	}
 	lines, digest, ok := loadCheckpointLines(dir, e)
 	if !ok {
 		return nil, nil, false
@@ -333,19 +371,33 @@ func loadCheckpoint(dir string, e *ckEntry) ([]ckLine, []byte, bool) {
 }
 
 // loadCheckpointLines reads a stored checkpoint's lines and the digest of
-// the content they describe, without the content copy.
+// the content they describe, without the content copy (of a key file
+// checkpoint; a pack record is read whole).
 func loadCheckpointLines(dir string, e *ckEntry) ([]ckLine, string, bool) {
 	if e == nil || e.State != ckStored {
 		return nil, "", false
+	}
+	var f ckFile
+	if e.Pack != "" {
+		var err error
+		if f, _, err = readPacked(dir, e); err != nil {
+			return nil, "", false
+		}
+		return entryLines(e, f), f.Digest, true
 	}
 	b, err := os.ReadFile(filepath.Join(dir, e.Key+".json"))
 	if err != nil {
 		return nil, "", false
 	}
-	var f ckFile
 	if json.Unmarshal(b, &f) != nil {
 		return nil, "", false
 	}
+	return entryLines(e, f), f.Digest, true
+}
+
+// entryLines are the lines of a stored checkpoint f of entry e: lines
+// that name no session are e's session's (a fork's inherited entry).
+func entryLines(e *ckEntry, f ckFile) []ckLine {
 	lines := decodeRuns(f.Lines)
 	if e.Sess != "" {
 		for i := range lines {
@@ -354,7 +406,7 @@ func loadCheckpointLines(dir string, e *ckEntry) ([]ckLine, string, bool) {
 			}
 		}
 	}
-	return lines, f.Digest, true
+	return lines
 }
 
 func dropCheckpoint(dir string, e *ckEntry) {
@@ -436,7 +488,7 @@ func (t *Tracker) checkpointWith(ctx context.Context, w Workspace, line ckLine, 
 	}
 	defer root.Close()
 	cp := &checkpointer{log: w.Log, idx: t.cachedIndex(dir), dir: dir, root: root, base: w.Base,
-		ts: now3339(), line: line, ranges: ranges}
+		ts: now3339(), line: line, ranges: ranges, pack: packWriter{dir: dir}}
 	cp.line.TS = cp.ts
 	if len(paths) > 0 {
 		for _, p := range paths {
@@ -468,6 +520,7 @@ func (t *Tracker) checkpointWith(ctx context.Context, w Workspace, line ckLine, 
 			}
 		}
 	}
+	cp.flush()
 	t.scans += cp.use.scans
 	if cp.changed {
 		t.idx, t.dirty = cp.idx, true
@@ -491,10 +544,11 @@ type checkpointer struct {
 	ranges  map[string][]writeRange // FUSE write records per path since the previous checkpoint
 	use     ckUsage                 // valid once counted
 	counted bool
+	pack    packWriter // this pass's stored checkpoints
 }
 
 func (cp *checkpointer) set(p string, e *ckEntry) {
-	if old := cp.idx.Files[p]; old != nil && old.Key != "" && e.Key == "" {
+	if old := cp.idx.Files[p]; old != nil && old.Key != "" && (e == nil || e.Key == "") {
 		dropCheckpoint(cp.dir, old)
 	}
 	cp.put(p, e)
@@ -540,7 +594,7 @@ func (cp *checkpointer) visit(p string) {
 		cp.set(p, &ckEntry{State: ckNonText, Digest: digest, ckIdentity: id})
 		return
 	}
-	prevLines, prevContent, ok := loadCheckpoint(cp.dir, prev)
+	prevLines, prevContent, ok := loadCheckpointFrom(cp.dir, prev, &cp.pack)
 	if !ok {
 		// First change: the base's lines are nobody's in the session.
 		prevContent = nil
@@ -589,21 +643,33 @@ func (cp *checkpointer) visit(p string) {
 		cp.set(p, &ckEntry{State: ckOver, Digest: digest, ckIdentity: id})
 		return
 	}
-	key := ckKey(p)
 	meta, err := json.Marshal(ckFile{V: 1, Path: p, Digest: digest, Lines: encodeRuns(lines)})
-	if err == nil {
-		err = writeFileAtomic(filepath.Join(cp.dir, key+".txt"), content)
-	}
-	if err == nil {
-		err = writeFileAtomic(filepath.Join(cp.dir, key+".json"), meta)
-	}
 	if err != nil {
 		cp.log.Warn("attribution.checkpoint_failed", "path", p, "err", err)
-		dropCheckpoint(cp.dir, &ckEntry{Key: key})
-		cp.put(p, nil)
+		cp.set(p, nil)
 		return
 	}
-	cp.set(p, &ckEntry{State: ckStored, Key: key, Digest: digest, Bytes: int64(len(content)), ckIdentity: id})
+	pack, off := cp.pack.add(p, meta, content)
+	cp.set(p, &ckEntry{State: ckStored, Pack: pack, Off: off, Digest: digest, Bytes: int64(len(content)), ckIdentity: id})
+	if cp.pack.buf.Len() >= packFlushAt {
+		cp.flush()
+	}
+}
+
+// flush writes the pack being filled; the entries of a pack that could not
+// be written have no checkpoint (their next change diffs against the base).
+func (cp *checkpointer) flush() {
+	pack := cp.pack.name
+	lost, err := cp.pack.flush()
+	if err == nil {
+		return
+	}
+	cp.log.Warn("attribution.checkpoint_failed", "pack", pack, "files", len(lost), "err", err)
+	for _, p := range lost {
+		if e := cp.idx.Files[p]; e != nil && e.Pack == pack {
+			cp.put(p, nil)
+		}
+	}
 }
 
 // attribution returns the checkpointed writer of each line of

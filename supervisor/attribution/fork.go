@@ -83,12 +83,23 @@ func (t *Tracker) Fork(ctx context.Context, from Workspace, running []string, to
 	}
 	idx := t.cachedIndex(srcDir)
 	out := &ckIndex{V: 1, Files: make(map[string]*ckEntry, len(idx.Files))}
+	packs := map[string]error{} // linked already, and how
 	for p, e := range idx.Files {
 		ne := *e
 		if e.State == ckStored {
-			// Checkpoint files are replaced by rename, never written in
-			// place: both sessions can share them.
-			if err := linkCheckpoint(srcDir, dstDir, e.Key); err != nil {
+			// Checkpoint files and packs are replaced by rename, never
+			// written in place: both sessions can share them.
+			var err error
+			if e.Pack != "" {
+				var done bool
+				if err, done = packs[e.Pack]; !done {
+					err = os.Link(filepath.Join(srcDir, e.Pack), filepath.Join(dstDir, e.Pack))
+					packs[e.Pack] = err
+				}
+			} else {
+				err = linkCheckpoint(srcDir, dstDir, e.Key)
+			}
+			if err != nil {
 				// Only attribution is lost: the fork's next checkpoint of p
 				// diffs it against the base.
 				from.Log.Warn("attribution.fork_failed", "workspace_session_id", into.ID, "path", p, "err", err)
