@@ -1,6 +1,7 @@
 package attribution
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -345,8 +346,8 @@ func loadCheckpointFrom(dir string, e *ckEntry, pw *packWriter) ([]ckLine, []byt
 		var f ckFile
 		var content []byte
 		var err error
-		if r, ok := pw.pending(e.Pack, e.Off); ok {
-			f, content, err = readRecord(r, e.Off)
+		if b, ok := pw.pending(e.Pack); ok {
+			f, content, err = readRecord(bytes.NewReader(b), int64(len(b)), e.Off)
 		} else {
 			f, content, err = readPacked(dir, e)
 		}

@@ -68,13 +68,13 @@ func (w *packWriter) add(p string, meta, content []byte) (pack string, off int64
 	return w.name, off
 }
 
-// pending returns the bytes of the record at off when pack is the one
-// being filled (a path visited twice in one pass reads its first record).
-func (w *packWriter) pending(pack string, off int64) (io.ReaderAt, bool) {
+// pending returns the bytes of the pack being filled when it is pack (a
+// path visited twice in one pass reads its first record from there).
+func (w *packWriter) pending(pack string) ([]byte, bool) {
 	if w == nil || pack == "" || pack != w.name {
 		return nil, false
 	}
-	return bytes.NewReader(w.buf.Bytes()), true
+	return w.buf.Bytes(), true
 }
 
 // flush writes the pack being filled. On failure it returns the paths
@@ -92,15 +92,20 @@ func (w *packWriter) flush() (lost []string, err error) {
 	return lost, err
 }
 
-// readRecord reads the record at off of r: its meta and content.
-func readRecord(r io.ReaderAt, off int64) (ckFile, []byte, error) {
+// readRecord reads the record at off of r (size bytes long): its meta and
+// content.
+func readRecord(r io.ReaderAt, size, off int64) (ckFile, []byte, error) {
 	var f ckFile
 	var hdr [16]byte
+	if off < 0 || off+16 > size {
+		return f, nil, errors.New("checkpoint record: beyond the pack")
+	}
 	if _, err := r.ReadAt(hdr[:], off); err != nil {
 		return f, nil, err
 	}
 	ml, cl := binary.LittleEndian.Uint64(hdr[:8]), binary.LittleEndian.Uint64(hdr[8:])
-	if ml > TextMax || cl > TextMax {
+	// A damaged header must not make a huge allocation.
+	if cl > TextMax || ml > uint64(size) || int64(ml+cl) > size-off-16 {
 		return f, nil, errors.New("checkpoint record: bad lengths")
 	}
 	b := make([]byte, ml+cl)
@@ -120,7 +125,11 @@ func readPacked(dir string, e *ckEntry) (ckFile, []byte, error) {
 		return ckFile{}, nil, err
 	}
 	defer fh.Close()
-	return readRecord(fh, e.Off)
+	st, err := fh.Stat()
+	if err != nil {
+		return ckFile{}, nil, err
+	}
+	return readRecord(fh, st.Size(), e.Off)
 }
 
 // isPackName: name is a checkpoint pack's file name.
@@ -160,7 +169,7 @@ func loadPacks(dir string, names []string, idx *ckIndex) {
 		}
 		r := bytes.NewReader(b)
 		for off := int64(0); off < int64(len(b)); {
-			f, content, err := readRecord(r, off)
+			f, content, err := readRecord(r, int64(len(b)), off)
 			if err != nil || ContentDigest(content) != f.Digest {
 				break
 			}

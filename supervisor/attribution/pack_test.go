@@ -1,7 +1,9 @@
 package attribution
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -85,6 +87,13 @@ func TestCheckpointPacks(t *testing.T) {
 	}
 	if got := cmdsOf((&Tracker{}).LineOwners(w, "d/f0.txt", []byte("line 0\nmore\n"))); got != "-,-" {
 		t.Fatalf("owners from a damaged pack: %s", got)
+	}
+	// A header claiming huge lengths is refused before any allocation.
+	bad := make([]byte, 64)
+	binary.LittleEndian.PutUint64(bad[:8], 1<<40)
+	binary.LittleEndian.PutUint64(bad[8:16], 1<<40)
+	if _, _, err := readRecord(bytes.NewReader(bad), int64(len(bad)), 0); err == nil {
+		t.Fatal("a record with a 1 TiB header was read")
 	}
 }
 
