@@ -187,7 +187,8 @@ func loadUpperState(dir string) map[string]upperState {
 }
 
 // fileIdentity tells whether a file was replaced or rewritten since it
-// was last read: activity.json is only ever replaced by a rename.
+// was last read: index.json and activity.json are only ever replaced by a
+// rename, which gives them a new inode.
 type fileIdentity struct {
 	ino, size, mtimeNs int64
 }

@@ -1,7 +1,6 @@
 package attribution
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -16,7 +15,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -162,14 +160,12 @@ type Workspace struct {
 // FUSE session's pending write ranges. The zero value is ready to use.
 type Tracker struct {
 	mu sync.Mutex // serializes checkpoints; guards the cached index below
-	// idx caches the parsed checkpoint index with the mtime, size and inode
-	// of index.json it was read from (or written to).
-	idx     *ckIndex
-	idxMod  time.Time
-	idxSize int64
-	idxIno  uint64
-	dirty   bool      // idx is newer than index.json
-	saved   time.Time // when index.json was last written
+	// idx caches the parsed checkpoint index with the identity of the
+	// index.json it was read from (or written to).
+	idx   *ckIndex
+	idxID fileIdentity
+	dirty bool      // idx is newer than index.json
+	saved time.Time // when index.json was last written
 
 	actMu sync.Mutex // serializes captures of file activity (activity.go)
 	// act caches the capture state parsed from (or written to)
@@ -207,19 +203,13 @@ func (t *Tracker) cachedIndex(dir string) *ckIndex {
 	if t.idx != nil && t.dirty {
 		return t.idx // newer than index.json (a deferred write, FUSE driver)
 	}
-	st, err := os.Stat(filepath.Join(dir, attrIndexName))
-	var ino uint64
-	if err == nil {
-		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
-			ino = sys.Ino // index.json is replaced by rename: a new inode
-		}
-	}
-	if err == nil && t.idx != nil && st.ModTime().Equal(t.idxMod) && st.Size() == t.idxSize && ino == t.idxIno {
+	id, ok := identityOfFile(filepath.Join(dir, attrIndexName))
+	if ok && t.idx != nil && id == t.idxID {
 		return t.idx
 	}
 	idx := loadIndex(dir)
-	if err == nil {
-		t.idx, t.idxMod, t.idxSize, t.idxIno = idx, st.ModTime(), st.Size(), ino
+	if ok {
+		t.idx, t.idxID = idx, id
 	}
 	return idx
 }
@@ -236,12 +226,7 @@ func (t *Tracker) saveIndex(dir string, idx *ckIndex) error {
 		return err
 	}
 	gcPacks(dir, idx)
-	if st, serr := os.Stat(filepath.Join(dir, attrIndexName)); serr == nil {
-		t.idxMod, t.idxSize = st.ModTime(), st.Size()
-		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
-			t.idxIno = sys.Ino
-		}
-	}
+	t.idxID, _ = identityOfFile(filepath.Join(dir, attrIndexName))
 	return nil
 }
 
@@ -335,22 +320,11 @@ func (cp *checkpointer) put(p string, e *ckEntry) {
 }
 
 // loadCheckpoint reads a stored checkpoint: its lines and content copy.
+// A pass visits each path once, so the entry it reads is never in the pack
+// that pass is filling.
 func loadCheckpoint(dir string, e *ckEntry) ([]ckLine, []byte, bool) {
-	return loadCheckpointFrom(dir, e, nil)
-}
-
-// loadCheckpointFrom is loadCheckpoint, reading a record of the pack pw
-// is filling (not written yet) from pw.
-func loadCheckpointFrom(dir string, e *ckEntry, pw *packWriter) ([]ckLine, []byte, bool) {
 	if e != nil && e.State == ckStored && e.Pack != "" {
-		var f ckFile
-		var content []byte
-		var err error
-		if b, ok := pw.pending(e.Pack); ok {
-			f, content, err = readRecord(bytes.NewReader(b), int64(len(b)), e.Off)
-		} else {
-			f, content, err = readPacked(dir, e)
-		}
+		f, content, err := readPacked(dir, e)
 		if err != nil {
 			return nil, nil, false
 		}
@@ -595,7 +569,7 @@ func (cp *checkpointer) visit(p string) {
 		cp.set(p, &ckEntry{State: ckNonText, Digest: digest, ckIdentity: id})
 		return
 	}
-	prevLines, prevContent, ok := loadCheckpointFrom(cp.dir, prev, &cp.pack)
+	prevLines, prevContent, ok := loadCheckpoint(cp.dir, prev)
 	if !ok {
 		// First change: the base's lines are nobody's in the session.
 		prevContent = nil

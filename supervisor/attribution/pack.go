@@ -68,15 +68,6 @@ func (w *packWriter) add(p string, meta, content []byte) (pack string, off int64
 	return w.name, off
 }
 
-// pending returns the bytes of the pack being filled when it is pack (a
-// path visited twice in one pass reads its first record from there).
-func (w *packWriter) pending(pack string) ([]byte, bool) {
-	if w == nil || pack == "" || pack != w.name {
-		return nil, false
-	}
-	return w.buf.Bytes(), true
-}
-
 // flush writes the pack being filled. On failure it returns the paths
 // whose entries point into it: they have no checkpoint.
 func (w *packWriter) flush() (lost []string, err error) {
