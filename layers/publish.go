@@ -35,6 +35,9 @@ func (s Strategy) Valid() bool {
 const (
 	RouteSource  = "source"
 	RouteIgnored = "ignored"
+	// RouteGit: a path inside a git directory that publication never
+	// carries (ClassifyGit: private or protected); see OutcomeGitPrivate.
+	RouteGit = "git"
 )
 
 // Outcomes of a plan path (§9.5).
@@ -46,6 +49,14 @@ const (
 	OutcomeTheirs        = "theirs"
 	OutcomeConflict      = "conflict"
 	OutcomeProtected     = "protected"
+	// OutcomeGitPrivate: the session's own git state (index, logs,
+	// COMMIT_EDITMSG, lock files …): never published, never a conflict.
+	OutcomeGitPrivate = "git_private"
+	// OutcomeGitProtected: a git file that can make git run a program
+	// (config, hooks/, info/ …) or the removal of a git directory: the
+	// session keeps its own copy, publication never carries it, and it is
+	// not a rejection.
+	OutcomeGitProtected = "git_protected"
 )
 
 // conflict_reason vocabulary (§9.5).
@@ -96,6 +107,10 @@ type PublishOptions struct {
 	ExpansionLimit int       // opaque/structural expansion limit (0 → 4096)
 	Merge          MergeOptions
 	DryRun         bool // plan against the current head without the writer lock, commit nothing
+
+	// keepGit: a sync keeps the session's git-private and git-protected
+	// changes verbatim in its new upper instead of leaving them out.
+	keepGit bool
 }
 
 // PublishChangeset resolves a captured changeset (base = the session's

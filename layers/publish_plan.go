@@ -60,6 +60,8 @@ type OutcomeSummary struct {
 	Theirs        int `json:"theirs"`
 	Conflict      int `json:"conflict"`
 	Protected     int `json:"protected"`
+	GitPrivate    int `json:"git_private"`
+	GitProtected  int `json:"git_protected"`
 }
 
 // Rejection is the publish_rejection object of §9.8; it is also the error
@@ -193,5 +195,9 @@ func (o *OutcomeSummary) add(outcome string) {
 		o.Conflict++
 	case OutcomeProtected:
 		o.Protected++
+	case OutcomeGitPrivate:
+		o.GitPrivate++
+	case OutcomeGitProtected:
+		o.GitProtected++
 	}
 }

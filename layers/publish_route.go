@@ -66,6 +66,15 @@ func (p *planner) planEntry(e *planEntry) error {
 		e.pp.Outcome, e.reject, e.bucket = OutcomeProtected, RejectProtectedPath, bucketProtected
 		return nil
 	}
+	if outcome := gitOutcome(path, c.Kind, isDir); outcome != "" {
+		// Never published, never a conflict (contract A8). A sync keeps
+		// the session's own copy as it is.
+		e.pp.Route, e.pp.Outcome = RouteGit, outcome
+		if p.opt.keepGit {
+			e.writes = []Change{c}
+		}
+		return nil
+	}
 	route := RouteSource
 	if p.ign.Ignored(path, isDir) {
 		route = RouteIgnored
@@ -112,4 +121,24 @@ func (p *planner) planEntry(e *planEntry) error {
 		return nil
 	}
 	return p.resolve(e)
+}
+
+// gitOutcome routes a change inside a git directory that publication never
+// carries: private state, protected files, and the removal or replacement
+// of a git directory itself (the head keeps its repository whole). It
+// returns "" for every other change (objects, refs, the directories git
+// makes, and ordinary paths).
+func gitOutcome(path string, kind ChangeKind, isDir bool) string {
+	g := ClassifyGit(path, isDir)
+	switch g.Kind {
+	case GitPrivate:
+		return OutcomeGitPrivate
+	case GitProtected:
+		return OutcomeGitProtected
+	case GitDirItself:
+		if kind == ChangeDelete || kind == ChangeOpaqueDir {
+			return OutcomeGitProtected
+		}
+	}
+	return ""
 }

@@ -141,6 +141,7 @@ func (s *Stack) SyncUpper(ctx context.Context, opt SyncOptions) (*Plan, SyncResu
 	if err != nil {
 		return nil, SyncResult{}, err
 	}
+	popt.keepGit = true
 	if !opt.DryRun {
 		for _, n := range []string{staging, journal} {
 			if _, err := os.Lstat(filepath.Join(parent, n)); err == nil {

@@ -189,6 +189,20 @@ func TestSyncUpper(t *testing.T) {
 			outcome: map[string]string{"src/new.go": OutcomeUnchangedHead, "README.md": OutcomeUnchangedHead},
 		},
 		{
+			name: "the session's git-private and git-protected files stay as they are",
+			session: func(t *testing.T, u string) {
+				writeFile(t, filepath.Join(u, ".git", "config"), "[core]\n\tfsmonitor = x\n", 0o644)
+				writeFile(t, filepath.Join(u, ".git", "index"), "DIRC session\n", 0o644)
+				writeFile(t, filepath.Join(u, ".git", "hooks", "pre-commit"), "#!/bin/sh\n", 0o755)
+			},
+			head: []Change{pwrite("README.md", "hello from head\n")},
+			want: map[string]string{".git/config": "file 644 [core]\n\tfsmonitor = x\n", ".git/index": "file 644 DIRC session\n",
+				".git/hooks/pre-commit": "file 755 #!/bin/sh\n", "README.md": "file 644 hello from head\n"},
+			upper: map[string]bool{".git/config": true, ".git/index": true, ".git/hooks/pre-commit": true},
+			outcome: map[string]string{".git/config": OutcomeGitProtected, ".git/index": OutcomeGitPrivate,
+				".git/hooks/pre-commit": OutcomeGitProtected},
+		},
+		{
 			name: "both changed merge by lines",
 			session: func(t *testing.T, u string) {
 				writeFile(t, filepath.Join(u, "multi.txt"), "1\n2\n3\n4\n5\n6\n7 session\n", 0o644)

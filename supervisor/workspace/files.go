@@ -462,11 +462,18 @@ func List(ctx context.Context, cfg *config.Config, v FileView, p string, limit u
 // CheckProtected refuses a sessionless write of a protected path with the
 // same rejection object a publish gives (§9.2, §9.8).
 func CheckProtected(p string, protected *layers.Patterns) error {
-	if !layers.Protected(p, false, protected) {
+	msg := ""
+	if g := layers.ClassifyGit(p, false); g.Kind == layers.GitPrivate || g.Kind == layers.GitProtected {
+		// Publication never carries these (contract A8): a sessionless
+		// write would be dropped silently, so it is refused instead.
+		msg = fmt.Sprintf("%s is git-%s state that publication never carries; write it in a workspace session", p, g.Kind)
+	} else if layers.Protected(p, false, protected) {
+		msg = p + " is a protected path"
+	} else {
 		return nil
 	}
 	rej := &layers.Rejection{Path: p, Reason: layers.RejectProtectedPath, Conflicts: []layers.RejectedPath{
 		{Path: p, Reason: layers.RejectProtectedPath, Strategy: layers.StrategyMerge, Hunks: []layers.ConflictHunk{}}}}
-	return catalog.Errorf(catalog.OperationFailed, "write rejected by publication rules: %s is a protected path", p).
+	return catalog.Errorf(catalog.OperationFailed, "write rejected by publication rules: %s", msg).
 		With("path", p).With("publish_rejection", RejectionBody(rej))
 }

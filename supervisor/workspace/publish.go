@@ -77,7 +77,8 @@ func PublishObject(plan *layers.Plan, res layers.PublishResult, withResolved boo
 // changes, beside the contract's outcome_summary, whose counts name the
 // resolution case: a clean publish has everything under unchanged_head
 // ("head had not changed the path") and applied:0, which reads as a
-// failure to a person or an agent. result is published, no_op, or for a dry
+// failure to a person or an agent. git_private_paths and
+// git_protected_paths count what stays in the session by rule. result is published, no_op, or for a dry
 // run would_publish, would_reject or no_op.
 func PublishSummary(o layers.OutcomeSummary, noOp, dryRun, rejected bool) map[string]any {
 	published := o.UnchangedHead + o.Applied + o.Ours + o.Merged
@@ -93,11 +94,15 @@ func PublishSummary(o layers.OutcomeSummary, noOp, dryRun, rejected bool) map[st
 	}
 	return map[string]any{
 		"result":          result,
-		"changed_paths":   published + o.Theirs + conflicts,
+		"changed_paths":   published + o.Theirs + conflicts + o.GitPrivate + o.GitProtected,
 		"published_paths": published,
 		"merged_paths":    o.Merged,
 		"kept_head_paths": o.Theirs,
 		"conflict_paths":  conflicts,
+		// Paths inside the git directory that never leave a session
+		// (contract A8): its private state and what can run programs.
+		"git_private_paths":   o.GitPrivate,
+		"git_protected_paths": o.GitProtected,
 	}
 }
 
