@@ -159,6 +159,9 @@ func writePublish(b *strings.Builder, m map[string]any) {
 	if v := sum["kept_head_paths"]; v != nil && num(v) > 0 {
 		fmt.Fprintf(b, "kept the published version of %v paths (theirs)\n", v)
 	}
+	if n := num(sum["git_private_paths"]) + num(sum["git_protected_paths"]); n > 0 {
+		fmt.Fprintf(b, "kept %v paths of the git directory in the session (its own state, config and hooks are never published)\n", n)
+	}
 	if plan, _ := m["plan"].(map[string]any); plan != nil {
 		for _, c := range list(plan["conflicts"]) {
 			fmt.Fprintf(b, "conflict: %v (%v, %v)\n", c["path"], c["outcome"], orDash(c["conflict_reason"]))
