@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,8 +15,14 @@ import (
 )
 
 // exec runs exec_command and returns the output object.
+// exec runs exec_command. Unless the caller sets its own yield, it waits up
+// to a minute for the command to end (a finished command returns at once):
+// the default 1 s yield made tests depend on the machine's load.
 func (e *env) exec(id string, args ...string) map[string]any {
 	e.t.Helper()
+	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--yield-time-ms") }) {
+		args = append([]string{"--yield-time-ms", "60000"}, args...)
+	}
 	return e.rt(id, append([]string{"exec_command"}, args...)...)
 }
 
