@@ -33,7 +33,9 @@ var sessionIDArg = Arg{Name: "workspace_session_id", Kind: String, ID: true,
 // clients apply it (sandbox-mcp defaults it), the supervisor never sees it.
 var maxOutputArg = Arg{Name: "max_output_tokens", Kind: Integer, ClientSide: true, DefaultDoc: "unbounded (sandbox-mcp: --max-output-tokens, 10000)",
 	Help: "Bound the returned output to about this many tokens (4 characters each): its head and tail are kept around a marker " +
-		"that names the omitted rows; read them with read_command_lines. 0 means unbounded. The transcript keeps every byte."}
+		"that names the reads returning what was left out (read_command_lines start_offset and limit; a row shown only in part " +
+		"comes back whole with max_output_tokens 0) and says when earlier rows fell out of the transcript window. " +
+		"0 means unbounded. The transcript keeps every byte."}
 
 // resolutionsArg is shared by the operations that resolve a session's
 // changes against the published state.

@@ -3,8 +3,11 @@ package tests
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -149,4 +152,71 @@ func TestMCPOutputSchemas(t *testing.T) {
 			t.Errorf("%d tools declare an outputSchema, want at least the 13 of issue 17", len(schemas))
 		}
 	})
+}
+
+// TestMCPBoundedOutputMarkerLeadsOn (issue #27 item 8): the marker of a
+// bounded output names reads that return what it left out — a row cut in
+// part comes back whole, omitted rows come back from their first — and
+// says when rows fell out of the transcript window (truncated_before).
+func TestMCPBoundedOutputMarkerLeadsOn(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	id := e.createSandbox(e.project(map[string]string{"a.txt": "a\n"}))
+	c := e.mcpIn("", bin("sandbox-mcp"), "--sandbox-id", id)
+	c.initialize()
+	fnum := func(v any) int64 { f, _ := v.(float64); return int64(f) } // commandText decodes numbers as float64
+	readRe := regexp.MustCompile(`read_command_lines start_offset=(\d+) limit=(\d+)( max_output_tokens=0)?`)
+	exec := func(cmd string) (map[string]any, string) {
+		t.Helper()
+		meta, out := c.commandText(c.send("tools/call", map[string]any{"name": "exec_command",
+			"arguments": map[string]any{"cmd": cmd, "yield_time_ms": 60000}}, false))
+		if meta["status"] != "ok" {
+			t.Fatalf("%s: %v", cmd, meta)
+		}
+		return meta, out
+	}
+	read := func(cmdID any, m []string) (map[string]any, string) {
+		t.Helper()
+		args := map[string]any{"command_session_id": cmdID, "start_offset": m[1], "limit": m[2]}
+		if m[3] != "" {
+			args["max_output_tokens"] = 0
+		}
+		for _, k := range []string{"start_offset", "limit"} {
+			n, _ := strconv.Atoi(args[k].(string))
+			args[k] = n
+		}
+		return c.commandText(c.send("tools/call", map[string]any{"name": "read_command_lines", "arguments": args}, false))
+	}
+
+	// One row of 300000 characters, then a short one: the long row is
+	// cut, and the marker's read returns it whole.
+	long := strings.Repeat("x", 300000)
+	meta, out := exec(`head -c 300000 /dev/zero | tr '\0' x; echo; echo after`)
+	reads := readRe.FindAllStringSubmatch(out, -1)
+	if meta["output_truncated"] == nil || len(reads) != 1 || reads[0][3] == "" {
+		t.Fatalf("marker of a cut row: %v\n%.300s", meta, out[len(out)-min(len(out), 600):])
+	}
+	m2, whole := read(meta["command_session_id"], reads[0])
+	if whole != long || m2["output_truncated"] != nil {
+		t.Fatalf("the marker's read returned %d characters (%v), want the whole row of %d", len(whole), m2["output_truncated"], len(long))
+	}
+
+	// More than the transcript window (1 MiB): the earliest rows are gone,
+	// and the marker says so; its read of the omitted rows starts at the
+	// first of them.
+	meta, out = exec(`seq 1 250000`)
+	tb := fnum(meta["truncated_before"])
+	if tb == 0 || !strings.Contains(out, fmt.Sprintf("%d earlier rows fell out of the transcript window (truncated_before)", tb)) {
+		t.Fatalf("marker without truncated_before %d: %.600s", tb, out)
+	}
+	reads = readRe.FindAllStringSubmatch(out, -1)
+	tr := meta["output_truncated"].(map[string]any)
+	if len(reads) != 1 || reads[0][3] != "" || reads[0][1] != fmt.Sprint(tr["omitted_start_offset"]) {
+		t.Fatalf("marker of omitted rows: %v %v", reads, tr)
+	}
+	m3, rows := read(meta["command_session_id"], reads[0])
+	from := fnum(tr["omitted_start_offset"])
+	if first, _, _ := strings.Cut(rows, "\n"); first != strconv.FormatInt(from+1, 10) || fnum(m3["start_offset"]) != from {
+		t.Fatalf("omitted rows read from %v: first row %q, want %d", m3["start_offset"], first, from+1)
+	}
 }
