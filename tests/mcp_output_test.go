@@ -220,3 +220,53 @@ func TestMCPBoundedOutputMarkerLeadsOn(t *testing.T) {
 		t.Fatalf("omitted rows read from %v: first row %q, want %d", m3["start_offset"], first, from+1)
 	}
 }
+
+// TestMCPProgressPerSlice (issue #27 item 9): a long yield is served as
+// slices of 1 s, then 2 s; every slice but the last (the response) sends
+// notifications/progress with its new output, the first one too — so a
+// 3 s yield sends one, and a 5 s yield two.
+func TestMCPProgressPerSlice(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	id := e.createSandbox(e.project(map[string]string{"a.txt": "a\n"}))
+	c := e.mcpIn("", bin("sandbox-mcp"), "--sandbox-id", id)
+	c.initialize()
+	isErr, ws := c.call("create_workspace_session", map[string]any{})
+	if isErr {
+		t.Fatalf("session: %v", ws)
+	}
+	progress := func(token string) (msgs []string) {
+		var last float64
+		for _, n := range c.notes {
+			p, _ := n["params"].(map[string]any)
+			if n["method"] != "notifications/progress" || p["progressToken"] != token {
+				continue
+			}
+			if v, _ := p["progress"].(float64); v <= last {
+				t.Errorf("progress %v after %v", v, last)
+			} else {
+				last = v
+			}
+			m, _ := p["message"].(string)
+			msgs = append(msgs, m)
+		}
+		return msgs
+	}
+	// The command prints s1 at once, then a row a second.
+	script := `for i in 1 2 3 4 5 6 7 8 9 10 11 12; do echo s$i; sleep 1; done`
+	meta, out := c.commandText(c.send("tools/call", map[string]any{"name": "exec_command", "_meta": map[string]any{"progressToken": "p-3"},
+		"arguments": map[string]any{"cmd": script, "workspace_session_id": ws["workspace_session_id"], "yield_time_ms": 3000}}, false))
+	if meta["status"] != "running" || !strings.HasPrefix(out, "s1\n") {
+		t.Fatalf("exec: %v %q", meta, out)
+	}
+	if msgs := progress("p-3"); len(msgs) != 1 || !strings.HasPrefix(msgs[0], "s1") {
+		t.Fatalf("a 3 s yield sends one notification, the first slice's output: %q", msgs)
+	}
+	_, _ = c.commandText(c.send("tools/call", map[string]any{"name": "write_command_stdin", "_meta": map[string]any{"progressToken": "p-5"},
+		"arguments": map[string]any{"command_session_id": meta["command_session_id"], "stdin": "", "yield_time_ms": 5000}}, false))
+	if msgs := progress("p-5"); len(msgs) != 2 {
+		t.Fatalf("a 5 s yield sends two notifications: %q", msgs)
+	}
+	c.send("tools/call", map[string]any{"name": "write_command_stdin", "arguments": map[string]any{
+		"command_session_id": meta["command_session_id"], "stdin": "\u0003"}}, false)
+}
