@@ -270,3 +270,36 @@ func TestMCPProgressPerSlice(t *testing.T) {
 	c.send("tools/call", map[string]any{"name": "write_command_stdin", "arguments": map[string]any{
 		"command_session_id": meta["command_session_id"], "stdin": "\u0003"}}, false)
 }
+
+// TestREADMEListsOutputSchemaTools: the README's list of tools that declare
+// an outputSchema is the one sandbox-mcp serves (it once named 14 of 15).
+func TestREADMEListsOutputSchemaTools(t *testing.T) {
+	e := newEnv(t)
+	c := e.mcpIn("", bin("sandbox-mcp"))
+	c.initialize()
+	var served []string
+	for _, tl := range c.send("tools/list", nil, false)["result"].(map[string]any)["tools"].([]any) {
+		m := tl.(map[string]any)
+		if _, ok := m["outputSchema"]; ok {
+			served = append(served, m["name"].(string))
+		}
+	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(readme), "declare an `outputSchema`:")
+	list, _, ok2 := strings.Cut(rest, ". It is")
+	if !ok || !ok2 {
+		t.Fatal("README has no list of the tools that declare an outputSchema")
+	}
+	var listed []string
+	for _, m := range regexp.MustCompile("`([a-z_]+)`").FindAllStringSubmatch(list, -1) {
+		listed = append(listed, m[1])
+	}
+	sort.Strings(served)
+	sort.Strings(listed)
+	if strings.Join(listed, " ") != strings.Join(served, " ") {
+		t.Fatalf("README lists %d tools with an outputSchema:\n%v\nsandbox-mcp serves %d:\n%v", len(listed), listed, len(served), served)
+	}
+}
