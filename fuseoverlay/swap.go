@@ -78,8 +78,9 @@ func (s *Server) SwapLower(ctx context.Context, lowers []*os.File) error {
 type Chain struct {
 	// Upper, when not nil, replaces the upper directory (a sync that
 	// rewrote it renamed a new one into place). It must be a directory on
-	// the current upper's filesystem (copy-up renames from Options.Work
-	// into it). nil keeps the upper.
+	// the current upper's filesystem and, with Options.Work, opened through
+	// the same mount as Work (copy-up renames from Work into it, and a
+	// rename between two mounts fails with EXDEV). nil keeps the upper.
 	Upper *os.File
 	// Lowers is the new lower chain, newest first.
 	Lowers []*os.File

@@ -401,5 +401,17 @@ func TestPublishKeepThenWriteAgain(t *testing.T) {
 				t.Fatalf("head %s = %q, want %q", p, got, want)
 			}
 		}
+		// A sync replaces the upper the same way: a file it brought in
+		// from the head takes writes too.
+		o := e.session(id)
+		e.exec(id, "--workspace-session-id", o, "echo o1 > o.txt")
+		e.publish(id, o)
+		e.exec(id, "--workspace-session-id", ws, "echo mine > mine.txt")
+		if s := e.sync(id, ws)["sync"].(map[string]any); s["result"] != "synced" {
+			t.Fatalf("sync: %v", s)
+		}
+		if out := e.exec(id, "--workspace-session-id", ws, "echo o2 >> o.txt && echo k3 >> k.txt && cat o.txt k.txt"); num(t, out["exit_code"]) != 0 || out["output"] != "o1\no2\nk1\nk2\nk3" {
+			t.Fatalf("writes after sync: %v", out)
+		}
 	})
 }
