@@ -33,7 +33,9 @@ var sessionIDArg = Arg{Name: "workspace_session_id", Kind: String, ID: true,
 // clients apply it (sandbox-mcp defaults it), the supervisor never sees it.
 var maxOutputArg = Arg{Name: "max_output_tokens", Kind: Integer, ClientSide: true, DefaultDoc: "unbounded (sandbox-mcp: --max-output-tokens, 10000)",
 	Help: "Bound the returned output to about this many tokens (4 characters each): its head and tail are kept around a marker " +
-		"that names the omitted rows; read them with read_command_lines. 0 means unbounded. The transcript keeps every byte."}
+		"that names the reads returning what was left out (read_command_lines start_offset and limit; a row shown only in part " +
+		"comes back whole with max_output_tokens 0) and says when earlier rows fell out of the transcript window. " +
+		"0 means unbounded. The transcript keeps every byte."}
 
 // resolutionsArg is shared by the operations that resolve a session's
 // changes against the published state.
@@ -50,6 +52,11 @@ var yieldArg = Arg{Name: "yield_time_ms", Kind: Integer, Default: uint64(1000), 
 
 var graceArg = Arg{Name: "grace_s", Kind: Float, Default: 0.25, FMin: f64(0), FMax: f64(60),
 	DefaultDoc: "runtime.workspace.exit_grace_s (0.25)", Help: "Seconds between SIGTERM and SIGKILL of the holder."}
+
+// MaxEventsLastN bounds events' last_n: more than any event store holds
+// (16 MiB at most, ~100 bytes a record), so it never hides an event; the
+// response itself stays within §10.1's caps by paging.
+const MaxEventsLastN = 1000000
 
 var obsSandboxArg = Arg{Name: "sandbox_id", Kind: String, ID: true, Help: "Only this sandbox (the request becomes sandbox-scoped)."}
 
@@ -436,11 +443,15 @@ var ops = []Op{
 		Title: "Event log", Effect: ReadOnly,
 		Summary: "Recorded events, oldest first.",
 		Help:    "Every record carries seq, one supervisor-wide sequence number (it continues across restarts); the HTTP listener's event stream GET /api/events uses it as the SSE id, so a console resumes after the last record it has with Last-Event-ID or ?last_event_id=.",
-		Result:  "{view:\"events\", events:[…]}",
+		Result:  "{view:\"events\", events:[…]}; with last_n or after_seq also truncated and, when truncated, next_after_seq",
 		Args: []Arg{obsSandboxArg,
 			{Name: "name", Kind: String, Help: "Only events with exactly this name."},
 			{Name: "since_ms", Kind: Integer, Help: "Only events at or after this Unix time in ms."},
-			{Name: "last_n", Kind: Integer, Min: u64(1), Max: u64(500), Help: "Only the newest n."}},
+			{Name: "last_n", Kind: Integer, Min: u64(1), Max: u64(MaxEventsLastN),
+				Help: "Only the newest n (up to 1000000, more than any event store holds). One response carries at most 500 events and 256 KiB: " +
+					"a bigger selection is paged, oldest first — the response says truncated:true and next_after_seq; repeat the query " +
+					"with after_seq set to it for the next page."},
+			{Name: "after_seq", Kind: Integer, Help: "Only events whose seq is above this (a page's next_after_seq); the result is paged as with last_n."}},
 	},
 	{
 		ID: "resources", Group: Observability, Family: "resources", Scope: ScopeSystemOrSandbox, Cancellable: true,

@@ -78,8 +78,9 @@ func (s *Server) SwapLower(ctx context.Context, lowers []*os.File) error {
 type Chain struct {
 	// Upper, when not nil, replaces the upper directory (a sync that
 	// rewrote it renamed a new one into place). It must be a directory on
-	// the current upper's filesystem (copy-up renames from Options.Work
-	// into it). nil keeps the upper.
+	// the current upper's filesystem and, with Options.Work, opened through
+	// the same mount as Work (copy-up renames from Work into it, and a
+	// rename between two mounts fails with EXDEV). nil keeps the upper.
 	Upper *os.File
 	// Lowers is the new lower chain, newest first.
 	Lowers []*os.File
@@ -218,6 +219,13 @@ func (o *ofs) openChain(c Chain) (chain, error) {
 		if st.Dev != o.upperDev {
 			return chain{}, fmt.Errorf("fuseoverlay: swap: upper %s is on another filesystem than the current upper", f.Name())
 		}
+		// One filesystem is not enough: copy-up renames from Work into
+		// the upper, and rename(2) between two mounts of one filesystem
+		// (a descriptor opened in another mount namespace) fails with
+		// EXDEV — every later write to a lower file would.
+		if o.work >= 0 && !sameMount(o.work, int(f.Fd())) {
+			return chain{}, fmt.Errorf("fuseoverlay: swap: upper %s is on another mount than the work directory (open it through the same mount)", f.Name())
+		}
 		nw.fds[0], nw.files[0] = int(f.Fd()), f
 	}
 	for i, f := range c.Lowers {
@@ -237,6 +245,18 @@ func (o *ofs) openChain(c Chain) (chain, error) {
 		nw.devs = append(nw.devs, st.Dev)
 	}
 	return nw, nil
+}
+
+// sameMount reports whether two descriptors are on the same mount (when the
+// kernel cannot tell, it assumes they are).
+func sameMount(a, b int) bool {
+	var sa, sb unix.Statx_t
+	if unix.Statx(a, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &sa) != nil ||
+		unix.Statx(b, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &sb) != nil ||
+		sa.Mask&unix.STATX_MNT_ID == 0 || sb.Mask&unix.STATX_MNT_ID == 0 {
+		return true
+	}
+	return sa.Mnt_id == sb.Mnt_id
 }
 
 // releaseGrace bounds how long an upper swap waits for write handles to

@@ -15,6 +15,10 @@
 //     the ready handshake. Failures are *SetupError with the stage
 //     (spawn, handshake, mount_root, mount_overlay, pivot_root, ready) and
 //     leave no process. The returned *Client is the supervisor's handle.
+//   - RemoveMapped (rmtree.go): `self nsholder rmtree DIR` removes a tree
+//     holding entries of the caller's subordinate IDs from inside a user
+//     namespace mapped as a subid holder is; it never touches anything
+//     outside DIR.
 //   - The holder (holder.go): PID 1 of the session, non-dumpable, reaps
 //     every child and orphan with its own wait4(-1) loop (SIGCHLD plus a
 //     poll while a command's group outlives its root), exits at EOF of the

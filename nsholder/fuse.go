@@ -12,7 +12,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -153,6 +155,11 @@ type fuseMount struct {
 	files  []*os.File // the work directory's descriptor, kept open while serving
 	upper  *os.File   // the current upper's descriptor
 	lowers []*os.File // the current lower chain's descriptors
+	// sessDir is the directory holding the upper and the work directory,
+	// opened in the holder's mount namespace (nil without a work
+	// directory); upperName is the upper's name in it. See swap.
+	sessDir   *os.File
+	upperName string
 }
 
 // swap moves the overlay onto lowers and, when not nil, upper, which it
@@ -176,6 +183,40 @@ func (fm *fuseMount) swap(upper *os.File, lowers []*os.File) error {
 		return fmt.Errorf("swaplower: %w", err)
 	}
 	return nil
+}
+
+// ownMount returns a descriptor of the new upper opened through this
+// namespace's mounts (upper itself without a work directory). The supervisor opens the new upper in
+// its own mount namespace, whose mounts are other vfsmounts than the
+// holder's copies of them: a copy-up renames from the work directory
+// (opened here) into the upper, and rename(2) across two vfsmounts fails
+// with EXDEV even on one filesystem — every write to a lower file after a
+// publish keep:true or a sync failed so (issue #27). The name is opened
+// again below the session directory opened at mount time, and must be the
+// directory the supervisor sent.
+func (fm *fuseMount) ownMount(upper *os.File) (*os.File, error) {
+	if fm.sessDir == nil {
+		return upper, nil
+	}
+	fd, err := unix.Openat(int(fm.sessDir.Fd()), fm.upperName, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("reopen upper %s: %w", fm.upperName, err)
+	}
+	own := os.NewFile(uintptr(fd), fm.upperName)
+	var a, b unix.Stat_t
+	if err := unix.Fstat(int(upper.Fd()), &a); err != nil {
+		own.Close()
+		return nil, fmt.Errorf("stat upper: %w", err)
+	}
+	if err := unix.Fstat(fd, &b); err != nil {
+		own.Close()
+		return nil, fmt.Errorf("stat upper: %w", err)
+	}
+	if a.Dev != b.Dev || a.Ino != b.Ino {
+		own.Close()
+		return nil, fmt.Errorf("%w: upper %s was replaced again meanwhile", fs.ErrInvalid, fm.upperName)
+	}
+	return own, nil
 }
 
 // mountFuse opens the layers, upper and work directory and mounts the FUSE
@@ -215,6 +256,12 @@ func mountFuse(ws string, cfg *Config, own *owners, notify func(*FSNotice)) (*fu
 	if cfg.Work != "" {
 		if opts.Work, err = open(cfg.Work); err != nil {
 			return fail(fmt.Errorf("open work: %w", err))
+		}
+		if filepath.Dir(cfg.Upper) == filepath.Dir(cfg.Work) {
+			if fm.sessDir, err = open(filepath.Dir(cfg.Upper)); err != nil {
+				return fail(fmt.Errorf("open session directory: %w", err))
+			}
+			fm.upperName = filepath.Base(cfg.Upper)
 		}
 	}
 	if !cfg.NoActivity {

@@ -284,9 +284,11 @@ func Main(args []string) int {
 		return runProbeChild(args[1])
 	case len(args) == 1 && args[0] == "serve":
 		return runServe()
+	case len(args) == 2 && args[0] == "rmtree":
+		return runRemoveTree(args[1])
 	case len(args) >= 1 && args[0] == "shim":
 		return shim.Run(args[1:]) // fallback when sandbox-exec-shim is not installed
 	}
-	fmt.Fprintln(os.Stderr, "nsholder: internal mode; usage: sandbox-supervisor nsholder probe DIR | serve | shim -- ARGV...")
+	fmt.Fprintln(os.Stderr, "nsholder: internal mode; usage: sandbox-supervisor nsholder probe DIR | serve | rmtree DIR | shim -- ARGV...")
 	return 2
 }

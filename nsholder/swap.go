@@ -203,6 +203,16 @@ func (s *server) swapLower(req *swapHeader, fds []int) error {
 		return errors.New("swaplower: holder is shutting down")
 	}
 	if fm := s.root.fuse; fm != nil {
+		if upper != nil {
+			own, err := fm.ownMount(upper)
+			if err != nil {
+				return fmt.Errorf("swaplower: %w", err)
+			}
+			if own != upper {
+				upper.Close()
+				files[req.Lowers], upper = own, own
+			}
+		}
 		if err := fm.swap(upper, lowers); err != nil {
 			var wh *fuseoverlay.WriteHandlesError
 			if errors.As(err, &wh) {

@@ -113,6 +113,7 @@ func (s *Supervisor) newSandboxManager() *sbx.Manager[*occupants] {
 		Span:         s.sandboxSpan,
 		Detach:       func(id string) { s.cgroups.RemoveSandbox(id) },
 		Seal:         func(dir string) { s.obs.Seal(dir) },
+		RemoveDir:    workspace.RemoveTreeErr,
 		ReleaseImage: func(rootfs string) { s.images.Release(rootfs) },
 	}
 }

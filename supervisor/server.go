@@ -134,6 +134,7 @@ func Serve(ctx context.Context, opt Options) error {
 	if err != nil {
 		return catalog.Errorf(catalog.ConfigError, "cannot find the running binary: %w", err)
 	}
+	workspace.SetTreeSelf(self)
 	st, err := openStore(ctx, dirs.Data)
 	if err != nil {
 		return catalog.Errorf(catalog.ConfigError, "%w", err)

@@ -142,16 +142,24 @@ func (sp *span) finish(err error) {
 // newest records within the caps.
 func (s *Supervisor) eventsView(c *call) (any, error) {
 	f := obs.EventFilter{Name: c.args.String("name"), HasName: c.args.Has("name"),
-		SinceMs: math.MaxInt64, HasSince: c.args.Has("since_ms"), LastN: int(c.args.Uint("last_n"))}
+		SinceMs: math.MaxInt64, HasSince: c.args.Has("since_ms"), LastN: int(c.args.Uint("last_n")),
+		AfterSeq: c.args.Uint("after_seq"), HasAfter: c.args.Has("after_seq")}
 	if u := c.args.Uint("since_ms"); u <= math.MaxInt64 {
 		f.SinceMs = int64(u)
 	}
-	recs, err := s.obs.Store(scopeOf(c.sb)).Events(c.ctx, f)
+	page, err := s.obs.Store(scopeOf(c.sb)).EventsPage(c.ctx, f)
 	if err != nil {
 		// %v until catalog.Error carries a cause: Errorf formats with Sprintf.
 		return nil, catalog.Errorf(catalog.OperationFailed, "%v", err)
 	}
-	return map[string]any{"view": "events", "events": recs}, nil
+	out := map[string]any{"view": "events", "events": page.Events}
+	if page.Paged {
+		out["truncated"] = page.Truncated
+		if page.Truncated {
+			out["next_after_seq"] = page.NextAfterSeq
+		}
+	}
+	return out, nil
 }
 
 // traceView is the trace operation (§10.3).

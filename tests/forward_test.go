@@ -333,3 +333,33 @@ func TestForwardRefusals(t *testing.T) {
 		})
 	}
 }
+
+// TestForwardErrorHeaders (issue #27 item 11): a /forward answer the
+// listener makes itself (502: nothing listens on the port) carries the
+// listener's Content-Security-Policy and Cache-Control: no-store, as every
+// other answer of the listener does.
+func TestForwardErrorHeaders(t *testing.T) {
+	e := newEnv(t)
+	e.start("--http", "tcp://127.0.0.1:0")
+	w := e.web()
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	resp, body := w.do("GET", fmt.Sprintf("/forward/shared/%d/page", port), "", map[string]string{"Authorization": "Bearer " + w.token})
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("HTTP %d %s", resp.StatusCode, body)
+	}
+	wantEnvelope(t, "forward to a closed port", body, "operation_failed")
+	if csp := resp.Header.Values("Content-Security-Policy"); len(csp) != 1 || !strings.HasPrefix(csp[0], "default-src 'none';") {
+		t.Errorf("Content-Security-Policy = %q", csp)
+	}
+	if cc := resp.Header.Get("Cache-Control"); cc != "no-store" {
+		t.Errorf("Cache-Control = %q", cc)
+	}
+	if xf := resp.Header.Get("X-Frame-Options"); xf != "DENY" {
+		t.Errorf("X-Frame-Options = %q", xf)
+	}
+}

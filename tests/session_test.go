@@ -500,6 +500,41 @@ func TestSubordinateIDMapping(t *testing.T) {
 	})
 }
 
+// TestSubordinateIDTreesAreRemoved (issue #27 item 7): entries a subid
+// session chowns to its subordinate IDs do not keep destroy_workspace_session
+// or destroy_sandbox from removing the session's files.
+func TestSubordinateIDTreesAreRemoved(t *testing.T) {
+	forDrivers(t, func(t *testing.T) {
+		if _, err := exec.LookPath("newuidmap"); err != nil {
+			skipOrFail(t, "newuidmap is not installed (package uidmap): sandbox.id_mapping subid cannot work")
+		}
+		e := newEnv(t)
+		writeConfig(t, e, "sandbox:\n  id_mapping: subid\n")
+		e.start()
+		id := e.createSandbox(e.project(map[string]string{"a.txt": "a\n"}))
+		const plant = "mkdir -p d/e && touch d/f d/e/g && chmod 0555 d/e && chown -R 1000:1000 d && stat -c %u d/f"
+		a, b := e.session(id), e.session(id)
+		for _, ws := range []string{a, b} {
+			if out := e.exec(id, "--workspace-session-id", ws, plant); out["status"] != "ok" || out["output"] != "1000" {
+				t.Fatalf("plant: %v", out)
+			}
+		}
+		// A destroyed session's files go (from the sandbox's trash, in the
+		// background): destroy_sandbox below waits for that.
+		e.rt(id, "destroy_workspace_session", "--workspace-session-id", a)
+		got := e.mgr("destroy_sandbox", "--sandbox-id", id)
+		if got["state"] != "stopped" {
+			t.Fatalf("destroy_sandbox: %v", got)
+		}
+		if _, err := os.Lstat(filepath.Join(e.data(), "sandboxes", id)); !os.IsNotExist(err) {
+			t.Fatalf("the sandbox's directory is still there: %v", err)
+		}
+		if l := e.mgr("list_sandboxes")["sandboxes"].([]any); len(l) != 0 {
+			t.Fatalf("sandboxes after destroy: %v", l)
+		}
+	})
+}
+
 func TestHolderDeath(t *testing.T) {
 	forDrivers(t, func(t *testing.T) {
 		e, id := sandboxWithProject(t)

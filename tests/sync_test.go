@@ -368,3 +368,50 @@ func TestPublishKeepDropsWhatThePublishDropped(t *testing.T) {
 		}
 	})
 }
+
+// TestPublishKeepThenWriteAgain (issue #27 item 6): after publish keep:true
+// the session goes on writing to the files it published — an append to a
+// published file must work (it failed with EXDEV on the FUSE driver), the
+// second publish must carry it. The first publish's outcome_summary counts
+// both paths as unchanged_head — the contract's name for "head had not
+// changed the path, the session's change applies as is" — and its summary
+// counts them as published.
+func TestPublishKeepThenWriteAgain(t *testing.T) {
+	forDrivers(t, func(t *testing.T) {
+		e, id := sandboxWith(t, map[string]string{"a.txt": "a\n", "d/m.txt": "m1\n"})
+		ws := e.session(id, "--agent", "kim")
+		e.exec(id, "--workspace-session-id", ws, "echo k1 > k.txt && echo m2 >> d/m.txt")
+		p1 := e.publish(id, ws, "--keep")
+		pub := p1["publish"].(map[string]any)
+		sum := pub["outcome_summary"].(map[string]any)
+		if p1["kept"] != true || pub["no_op"] != false || num(t, sum["unchanged_head"]) != 2 || num(t, sum["applied"]) != 0 ||
+			num(t, pub["summary"].(map[string]any)["published_paths"]) != 2 {
+			t.Fatalf("first keep: %v", p1)
+		}
+		out := e.exec(id, "--workspace-session-id", ws, "echo k2 >> k.txt && echo m3 >> d/m.txt && echo a2 >> a.txt && cat k.txt d/m.txt a.txt")
+		if num(t, out["exit_code"]) != 0 || out["output"] != "k1\nk2\nm1\nm2\nm3\na\na2" {
+			t.Fatalf("writes after keep: %v", out)
+		}
+		p2 := e.publish(id, ws, "--keep")
+		if p2["publish"].(map[string]any)["no_op"] != false {
+			t.Fatalf("second keep: %v", p2)
+		}
+		for p, want := range map[string]string{"k.txt": "k1\nk2", "d/m.txt": "m1\nm2\nm3", "a.txt": "a\na2"} {
+			if got := e.rt(id, "file_read", "--path", p)["content"]; got != want {
+				t.Fatalf("head %s = %q, want %q", p, got, want)
+			}
+		}
+		// A sync replaces the upper the same way: a file it brought in
+		// from the head takes writes too.
+		o := e.session(id)
+		e.exec(id, "--workspace-session-id", o, "echo o1 > o.txt")
+		e.publish(id, o)
+		e.exec(id, "--workspace-session-id", ws, "echo mine > mine.txt")
+		if s := e.sync(id, ws)["sync"].(map[string]any); s["result"] != "synced" {
+			t.Fatalf("sync: %v", s)
+		}
+		if out := e.exec(id, "--workspace-session-id", ws, "echo o2 >> o.txt && echo k3 >> k.txt && cat o.txt k.txt"); num(t, out["exit_code"]) != 0 || out["output"] != "o1\no2\nk1\nk2\nk3" {
+			t.Fatalf("writes after sync: %v", out)
+		}
+	})
+}

@@ -51,3 +51,34 @@ func TestNoBuildOutputsTracked(t *testing.T) {
 		}
 	}
 }
+
+// TestNoReferencesOutsideRepository (issue #27 item 11, contract amendment
+// A6): what a user needs is in the repository; no tracked file sends a
+// reader to the team's shared folder beside it.
+func TestNoReferencesOutsideRepository(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("git", "-C", root, "ls-files", "-z").Output()
+	if err != nil {
+		skipOrFail(t, "not a git checkout (git ls-files: %v)", err)
+	}
+	// Spelled in pieces so that this file does not match itself.
+	needles := []string{".." + "/shared", "shared" + "/contract.md", "/work" + "/shared"}
+	for _, name := range strings.Split(strings.TrimRight(string(out), "\x00"), "\x00") {
+		if name == "" || strings.Contains(name, "/vendor/") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(root, name))
+		if err != nil {
+			continue // deleted in the work tree, or not a file
+		}
+		for _, n := range needles {
+			if i := bytes.Index(b, []byte(n)); i >= 0 {
+				line := bytes.Count(b[:i], []byte("\n")) + 1
+				t.Errorf("%s:%d refers to %q, outside the repository: move what it needs into docs/", name, line, n)
+			}
+		}
+	}
+}

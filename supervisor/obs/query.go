@@ -1,6 +1,7 @@
 package obs
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,35 +25,108 @@ type EventFilter struct {
 	HasName  bool
 	SinceMs  int64 // only events at or after this Unix millisecond, when HasSince
 	HasSince bool
-	LastN    int // the newest LastN (0 or above the cap: MaxRecords)
+	AfterSeq uint64 // only events whose seq is above this, when HasAfter
+	HasAfter bool
+	LastN    int // the newest LastN of the selection (0: no such bound)
+}
+
+// EventPage is the result of an events query. A query without LastN and
+// AfterSeq returns the newest events within MaxRecords and MaxBytes, the
+// oldest dropped first (§10.1). With either, the query is paged: the
+// selection (the newest LastN of the events with seq above AfterSeq) is
+// returned oldest first, a response's worth at a time; when more of it
+// is left, Truncated is set and NextAfterSeq is the seq of the last event
+// returned: the same query with AfterSeq = NextAfterSeq returns the next
+// page. That is how a caller reads more than one response holds — upstream
+// tools ask for the newest 10000 events (issue #27).
+type EventPage struct {
+	Events       []json.RawMessage
+	Paged        bool
+	Truncated    bool
+	NextAfterSeq uint64
+}
+
+// match reports whether an event record passes f.
+func (f EventFilter) match(h recordHead) bool {
+	return h.Kind == "event" && (!f.HasName || h.Name == f.Name) && (!f.HasSince || h.TS >= f.SinceMs) &&
+		(!f.HasAfter || h.Seq > f.AfterSeq)
 }
 
 // Events returns the store's events that pass f, chronological, the newest
-// within MaxRecords and MaxBytes.
+// within MaxRecords and MaxBytes (see EventPage for a paged query).
 func (st *Store) Events(ctx context.Context, f EventFilter) ([]json.RawMessage, error) {
+	p, err := st.EventsPage(ctx, f)
+	return p.Events, err
+}
+
+// EventsPage is the events query of §10.3 with the paging of EventPage.
+func (st *Store) EventsPage(ctx context.Context, f EventFilter) (EventPage, error) {
 	snap, err := st.Open()
 	if err != nil {
-		return nil, fmt.Errorf("read event store: %w", err)
+		return EventPage{}, fmt.Errorf("read event store: %w", err)
 	}
 	defer snap.Close()
-	w := newRecordWindow(f.LastN, MaxBytes-EnvelopeSlack)
+	readErr := func(err error) (EventPage, error) { return EventPage{}, fmt.Errorf("read event store: %w", err) }
+	if f.LastN <= 0 && !f.HasAfter {
+		w := newRecordWindow(0, MaxBytes-EnvelopeSlack)
+		if err := snap.Scan(ctx, func(line []byte) {
+			var h recordHead
+			if json.Unmarshal(line, &h) == nil && f.match(h) {
+				w.add(h, line)
+			}
+		}); err != nil {
+			return readErr(err)
+		}
+		recs := w.recs
+		if recs == nil {
+			recs = []json.RawMessage{}
+		}
+		return EventPage{Events: recs}, nil
+	}
+	// Two passes over the same snapshot: count the selection, then skip to
+	// its newest LastN. Records appended between the passes come after
+	// the counted ones, so the skip stays right; they only add pages.
+	skip := 0
+	if f.LastN > 0 {
+		n := 0
+		if err := snap.Scan(ctx, func(line []byte) {
+			var h recordHead
+			if json.Unmarshal(line, &h) == nil && f.match(h) {
+				n++
+			}
+		}); err != nil {
+			return readErr(err)
+		}
+		skip = max(n-f.LastN, 0)
+	}
+	page := EventPage{Events: []json.RawMessage{}, Paged: true}
+	budget := MaxBytes - EnvelopeSlack
+	seen := 0
 	if err := snap.Scan(ctx, func(line []byte) {
+		if page.Truncated {
+			return
+		}
 		var h recordHead
-		if json.Unmarshal(line, &h) != nil || h.Kind != "event" {
+		if json.Unmarshal(line, &h) != nil || !f.match(h) {
 			return
 		}
-		if (f.HasName && h.Name != f.Name) || (f.HasSince && h.TS < f.SinceMs) {
+		if seen++; seen <= skip || len(line)+1 > MaxBytes-EnvelopeSlack {
 			return
 		}
-		w.add(h, line)
+		if len(page.Events) == MaxRecords || len(line)+1 > budget {
+			page.Truncated = true
+			return
+		}
+		page.Events = append(page.Events, json.RawMessage(bytes.Clone(line)))
+		budget -= len(line) + 1
+		page.NextAfterSeq = h.Seq
 	}); err != nil {
-		return nil, fmt.Errorf("read event store: %w", err)
+		return readErr(err)
 	}
-	recs := w.recs
-	if recs == nil {
-		recs = []json.RawMessage{}
+	if !page.Truncated {
+		page.NextAfterSeq = 0
 	}
-	return recs, nil
+	return page, nil
 }
 
 // TraceNode is one span of a trace tree with its children and events.

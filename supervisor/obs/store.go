@@ -308,6 +308,7 @@ type recordHead struct {
 	Parent string `json:"parent"`
 	Name   string `json:"name"`
 	DurMs  int64  `json:"dur_ms"`
+	Seq    uint64 `json:"seq"`
 }
 
 // recordWindow keeps the newest records within a count and a byte budget,

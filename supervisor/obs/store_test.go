@@ -68,15 +68,23 @@ func query(t *testing.T, r *testRegistry, sc Scope, opID string, raw map[string]
 	switch opID {
 	case "events":
 		f := EventFilter{Name: args.String("name"), HasName: args.Has("name"),
-			SinceMs: math.MaxInt64, HasSince: args.Has("since_ms"), LastN: int(args.Uint("last_n"))}
+			SinceMs: math.MaxInt64, HasSince: args.Has("since_ms"), LastN: int(args.Uint("last_n")),
+			AfterSeq: args.Uint("after_seq"), HasAfter: args.Has("after_seq")}
 		if u := args.Uint("since_ms"); u <= math.MaxInt64 {
 			f.SinceMs = int64(u)
 		}
-		recs, err := st.Events(context.Background(), f)
+		page, err := st.EventsPage(context.Background(), f)
 		if err != nil {
 			return nil, err
 		}
-		res = map[string]any{"view": "events", "events": recs}
+		m := map[string]any{"view": "events", "events": page.Events}
+		if page.Paged {
+			m["truncated"] = page.Truncated
+			if page.Truncated {
+				m["next_after_seq"] = page.NextAfterSeq
+			}
+		}
+		res = m
 	case "trace":
 		trace, roots, err := st.Trace(context.Background(), args.String("trace_id"))
 		if err != nil {
@@ -259,6 +267,60 @@ func TestObsRotationKeepsOrder(t *testing.T) {
 	}
 }
 
+// TestObsEventsPaged (issue #27 item 10): last_n above one response's
+// worth is accepted; the selection comes in pages, oldest first, each
+// naming the after_seq of the next, and the pages together are exactly the
+// newest last_n events.
+func TestObsEventsPaged(t *testing.T) {
+	r := obsRegistry(t, nil)
+	sb := obsSandbox(t, r, "sbx-pages")
+	pad := strings.Repeat("p", 200)
+	for i := 0; i < 3000; i++ {
+		r.Event(sb, "", "test.page", map[string]any{"seq": i, "pad": pad})
+	}
+	var got []int
+	args := map[string]any{"last_n": float64(2000)}
+	for pages := 1; ; pages++ {
+		m := mustQuery(t, r, sb, "events", args)
+		evs := eventList(t, m)
+		if len(evs) == 0 || len(evs) > MaxRecords {
+			t.Fatalf("page %d: %d events", pages, len(evs))
+		}
+		if b, _ := json.Marshal(m); len(b) > MaxBytes {
+			t.Fatalf("page %d: %d bytes", pages, len(b))
+		}
+		for _, e := range evs {
+			got = append(got, seqOf(e))
+		}
+		if m["truncated"] == false {
+			if _, ok := m["next_after_seq"]; ok {
+				t.Fatalf("last page names a next one: %v", m["next_after_seq"])
+			}
+			if pages < 4 {
+				t.Fatalf("2000 events of ~300 bytes in %d pages", pages)
+			}
+			break
+		}
+		next := m["next_after_seq"].(float64)
+		if last := evs[len(evs)-1]["seq"].(float64); next != last {
+			t.Fatalf("next_after_seq %v is not the last event's seq %v", next, last)
+		}
+		args["after_seq"] = next
+	}
+	if len(got) != 2000 || got[0] != 1000 || got[1999] != 2999 {
+		t.Fatalf("pages hold %d events, %v … %v", len(got), got[0], got[len(got)-1])
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i] != got[i-1]+1 {
+			t.Fatalf("pages not contiguous at %d: %d then %d", i, got[i-1], got[i])
+		}
+	}
+	// Without last_n or after_seq: the newest within the caps, unpaged.
+	if m := mustQuery(t, r, sb, "events", nil); m["truncated"] != nil || seqOf(eventList(t, m)[len(eventList(t, m))-1]) != 2999 {
+		t.Fatalf("unpaged query: truncated=%v", m["truncated"])
+	}
+}
+
 func TestObsEventFilters(t *testing.T) {
 	r := obsRegistry(t, nil)
 	sb := obsSandbox(t, r, "sbx-f")
@@ -297,7 +359,7 @@ func TestObsEventFilters(t *testing.T) {
 	if n := len(eventList(t, mustQuery(t, r, sb, "events", map[string]any{"name": "nope"}))); n != 0 {
 		t.Fatalf("unknown name: %d", n)
 	}
-	for _, bad := range []map[string]any{{"last_n": float64(0)}, {"last_n": float64(501)}, {"since_ms": float64(-1)}, {"bogus": "x"}} {
+	for _, bad := range []map[string]any{{"last_n": float64(0)}, {"last_n": float64(catalog.MaxEventsLastN + 1)}, {"since_ms": float64(-1)}, {"bogus": "x"}} {
 		if _, err := query(t, r, sb, "events", bad); err == nil || err.(*catalog.Error).Kind != catalog.InvalidRequest {
 			t.Fatalf("%v: %v", bad, err)
 		}

@@ -49,6 +49,10 @@ type Manager[W any] struct {
 	// dropped. Both may be nil.
 	Detach func(id string)
 	Seal   func(dir string)
+	// RemoveDir removes the sandbox's directory, which holds what its
+	// sessions wrote (entries of subordinate IDs included); nil is
+	// layers.RemoveAll.
+	RemoveDir func(ctx context.Context, dir string) error
 	// ReleaseImage drops a destroyed sandbox's reference on its image
 	// rootfs (§4.3); nil when there is no image cache.
 	ReleaseImage func(rootfs string)
@@ -82,8 +86,16 @@ func (m *Manager[W]) Remove(ctx context.Context, sb *Sandbox[W]) error {
 	if m.Seal != nil {
 		m.Seal(sb.Dir)
 	}
-	_ = layers.RemoveAll(sb.Dir)
-	if _, err := os.Stat(sb.Dir); err == nil {
+	var rerr error
+	if m.RemoveDir != nil {
+		rerr = m.RemoveDir(ctx, sb.Dir)
+	} else {
+		rerr = layers.RemoveAll(sb.Dir)
+	}
+	if _, err := os.Lstat(sb.Dir); err == nil {
+		if rerr != nil {
+			return rerr
+		}
 		return fmt.Errorf("remove %s: still present", sb.Dir)
 	}
 	m.Occupants.Forget(sb)

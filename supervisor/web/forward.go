@@ -103,6 +103,13 @@ func newForwarder(cfg ForwardConfig, httpPort int, logger *slog.Logger) *forward
 				return // the client went away; nobody reads an answer
 			}
 			logger.Warn("http forward", "path", r.URL.Path, "err", err)
+			// This answer is the listener's own, not the target's: it gets
+			// the headers guard gives every other answer, which serve
+			// dropped for the target's response.
+			h := w.Header()
+			h.Set("Content-Security-Policy", csp)
+			h.Set("Cache-Control", "no-store")
+			h.Set("X-Frame-Options", "DENY")
 			writeError(w, status, catalog.Errorf(catalog.OperationFailed, "forward: %v", err))
 		},
 	}

@@ -5,13 +5,16 @@ package workspace
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -216,9 +219,43 @@ func (ss *Session) Object(ctx context.Context) map[string]any {
 // RemoveTree deletes a directory that may contain the mode-000 work dir the
 // kernel overlay leaves behind, and entries a session made (so never by
 // joined path: layers.RemoveAll). Best effort: callers that must know check
-// that the directory is gone (removeSandbox).
+// that the directory is gone (removeSandbox) or call RemoveTreeErr.
 func RemoveTree(dir string) {
-	_ = layers.RemoveAll(dir)
+	_ = RemoveTreeErr(context.Background(), dir)
+}
+
+// treeSelf is the supervisor's binary (SetTreeSelf), which RemoveTreeErr
+// starts in its rmtree mode; "" leaves subordinate-ID trees in place.
+var treeSelf atomic.Pointer[string]
+
+// SetTreeSelf names the supervisor's binary for RemoveTreeErr; the
+// supervisor calls it once at start. It is process-wide because the trees
+// it serves are removed from package-level paths (teardown in the
+// background, boot recovery, sandbox removal).
+func SetTreeSelf(self string) { treeSelf.Store(&self) }
+
+// RemoveTreeErr is RemoveTree that reports whether dir is gone. A session
+// with sandbox.id_mapping subid may leave entries owned by its subordinate
+// IDs (chown -R 1000:1000 d): the supervisor may not remove what is inside
+// such a directory, so what is left is removed again inside a user
+// namespace mapped as the session's was (nsholder.RemoveMapped), where the
+// supervisor's user is root over those IDs.
+func RemoveTreeErr(ctx context.Context, dir string) error {
+	err := layers.RemoveAll(dir)
+	if _, serr := os.Lstat(dir); errors.Is(serr, fs.ErrNotExist) {
+		return nil
+	}
+	if err == nil {
+		err = fmt.Errorf("remove %s: still present", dir)
+	}
+	self := treeSelf.Load()
+	if self == nil || *self == "" {
+		return err
+	}
+	if merr := nsholder.RemoveMapped(ctx, *self, filepath.Clean(dir)); merr != nil {
+		return fmt.Errorf("%w (and with subordinate IDs mapped: %w)", err, merr)
+	}
+	return nil
 }
 
 // DirBytes sums the sizes of the regular files below dir, a tree a session

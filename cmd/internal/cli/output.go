@@ -44,10 +44,20 @@ func StripANSI(s string) string {
 // BoundOutput bounds the "output" of a command output object (§3.3) to
 // about maxTokens tokens (4 characters each, the contract's
 // original_token_count measure). It keeps whole rows from the head and the
-// tail, puts one marker row between them naming the omitted row offsets
-// (read them with read_command_lines), and adds output_truncated with the
-// same numbers. A single row longer than half the budget is cut and counts
-// as omitted. 0 means unbounded; objects without output are left alone.
+// tail, puts one marker row between them naming the omitted row offsets,
+// and adds output_truncated with the same numbers. A single row longer
+// than half the budget is cut (its head, or the last row's tail, shown)
+// and counts as omitted.
+//
+// The marker names reads that return what was left out, never the same
+// cut again (issue #27): whole omitted rows with read_command_lines
+// start_offset/limit (under the same bound such a read keeps at least its
+// first row, or cuts it and says so); a row shown only in part with
+// start_offset=R limit=1 max_output_tokens=0, the one read that returns a
+// row whole (rows are the transcript's unit: there is no read of a range
+// within one). When rows before the response fell out of the transcript
+// window (truncated_before), the marker says that they cannot be read.
+// 0 means unbounded; objects without output are left alone.
 func BoundOutput(obj map[string]any, maxTokens uint64) {
 	out, ok := obj["output"].(string)
 	if !ok || maxTokens == 0 || uint64(utf8.RuneCountInString(out)) <= maxTokens*4 {
@@ -81,8 +91,36 @@ func BoundOutput(obj map[string]any, maxTokens uint64) {
 	}
 	omitFrom, omitTo := start+h, start+n-t
 	omitted := omitTo - omitFrom
-	marker := fmt.Sprintf("[… %d of %d rows omitted here (offsets %d to %d), output bounded to about %d tokens; "+
-		"read them with read_command_lines start_offset=%d …]", omitted, n, omitFrom, omitTo-1, maxTokens, omitFrom)
+	// Whole rows omitted: [wholeFrom, wholeTo); the cut rows around them.
+	wholeFrom, wholeTo := omitFrom, omitTo
+	var partial []int
+	if partHead != "" {
+		partial = append(partial, omitFrom)
+		wholeFrom++
+	}
+	if partTail != "" {
+		partial = append(partial, omitTo-1)
+		wholeTo--
+	}
+	var reads []string
+	if partHead != "" {
+		reads = append(reads, fmt.Sprintf("row %d is shown only in part: read it whole with read_command_lines start_offset=%d limit=1 max_output_tokens=0", omitFrom, omitFrom))
+	}
+	switch {
+	case wholeTo-wholeFrom == 1:
+		reads = append(reads, fmt.Sprintf("read row %d with read_command_lines start_offset=%d limit=1", wholeFrom, wholeFrom))
+	case wholeTo > wholeFrom:
+		reads = append(reads, fmt.Sprintf("read rows %d to %d with read_command_lines start_offset=%d limit=%d",
+			wholeFrom, wholeTo-1, wholeFrom, min(wholeTo-wholeFrom, readLinesMax)))
+	}
+	if partTail != "" {
+		reads = append(reads, fmt.Sprintf("row %d is shown only in part: read it whole with read_command_lines start_offset=%d limit=1 max_output_tokens=0", omitTo-1, omitTo-1))
+	}
+	if tb := intField(obj["truncated_before"]); tb > 0 {
+		reads = append(reads, fmt.Sprintf("%d earlier rows fell out of the transcript window (truncated_before) and can no longer be read", tb))
+	}
+	marker := fmt.Sprintf("[… %d of %d rows omitted here (offsets %d to %d), output bounded to about %d tokens; %s …]",
+		omitted, n, omitFrom, omitTo-1, maxTokens, strings.Join(reads, "; "))
 	parts := append([]string{}, head...)
 	if partHead != "" {
 		parts = append(parts, partHead)
@@ -93,11 +131,19 @@ func BoundOutput(obj map[string]any, maxTokens uint64) {
 	}
 	parts = append(parts, tail...)
 	obj["output"] = strings.Join(parts, "\n")
-	obj["output_truncated"] = map[string]any{
+	tr := map[string]any{
 		"omitted_start_offset": omitFrom, "omitted_end_offset": omitTo, "omitted_rows": omitted,
 		"max_output_tokens": maxTokens,
 	}
+	if len(partial) > 0 {
+		tr["partial_row_offsets"] = partial
+	}
+	obj["output_truncated"] = tr
 }
+
+// readLinesMax is read_command_lines' largest limit
+// (runtime.command.read_lines_max's default); a marker never names more.
+const readLinesMax = 1000
 
 func cutRunes(s string, n int, fromEnd bool) string {
 	r := []rune(s)

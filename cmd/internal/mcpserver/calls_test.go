@@ -222,7 +222,7 @@ func TestBoundsIntegersAndDefaults(t *testing.T) {
 		if tc.bounded {
 			from := int(tr["omitted_start_offset"].(float64))
 			to := int(tr["omitted_end_offset"].(float64))
-			marker := fmt.Sprintf("read them with read_command_lines start_offset=%d", from)
+			marker := fmt.Sprintf("with read_command_lines start_offset=%d limit=%d …]", from, to-from)
 			// The marker row replaces exactly the omitted rows.
 			if got := strings.Count(output, "\n") + 1; got != 300-(to-from)+1 || !strings.Contains(output, marker) || len(output) > tc.maxChars+250 {
 				t.Errorf("%v: %d rows, omitted [%d,%d): %q", tc.args, got, from, to, output)

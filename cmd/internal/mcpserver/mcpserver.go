@@ -85,8 +85,9 @@ const (
 	// firstSlice bounds the first exec_command request: until it answers,
 	// the command's ID is unknown and a cancel has to wait for it.
 	firstSlice = 1000 * time.Millisecond
-	// pollSlice is the length of each further yield (one progress
-	// notification each when the caller sent a progressToken).
+	// pollSlice is the length of each further yield. Every slice but the
+	// last, the first included, sends one progress notification when the
+	// caller sent a progressToken.
 	pollSlice = 2000 * time.Millisecond
 )
 

@@ -25,8 +25,9 @@ import (
 //     written before the cancel; an explicit session keeps it unpublished;
 //   - a cancelled poll closes its connection, which cancels the supervisor
 //     request, and leaves the command running;
-//   - with a progressToken, every further yield sends notifications/progress
-//     with the new output, so a client's request timeout can be reset.
+//   - with a progressToken, every yield but the last (whose output is the
+//     response) sends notifications/progress with its new output, the
+//     first one at 1 s, so a client's request timeout can be reset.
 //
 // The rows of all yields are joined in order, so the result is the one a
 // single yield of the same length would have returned.
@@ -52,6 +53,25 @@ func (p *projection) yielding(ctx context.Context, r *catalog.Request, token mcp
 	id, _ := resp["command_session_id"].(string)
 	acc := &merged{first: resp}
 	seq := 0
+	// notify sends a slice's news: every slice that ends with the command
+	// still running and time left in the yield, the first one (1 s)
+	// included. The last slice's news travels in the response itself; a
+	// notification written after it would confuse clients.
+	notify := func(out map[string]any) {
+		seq++
+		if token == nil || ctx.Err() != nil || !running(out) || time.Since(start) >= budget {
+			return
+		}
+		msg, _ := out["output"].(string)
+		msg = cli.StripANSI(msg)
+		if n := len(msg); n > 2000 {
+			msg = "…" + msg[n-2000:]
+		}
+		_ = p.srv.SendNotificationToClient(ctx, "notifications/progress", map[string]any{
+			"progressToken": token, "progress": seq, "message": msg,
+		})
+	}
+	notify(resp)
 	for running(acc.last()) {
 		if ctx.Err() != nil {
 			if isExec {
@@ -64,7 +84,7 @@ func (p *projection) yielding(ctx context.Context, r *catalog.Request, token mcp
 			break
 		}
 		poll := &catalog.Request{Op: "write_command_stdin", RequestID: cli.NewRequestID(), Scope: r.Scope,
-			Args: catalog.Args{"command_session_id": id, "stdin": "", "yield_time_ms": uint64(max(min(left, pollSlice).Milliseconds(), 1))}}
+			Args: catalog.Args{"command_session_id": id, "stdin": "", "yield_time_ms": ceilMs(min(left, pollSlice))}}
 		next := p.call(ctx, poll)
 		if e := catalog.ErrorFromResponse(next); e != nil {
 			if ctx.Err() != nil {
@@ -81,18 +101,7 @@ func (p *projection) yielding(ctx context.Context, r *catalog.Request, token mcp
 			}
 		}
 		acc.add(next)
-		seq++
-		// The last slice's news travels in the response itself; a
-		// notification written after it would confuse clients.
-		if token != nil && ctx.Err() == nil && running(next) && time.Since(start) < budget {
-			msg := cli.StripANSI(next["output"].(string))
-			if n := len(msg); n > 2000 {
-				msg = "…" + msg[n-2000:]
-			}
-			_ = p.srv.SendNotificationToClient(ctx, "notifications/progress", map[string]any{
-				"progressToken": token, "progress": seq, "message": msg,
-			})
-		}
+		notify(next)
 	}
 	return acc.result(start)
 }
@@ -128,6 +137,12 @@ func (p *projection) interrupt(ctx context.Context, r *catalog.Request, id strin
 	defer cancel()
 	p.call(c, &catalog.Request{Op: "write_command_stdin", RequestID: cli.NewRequestID(), Scope: r.Scope,
 		Args: catalog.Args{"command_session_id": id, "stdin": "\u0003", "yield_time_ms": uint64(1000)}})
+}
+
+// ceilMs is d in whole milliseconds, rounded up: a last slice rounded down
+// would end just short of the yield and add a slice of 1 ms.
+func ceilMs(d time.Duration) uint64 {
+	return uint64(max((d+time.Millisecond-1)/time.Millisecond, 1))
 }
 
 func running(out map[string]any) bool { return out["status"] == "running" }
