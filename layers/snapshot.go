@@ -161,6 +161,17 @@ func Create(ctx context.Context, dir, workspaceRoot string, opt SnapshotOptions)
 		return nil, SnapshotStats{}, wrap(err)
 	}
 	sn.progress(true)
+	// After every copy, so the layer files' ctimes are final.
+	restated, err := restatSnapshotIndexes(ctx, stagingRoot, absRoot, sn.entries)
+	if err != nil {
+		return nil, SnapshotStats{}, wrap(fmt.Errorf("git index: %w", err))
+	}
+	for i := range sn.entries {
+		if e, ok := restated[sn.entries[i].path]; ok {
+			sn.stats.Bytes += e.size - sn.entries[i].size
+			sn.entries[i] = e
+		}
+	}
 	hash := hashBaseEntries(sn.entries)
 	sn.stats.BaseRootHash = hash
 
