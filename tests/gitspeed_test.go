@@ -216,3 +216,74 @@ func gitDirState(t *testing.T, root string) string {
 	}
 	return b.String()
 }
+
+// Item 4 of issue #28: a linked worktree (its .git a file pointing outside
+// the workspace) is refused at create_sandbox with a message saying what is
+// supported; a repository with a submodule works in sessions, and the
+// submodule's own index gets the session's stat data too.
+func TestGitWorktreeAndSubmodules(t *testing.T) {
+	t.Run("linked-worktree", func(t *testing.T) {
+		e := newEnv(t)
+		e.start()
+		root := e.gitRepo()
+		wt := filepath.Join(e.root, "linked")
+		gitIn(t, root, "worktree", "add", "-q", "-b", "side", wt)
+		body := e.fail(1, "invalid_request", "sandbox-manager-cli", "create_sandbox", "--workspace-bind-root", wt)
+		msg, _ := body["message"].(string)
+		for _, want := range []string{"linked git worktree", "Not supported", "Supported", "submodules"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("message lacks %q: %s", want, msg)
+			}
+		}
+		// The main working tree is fine, and so is a git_ref snapshot of
+		// the worktree (it has no .git).
+		e.createSandbox(root)
+		e.createSandbox(wt, "--git-ref", "side")
+	})
+	forDrivers(t, func(t *testing.T) {
+		e := newEnv(t)
+		e.start()
+		sub := filepath.Join(e.root, "subrepo")
+		if err := os.MkdirAll(sub, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for p, c := range map[string]string{"lib.txt": "library\n", "inc/h.txt": "header\n"} {
+			os.MkdirAll(filepath.Join(sub, filepath.Dir(p)), 0o755)
+			if err := os.WriteFile(filepath.Join(sub, p), []byte(c), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		gitIn(t, sub, "init", "-q", "-b", "main")
+		gitIn(t, sub, "add", "-A")
+		gitIn(t, sub, "commit", "-q", "-m", "sub init")
+		root := e.gitSpeedRepo()
+		gitIn(t, root, "-c", "protocol.file.allow=always", "submodule", "add", "-q", "file://"+sub, "mod")
+		gitIn(t, root, "commit", "-q", "-m", "add submodule")
+		hostStatus := strings.TrimRight(gitIn(t, root, "status", "--porcelain"), "\n")
+		id := e.createSandbox(root)
+		ws := e.session(id)
+		status, changed, _, _ := e.sessionGitState(id, ws, "/workspace")
+		if status != hostStatus || changed {
+			t.Errorf("super repository: status %q (host %q), index rewritten: %v", status, hostStatus, changed)
+		}
+		status, changed, cached, seen := e.sessionGitState(id, ws, "/workspace/mod")
+		if status != "" || changed || len(cached) != 2 {
+			t.Errorf("submodule: status %q, index rewritten: %v, entries %v", status, changed, cached)
+		}
+		for p, c := range cached {
+			c.ctime, c.mtime = normNsec(c.ctime), normNsec(c.mtime)
+			if s := seen[p]; c != s {
+				t.Errorf("submodule %s: index %+v, session lstat %+v", p, c, s)
+			}
+		}
+		out := e.exec(id, "--workspace-session-id", ws, "--yield-time-ms", "60000",
+			`git submodule status | cut -c2-; git -C mod log --oneline | wc -l; echo more >> mod/lib.txt; git status --porcelain; git -C mod status --porcelain`)
+		got := strings.ReplaceAll(out["output"].(string), "\r", "")
+		subHead := strings.TrimSpace(gitIn(t, sub, "rev-parse", "HEAD"))
+		for _, want := range []string{subHead + " mod", "\n1\n", " M mod", " M lib.txt"} {
+			if !strings.Contains(got, want) {
+				t.Errorf("submodule in a session: %q lacks %q", got, want)
+			}
+		}
+	})
+}
