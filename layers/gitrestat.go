@@ -348,3 +348,31 @@ func restatSnapshotIndexes(ctx context.Context, staging, hostRoot string, entrie
 	}
 	return out, nil
 }
+
+// RestatGitIndexInView rewrites a git index (data) whose work tree is
+// workTree ("" for the workspace root) in the merged view v, for the
+// sessions that will see v: the call a publish makes when it writes a new
+// head index (build the layer in staging, make a Manifest whose newest
+// LayerRef points at the staged directory, View it, restat, write the
+// result into the staged layer, then commit). An entry is trusted without
+// reading when the view's file has the recorded size and mtime and the
+// entry was not racily clean when git wrote the index (indexMtime: the
+// index file's mtime where git wrote it; the zero value hashes every
+// entry); otherwise it is hashed.
+func RestatGitIndexInView(ctx context.Context, data []byte, v *View, workTree string, indexMtime unix.Timespec) ([]byte, RestatStats, error) {
+	lookup := func(p string) (string, bool) {
+		e, err := v.Lstat(joinRel(workTree, p))
+		if err != nil || (e.Kind != KindFile && e.Kind != KindSymlink) {
+			return "", false
+		}
+		return e.HostPath, true
+	}
+	known := func(e *gitindex.Entry, st *unix.Stat_t) bool {
+		if indexMtime == (unix.Timespec{}) {
+			return false
+		}
+		return e.Stat.Size == uint32(st.Size) && e.Stat.MtimeSec == uint32(st.Mtim.Sec) &&
+			e.Stat.MtimeNsec == uint32(st.Mtim.Nsec) && !RacilyClean(e.Stat, indexMtime)
+	}
+	return RestatGitIndex(ctx, data, RestatOptions{Lookup: lookup, Known: known})
+}
