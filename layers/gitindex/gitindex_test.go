@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -108,28 +109,9 @@ func TestParseRewriteRealIndexes(t *testing.T) {
 	}
 }
 
-func modeStr(m uint32) string { return strconvOct(m) }
+func modeStr(m uint32) string { return strconv.FormatUint(uint64(m), 8) }
 
-func strconvOct(m uint32) string {
-	s := ""
-	for m > 0 {
-		s = string(rune('0'+m%8)) + s
-		m /= 8
-	}
-	return s
-}
-
-func itoa(i int) string {
-	if i == 0 {
-		return "0"
-	}
-	s := ""
-	for i > 0 {
-		s = string(rune('0'+i%10)) + s
-		i /= 10
-	}
-	return s
-}
+func itoa(i int) string { return strconv.Itoa(i) }
 
 func debugBlock(debug, path string) string {
 	lines := strings.Split(debug, "\n")
