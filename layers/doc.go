@@ -18,10 +18,19 @@
 //     rewrites a session's upper for a newer head through the publish
 //     planner, swapped in with one renameat2(RENAME_EXCHANGE) and a journal
 //     (RecoverSync, CompleteSync, AbortSync); CopyUpper copies an upper
-//     exactly for a fork.
+//     exactly for a fork;
+//   - the git index a session starts from (gitrestat.go, issue #28): the
+//     snapshot rewrites every git index in the workspace so its cached
+//     stat data are what a session on either overlay driver sees (one
+//     index fits both: the session sees the layer file's inode, ctime and
+//     mtime, and the supervisor's ids as 0); RestatGitIndexInView is the
+//     same for a head index a publish writes. Hard links keep an index
+//     valid (squash and CreateSibling need no rewrite) because sessions
+//     run git with core.trustCtime=false.
 //
-// It imports nothing of this module but the leaf internal/beneath (the
-// module's one resolver beneath a root), needs no privileges and no
+// It imports nothing of this module but the leaves internal/beneath (the
+// module's one resolver beneath a root) and layers/gitindex (the index
+// file format), needs no privileges and no
 // namespaces, and is Linux-only (golang.org/x/sys/unix).
 //
 // upperfmt.go is the one upper-format module: every decision of what a

@@ -161,6 +161,17 @@ func Create(ctx context.Context, dir, workspaceRoot string, opt SnapshotOptions)
 		return nil, SnapshotStats{}, wrap(err)
 	}
 	sn.progress(true)
+	// After every copy, so the layer files' ctimes are final.
+	restated, err := restatSnapshotIndexes(ctx, stagingRoot, absRoot, sn.entries)
+	if err != nil {
+		return nil, SnapshotStats{}, wrap(fmt.Errorf("git index: %w", err))
+	}
+	for i := range sn.entries {
+		if e, ok := restated[sn.entries[i].path]; ok {
+			sn.stats.Bytes += e.size - sn.entries[i].size
+			sn.entries[i] = e
+		}
+	}
 	hash := hashBaseEntries(sn.entries)
 	sn.stats.BaseRootHash = hash
 
@@ -404,8 +415,8 @@ func (c *ctxReader) Read(p []byte) (int, error) {
 }
 
 // CreateSibling creates a new LayerStack at dir with the same base as from:
-// the files of from's finished base are hardlinked (copied where a hardlink
-// is refused), directories and symlinks recreated. On any failure dir is
+// the files and symlinks of from's finished base are hardlinked (copied
+// where a hardlink is refused), directories recreated. On any failure dir is
 // removed completely.
 func CreateSibling(ctx context.Context, dir string, from *Stack) (st *Stack, err error) {
 	if from == nil {
@@ -489,6 +500,12 @@ func linkTree(ctx context.Context, src, dst string) error {
 				return &fs.PathError{Op: "chmod", Path: d, Err: err}
 			}
 		case fi.Mode()&fs.ModeSymlink != 0:
+			// A hard link of the symlink itself (link(2) does not follow
+			// it) keeps its inode number, which the base's git index
+			// records (gitrestat.go); a copy is the fallback.
+			if os.Link(s, d) == nil {
+				continue
+			}
 			t, err := os.Readlink(s)
 			if err != nil {
 				return err

@@ -82,6 +82,11 @@ func (s *Supervisor) createSandbox(c *call) (any, error) {
 	// The git origin is read before the snapshot: a commit made meanwhile
 	// is then newer than the recorded HEAD, never silently included in it.
 	snapRoot, origin := root, sbx.ProbeGit(c.ctx, root)
+	if !c.args.Has("git_ref") {
+		if err := sbx.CheckGitLayout(root); err != nil {
+			return nil, err
+		}
+	}
 	if c.args.Has("git_ref") {
 		tmp, o, err := sbx.GitRefSnapshot(c.ctx, root, c.args.String("git_ref"), s.dirs.Data)
 		if err != nil {

@@ -315,10 +315,15 @@ func TestInsideACommand(t *testing.T) {
 		// no zombie survives a command that forks and exits
 		check("sh -c 'sleep 0.1 & exit 0'; sleep 0.5; ps -eo stat= | grep -c Z || true", "0")
 		env := e.exec(id, "--workspace-session-id", ws, "env | sort")["output"].(string)
-		for _, want := range []string{"HOME=/root", "USER=root", "GIT_OPTIONAL_LOCKS=0", "SANDBOX_ID=" + id, "WORKSPACE_SESSION_ID=" + ws, "COMMAND_SESSION_ID=cmd-"} {
+		for _, want := range []string{"HOME=/root", "USER=root", "GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=core.trustCtime", "GIT_CONFIG_VALUE_0=false",
+			"SANDBOX_ID=" + id, "WORKSPACE_SESSION_ID=" + ws, "COMMAND_SESSION_ID=cmd-"} {
 			if !strings.Contains(env, want) {
 				t.Errorf("env lacks %s: %s", want, env)
 			}
+		}
+		// The session's index is private (A8): git may refresh it.
+		if strings.Contains(env, "GIT_OPTIONAL_LOCKS") {
+			t.Errorf("env sets GIT_OPTIONAL_LOCKS: %s", env)
 		}
 	})
 }

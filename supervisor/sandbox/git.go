@@ -78,6 +78,42 @@ func ProbeGit(ctx context.Context, root string) *GitOrigin {
 	return g
 }
 
+// CheckGitLayout refuses a workspace whose own git directory lies outside
+// it (issue #28 item 4): a linked worktree (`git worktree add`), or any
+// ".git" file at the root whose "gitdir:" leaves the workspace. A session
+// sees only the workspace, at /workspace, so git there would find no
+// repository. Submodules made by `git submodule add` keep their git
+// directories in .git/modules behind relative gitdir lines and work; a
+// nested repository (a ".git" directory) is ordinary content.
+func CheckGitLayout(root string) error {
+	p := filepath.Join(root, ".git")
+	fi, err := os.Lstat(p)
+	if err != nil || !fi.Mode().IsRegular() {
+		return nil
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return nil
+	}
+	dir, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "gitdir: ")
+	if !ok {
+		return nil
+	}
+	abs := dir
+	if !filepath.IsAbs(abs) {
+		abs = filepath.Join(root, abs)
+	}
+	if rel, err := filepath.Rel(root, filepath.Clean(abs)); err == nil && !filepath.IsAbs(dir) && rel != ".." && !strings.HasPrefix(rel, "../") {
+		return nil
+	}
+	return catalog.Errorf(catalog.InvalidRequest,
+		"workspace_root %s is a linked git worktree or a repository whose git directory is elsewhere (.git is a file pointing to %s): "+
+			"sessions see only the workspace, so git would find no repository there. Not supported: linked worktrees (git worktree add) and "+
+			"git directories outside the workspace. Supported: a main working tree or a clone, with submodules whose git directories are "+
+			"inside it (.git/modules, as git submodule add makes them), and nested repositories. Use a clone (git clone --shared %s) or git_ref",
+		root, dir, root).With("workspace_root", root).With("gitdir", dir)
+}
+
 // gitRefSnapshot resolves ref in the repository of root and checks its tree
 // (below root's prefix) out into a new directory under tmpParent, through a
 // temporary index. The caller removes dir.

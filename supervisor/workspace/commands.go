@@ -277,7 +277,8 @@ func (m *Commands) commandEnv(sb *Sandbox, wsID, cmdID string) []string {
 			env = append(env, k+"="+v)
 		}
 	}
-	env = append(env, "GIT_OPTIONAL_LOCKS=0", "SANDBOX_ID="+sbID, "WORKSPACE_SESSION_ID="+wsID, "COMMAND_SESSION_ID="+cmdID)
+	// Git refreshes the session's private index; ctimes are not trusted (doc.go).
+	env = append(env, "GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=core.trustCtime", "GIT_CONFIG_VALUE_0=false", "SANDBOX_ID="+sbID, "WORKSPACE_SESSION_ID="+wsID, "COMMAND_SESSION_ID="+cmdID)
 	keys := make([]string, 0, len(m.Cfg.Runtime.Command.Env))
 	for k := range m.Cfg.Runtime.Command.Env {
 		keys = append(keys, k)

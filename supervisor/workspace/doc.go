@@ -30,6 +30,19 @@
 // holder is started (a crash in between: the holder dies with the
 // supervisor, the directory is trash the next start empties).
 //
+// Git in a command's environment (issue #28), where §6.1 predates the
+// session-private index (A8): commands no longer get GIT_OPTIONAL_LOCKS=0.
+// The session's .git/index is its own and never published, so git may
+// refresh it as it does on a host: a `git status` that had to re-hash a file
+// (one touched without a change, one a sync brought in) stores its new stat
+// data and the next status only stats. They get core.trustCtime=false
+// (GIT_CONFIG_COUNT/KEY_0/VALUE_0; a command's own GIT_CONFIG_COUNT
+// replaces it): the head's index is written with the stat data a session
+// sees (layers.RestatGitIndex), but hard links made after it was written
+// (create_sandbox count > 1, squash) move the layer files' ctimes, which
+// would make every status re-hash; inode, mtime, size and owner, which git
+// still compares, survive a hard link.
+//
 // It must never import the root supervisor package or decide how a sandbox
 // itself is created, squashed or removed (that is supervisor/sandbox).
 package workspace

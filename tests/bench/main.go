@@ -13,7 +13,8 @@
 // sandboxes and 100 live sessions in headless Chromium, with the event
 // stream's lag; a live session's sync onto a head 100 layers newer
 // against a new session; and the fork of a session with 1,000 changed files
-// against a new session and `cp -a` of its upper dir. It prints medians and ratios; targets are printed
+// against a new session and `cp -a` of its upper dir; git status and git
+// diff --stat inside kernel and FUSE sessions against the host. It prints medians and ratios; targets are printed
 // next to the measured values and never asserted. It exits non-zero only when
 // something breaks (an operation fails, a tool that must exist is missing).
 //
@@ -68,7 +69,7 @@ func main() {
 	binFlag := flag.String("bin", "./bin", "directory holding the sandbox binaries")
 	reps := flag.Int("reps", 5, "measured repetitions per case (the exec round trip uses 6× as many)")
 	quick := flag.Bool("quick", false, "fast smoke run: small trees, 2 reps, 8 live sessions")
-	only := flag.String("only", "", "comma-separated section numbers to run (1-11); default all")
+	only := flag.String("only", "", "comma-separated section numbers to run (1-12); default all")
 	jsonOut := flag.String("json", "", "also write every figure, with alternatives, ratios and targets, as one JSON document to this file (- = standard output; the text then goes to standard error)")
 	profile := flag.String("profile", "", "write a CPU profile of the supervisor to this file (go tool pprof bin/sandbox-supervisor FILE)")
 	flag.Parse()
@@ -79,8 +80,8 @@ func main() {
 	sections := map[int]bool{}
 	for _, f := range strings.FieldsFunc(*only, func(r rune) bool { return r == ',' || r == ' ' }) {
 		n, err := strconv.Atoi(f)
-		if err != nil || n < 1 || n > 11 {
-			fmt.Fprintf(os.Stderr, "bench: -only: bad section %q (want numbers 1-11)\n", f)
+		if err != nil || n < 1 || n > 12 {
+			fmt.Fprintf(os.Stderr, "bench: -only: bad section %q (want numbers 1-12)\n", f)
 			os.Exit(2)
 		}
 		sections[n] = true
@@ -172,6 +173,7 @@ func run(cfg config) int {
 	b.section(9, "9. browser console: the fleet page with 20 sandboxes and 100 live sessions; event stream lag", b.console)
 	b.section(10, "10. live sessions: sync onto a head 100 layers newer vs a new session", b.liveSync)
 	b.section(11, fmt.Sprintf("11. fork of a session with %s changed files vs a new session and cp -a", count(forkChanged)), b.fork)
+	b.section(12, "12. git in sessions: status and diff --stat against the host", b.gitSpeed)
 	if ctx.Err() != nil {
 		fmt.Fprintln(os.Stderr, "bench: interrupted")
 		return 130
