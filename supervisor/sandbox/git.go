@@ -36,12 +36,50 @@ func gitEnv(extra []string) []string {
 	return append(append(out, "LC_ALL=C", "GIT_TERMINAL_PROMPT=0"), extra...)
 }
 
-// runGit runs git in dir and returns its stdout; the error carries stderr.
-func RunGit(ctx context.Context, dir string, env []string, stdin io.Reader, args ...string) (string, error) {
-	full := append([]string{"-c", "core.fsmonitor=false", "-c", "core.splitIndex=false", "-c", "core.untrackedCache=false",
-		"-c", "gc.auto=0"}, args...)
+// gitSafety are the configuration overrides of every git the supervisor
+// runs (issue #27 item 3). A repository's own configuration is input the
+// supervisor does not trust to run programs in its name: a session may have
+// planted it (before publication protected it), a user's hooks expect a
+// user's commands, not the supervisor's plumbing.
+//
+//   - core.hooksPath=/dev/null: no hook runs (reference-transaction for
+//     update-ref, post-index-change for a temporary index, post-checkout…).
+//     /dev/null is not a directory, so git finds no hook below it, and
+//     nobody can create an entry there — a fresh empty directory could be
+//     filled by any process of the user between its creation and its use.
+//   - core.fsmonitor=false: status and index refreshes run no monitor
+//     command (the key is also a command line in older gits).
+//   - protocol.allow=never: no transport at all, so a partial clone's lazy
+//     fetch cannot start ssh or a remote helper from the repository's
+//     configuration; the supervisor's git never talks to a remote.
+//   - core.splitIndex, core.untrackedCache, gc.auto: no side files and no
+//     background gc in the user's repository.
+//
+// The system and global configuration files are still read: command-line
+// -c values override every level, and the global file carries the user's
+// identity (user.name, user.email) that the git export's commits use.
+var gitSafety = []string{
+	"-c", "core.hooksPath=/dev/null",
+	"-c", "core.fsmonitor=false",
+	"-c", "protocol.allow=never",
+	"-c", "core.splitIndex=false",
+	"-c", "core.untrackedCache=false",
+	"-c", "gc.auto=0",
+}
+
+// GitCommand is the one constructor of a git process of the supervisor:
+// every git it runs goes through it (and so through gitSafety and gitEnv).
+func GitCommand(ctx context.Context, dir string, env []string, args ...string) *exec.Cmd {
+	full := append(append([]string{}, gitSafety...), args...)
 	cmd := exec.CommandContext(ctx, "git", full...)
-	cmd.Dir, cmd.Env, cmd.Stdin = dir, gitEnv(env), stdin
+	cmd.Dir, cmd.Env = dir, gitEnv(env)
+	return cmd
+}
+
+// RunGit runs git in dir and returns its stdout; the error carries stderr.
+func RunGit(ctx context.Context, dir string, env []string, stdin io.Reader, args ...string) (string, error) {
+	cmd := GitCommand(ctx, dir, env, args...)
+	cmd.Stdin = stdin
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
