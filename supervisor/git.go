@@ -173,6 +173,9 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	if c.args.Has("dest") {
 		return nil, gitBad("format git writes to git_dir, not dest").With("argument", "dest")
 	}
+	if err := sbx.CheckBranchName(branch); err != nil {
+		return nil, gitBad("invalid branch name %q: %v", branch, err).With("argument", "branch").With("branch", branch)
+	}
 	sb, done, e := s.readStack(id)
 	if e != nil {
 		return nil, e
@@ -202,8 +205,9 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	default:
 		gitDir = origin.GitDir
 	}
-	if _, err := sbx.RunGit(ctx, "/", nil, nil, "check-ref-format", "refs/heads/"+branch); err != nil || strings.HasPrefix(branch, "-") {
-		return nil, gitBad("invalid branch name: %q", branch).With("branch", branch)
+	// git's own judgement too, in case its rules grew beyond CheckBranchName's.
+	if _, err := sbx.RunGit(ctx, "/", nil, nil, "check-ref-format", "refs/heads/"+branch); err != nil {
+		return nil, gitBad("invalid branch name %q: git check-ref-format refuses refs/heads/%s", branch, branch).With("branch", branch)
 	}
 	ref := "refs/heads/" + branch
 

@@ -356,6 +356,14 @@ func TestGitExportBadInput(t *testing.T) {
 	}{
 		{"no branch", "invalid_request", "needs branch", nil},
 		{"bad branch name", "invalid_request", "invalid branch name", []string{"--branch", "a..b"}},
+		// #27 item 4: names git itself refuses as a branch, or that would
+		// make refs/heads/HEAD or refs/heads/refs/….
+		{"branch HEAD", "invalid_request", "invalid branch name", []string{"--branch", "HEAD"}},
+		{"branch refs/heads/main", "invalid_request", "must not start with refs/", []string{"--branch", "refs/heads/main"}},
+		{"branch refs/notes/agent-trace", "invalid_request", "must not start with refs/", []string{"--branch", "refs/notes/agent-trace"}},
+		{"branch x.lock", "invalid_request", "invalid branch name", []string{"--branch", "x.lock"}},
+		{"branch -x", "invalid_request", "invalid branch name", []string{"--branch=-x"}},
+		{"branch @", "invalid_request", "invalid branch name", []string{"--branch", "@"}},
 		{"checked-out branch", "invalid_request", "checked out", []string{"--branch", "main"}},
 		{"git_dir not a repo", "invalid_request", "not a git repository", []string{"--branch", "agents", "--git-dir", notRepo}},
 		{"unknown since layer", "not_found", "not a published layer", []string{"--branch", "agents", "--since", "L000099-deadbeef"}},

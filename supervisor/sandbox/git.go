@@ -370,3 +370,54 @@ func (r *GitRepo) CommitTree(tree, parent, msg string, author, committer Ident) 
 }
 
 // ---------------------------------------------------------------------------
+
+// CheckBranchName applies git's rules for a branch name (what `git
+// check-ref-format --branch` accepts, reimplemented so the reason can be
+// said) and the supervisor's own refusals: "HEAD" (refs/heads/HEAD makes
+// every later "HEAD" ambiguous), names starting with "refs/" (the branch is
+// always created under refs/heads/, so such a name would make
+// refs/heads/refs/…), names starting with "-" (an option to git), and
+// "@{-N}" shorthands (they name a branch by history, not a new one). The
+// error says why; the caller maps it to invalid_request.
+func CheckBranchName(b string) error {
+	switch {
+	case b == "":
+		return fmt.Errorf("is empty")
+	case b == "HEAD":
+		return fmt.Errorf("HEAD is not a branch name")
+	case strings.HasPrefix(b, "refs/"):
+		return fmt.Errorf("must not start with refs/ (it is created as refs/heads/<branch>)")
+	case strings.HasPrefix(b, "-"):
+		return fmt.Errorf("must not start with -")
+	case b == "@":
+		return fmt.Errorf("must not be @")
+	case strings.HasPrefix(b, "/") || strings.HasSuffix(b, "/"):
+		return fmt.Errorf("must not start or end with /")
+	case strings.Contains(b, "//"):
+		return fmt.Errorf("must not contain //")
+	case strings.Contains(b, ".."):
+		return fmt.Errorf("must not contain ..")
+	case strings.Contains(b, "@{"):
+		return fmt.Errorf("must not contain @{")
+	case strings.HasSuffix(b, "."):
+		return fmt.Errorf("must not end with .")
+	}
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if c < 0x20 || c == 0x7f {
+			return fmt.Errorf("must not contain control characters")
+		}
+		if strings.IndexByte(" ~^:?*[\\", c) >= 0 {
+			return fmt.Errorf("must not contain %q", string(c))
+		}
+	}
+	for _, comp := range strings.Split(b, "/") {
+		if strings.HasPrefix(comp, ".") {
+			return fmt.Errorf("no component may start with . (%q)", comp)
+		}
+		if strings.HasSuffix(comp, ".lock") {
+			return fmt.Errorf("no component may end with .lock (%q)", comp)
+		}
+	}
+	return nil
+}

@@ -148,3 +148,60 @@ func must(s string, err error) string {
 	}
 	return s
 }
+
+// TestCheckBranchName: the names export_changes --format git refuses (#27
+// item 4), each also refused by `git check-ref-format --branch` unless it
+// is one of the supervisor's own refusals.
+func TestCheckBranchName(t *testing.T) {
+	_, gitErr := exec.LookPath("git")
+	for _, tc := range []struct {
+		name string
+		ok   bool
+		ours bool // refused by the supervisor although git accepts it
+	}{
+		{"agents", true, false},
+		{"feature/x-1", true, false},
+		{"a.b", true, false},
+		{"ünïcode", true, false},
+		{"HEAD", false, true},
+		{"refs/heads/main", false, true},
+		{"refs/notes/agent-trace", false, true},
+		{"refs/x", false, true},
+		{"-x", false, false},
+		{"", false, false},
+		{"@", false, true}, // git expands @ to HEAD
+		{"a..b", false, false},
+		{"x.lock", false, false},
+		{"a/x.lock/b", false, false},
+		{"a b", false, false},
+		{"a~1", false, false},
+		{"a^", false, false},
+		{"a:b", false, false},
+		{"a?", false, false},
+		{"a*", false, false},
+		{"a[b", false, false},
+		{"a\\b", false, false},
+		{"a@{1}", false, false},
+		{"@{-1}", false, true}, // git expands it to a previous branch
+		{".hidden", false, false},
+		{"a/.b", false, false},
+		{"a/", false, false},
+		{"/a", false, false},
+		{"a//b", false, false},
+		{"a.", false, false},
+		{"a\tb", false, false},
+		{"a\x7fb", false, false},
+	} {
+		err := CheckBranchName(tc.name)
+		if (err == nil) != tc.ok {
+			t.Errorf("CheckBranchName(%q) = %v, want ok=%v", tc.name, err, tc.ok)
+		}
+		if gitErr != nil || tc.ours || tc.name == "" || strings.HasPrefix(tc.name, "-") {
+			continue // git check-ref-format --branch takes "-x" as an option
+		}
+		gerr := exec.Command("git", "check-ref-format", "--branch", tc.name).Run()
+		if (gerr == nil) != tc.ok {
+			t.Errorf("git check-ref-format --branch %q: %v, but the table says ok=%v", tc.name, gerr, tc.ok)
+		}
+	}
+}
