@@ -46,6 +46,10 @@ type destTree struct {
 	root   string
 	rootfd int
 	chain  []destLink
+	// kept are the directories that existed in dest before the export,
+	// with their mode: they keep it (#27 item 2); the final pass restores
+	// the ones ensureDir had to make writable.
+	kept map[string]uint32
 }
 
 type destLink struct {
@@ -243,7 +247,7 @@ func (f *Fold) ExportDir(ctx context.Context, dest string, caps ExportCaps, prog
 		}
 		return st, &fs.PathError{Op: "open", Path: dest, Err: err}
 	}
-	d := &destTree{root: dest, rootfd: rootfd}
+	d := &destTree{root: dest, rootfd: rootfd, kept: map[string]uint32{}}
 	defer d.close()
 	roots, err := f.openRoots()
 	if err != nil {
@@ -339,11 +343,18 @@ func (f *Fold) ExportDir(ctx context.Context, dest string, caps ExportCaps, prog
 	}
 	for i := len(f.Dirs) - 1; i >= 0; i-- {
 		x := f.Dirs[i]
+		mode, existed := d.kept[x.Path]
+		if existed && mode&0o700 == 0o700 {
+			continue // never touched
+		}
+		if !existed {
+			mode = unixPerm(x.Mode)
+		}
 		fd, err := d.dir(x.Path)
 		if err != nil {
 			return st, wrap("chmod", x.Path, err)
 		}
-		if err := unix.Fchmod(fd, unixPerm(x.Mode)); err != nil {
+		if err := unix.Fchmod(fd, mode); err != nil {
 			return st, wrap("chmod", x.Path, err)
 		}
 	}
@@ -444,6 +455,9 @@ func pruneAt(fd int, rel string, kinds map[string]foldKind) error {
 	}
 	for _, n := range names {
 		childRel := joinRel(rel, n)
+		if ClassifyGit(childRel, true).Kind != GitNone || ClassifyGit(childRel, false).Kind != GitNone {
+			continue // a git directory below an opaque one is the destination's (export.go)
+		}
 		k := kinds[childRel]
 		if k == foldFile || k == foldSymlink {
 			continue
@@ -509,6 +523,20 @@ func (d *destTree) ensureDir(x FoldDir) error {
 	if ok {
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
+			// An existing directory keeps its mode: an export writes the
+			// sandbox's changes into it, it does not open a directory the
+			// user closed (a 0700 stays 0700).
+			if _, seen := d.kept[x.Path]; !seen {
+				d.kept[x.Path] = st.Mode & 0o7777
+			}
+			if st.Mode&0o700 == 0o700 {
+				return nil
+			}
+			fd, err := d.dir(x.Path)
+			if err != nil {
+				return err
+			}
+			return unix.Fchmod(fd, (st.Mode&0o7777)|0o700)
 		case unix.S_IFLNK:
 			return &DestSymlinkError{Path: d.abs(x.Path)}
 		default:
@@ -569,6 +597,12 @@ func (d *destTree) writeFile(f *Fold, roots []int, x FoldFile) (int64, bool, err
 		return 0, false, err
 	}
 	defer src.Close()
+	if ok && st.Mode&unix.S_IFMT == unix.S_IFREG && ClassifyGit(x.Path, false).Kind == GitObject {
+		// Objects are a union and named by their content: an existing one
+		// is never replaced (a layer's copy could only be the same or
+		// corrupt).
+		return 0, true, nil
+	}
 	if ok {
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFREG:
