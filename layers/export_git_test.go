@@ -3,8 +3,8 @@ package layers
 import (
 	"archive/tar"
 	"bytes"
-	"io"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
