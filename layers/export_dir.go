@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ephemeral-ai-lab/sandbox/internal/beneath"
 )
 
 // ExportDir applies a Fold to a host directory (§8.9); the decisions are listed in export.go.
@@ -236,19 +238,63 @@ func unixPerm(m fs.FileMode) uint32 {
 // before anything is written, so is a *DestSymlinkError found by the
 // pre-flight walk.
 func (f *Fold) ExportDir(ctx context.Context, dest string, caps ExportCaps, progress func(string)) (DirStats, error) {
-	var st DirStats
 	if err := f.CheckDirCaps(caps); err != nil {
-		return st, err
+		return DirStats{}, err
 	}
 	rootfd, err := unix.Open(dest, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if fi, lerr := os.Lstat(dest); lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
-			return st, &DestSymlinkError{Path: dest}
+			return DirStats{}, &DestSymlinkError{Path: dest}
 		}
-		return st, &fs.PathError{Op: "open", Path: dest, Err: err}
+		return DirStats{}, &fs.PathError{Op: "open", Path: dest, Err: err}
 	}
+	return f.ExportDirFD(ctx, rootfd, dest, caps, progress)
+}
+
+// OpenDestBeneath opens the directory rel below the directory root for an
+// export, descriptor-relative, refusing a symlink in any component of rel
+// (a *DestSymlinkError) and, with create, making the missing components
+// (0755). root itself is opened by path: it is an allowed root, its own
+// symlinks resolved by the caller. The caller closes the descriptor.
+func OpenDestBeneath(root, rel string, create bool) (int, error) {
+	rfd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: root, Err: err}
+	}
+	defer unix.Close(rfd)
+	var pfd int
+	if create {
+		pfd, err = beneath.MkdirAll(rfd, rel, 0o755)
+	} else {
+		pfd, err = beneath.Walk(rfd, rel, unix.O_PATH|unix.O_DIRECTORY)
+	}
+	full := filepath.Join(root, filepath.FromSlash(rel))
+	if errors.Is(err, unix.ELOOP) {
+		if l := beneath.FirstSymlink(rfd, rel); l != "" {
+			full = filepath.Join(root, filepath.FromSlash(l))
+		}
+		return -1, &DestSymlinkError{Path: full}
+	}
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: full, Err: err}
+	}
+	defer unix.Close(pfd)
+	fd, err := unix.Openat(pfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: full, Err: err}
+	}
+	return fd, nil
+}
+
+// ExportDirFD is ExportDir into the directory open at rootfd (dest names it
+// in messages); it takes rootfd over and closes it.
+func (f *Fold) ExportDirFD(ctx context.Context, rootfd int, dest string, caps ExportCaps, progress func(string)) (DirStats, error) {
+	var st DirStats
 	d := &destTree{root: dest, rootfd: rootfd, kept: map[string]uint32{}}
 	defer d.close()
+	if err := f.CheckDirCaps(caps); err != nil {
+		return st, err
+	}
 	roots, err := f.openRoots()
 	if err != nil {
 		return st, err
