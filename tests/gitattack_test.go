@@ -89,9 +89,10 @@ func TestMCPAgentCannotPlantGitHooks(t *testing.T) {
 			t.Fatalf("file_write %s: %v", p, obj)
 		}
 	}
-	if isErr, obj := c.call("exec_command", map[string]any{"sandbox_id": id, "workspace_session_id": wsID,
-		"cmd": "chmod 755 .git/hooks/*", "yield_time_ms": 30000}); isErr || obj["status"] != "ok" {
-		t.Fatalf("exec: %v", obj)
+	r := c.send("tools/call", map[string]any{"name": "exec_command", "arguments": map[string]any{"sandbox_id": id,
+		"workspace_session_id": wsID, "cmd": "chmod 755 .git/hooks/*", "yield_time_ms": 30000}}, false)
+	if meta, out := c.commandText(r); meta["status"] != "ok" {
+		t.Fatalf("exec: %v %s", meta, out)
 	}
 	isErr, pub := c.call("publish_workspace_session", map[string]any{"sandbox_id": id, "workspace_session_id": wsID})
 	if isErr {
