@@ -25,19 +25,28 @@ import (
 //
 // Decisions beyond the contract's text:
 //
-//   - dest is checked lexically and with the symlinks of its existing
-//     ancestors resolved; the export writes to the resolved path. A dir dest
-//     that is itself a symlink is refused (it is neither a directory nor
-//     absent); an absent dir dest is created with its missing parents (0755)
-//     once the caps have passed, and its nearest existing ancestor must be a
-//     directory. An archive dest that is a symlink is replaced by the
-//     rename, never followed.
+//   - dest (#27 item 2) must be below the sandbox's workspace root or a
+//     directory of manager.export.allowed_roots (CheckExportDest), spelled
+//     through the root as configured or with the root's own symlinks
+//     resolved; below the root no existing component may be a symlink and
+//     no component may be .git. The export opens the root and walks to dest
+//     descriptor-relative (layers.OpenDestBeneath), creating a dir dest's
+//     missing components (0755) once the caps have passed; an archive's
+//     parent must exist. An archive dest that is a symlink is replaced by
+//     the rename, never followed. The rule covers archives too: an archive
+//     is agent-controlled bytes (file names and contents), as able to
+//     become ~/.ssh/authorized_keys or ~/.bashrc as a directory export.
+//     Refusals are invalid_request before anything is written; the
+//     sandbox is resolved first (not_found wins).
 //   - The sandbox must be ready (creating/stopping → operation_conflict,
 //     failed → operation_failed); the export read-holds the sandbox gate so
 //     destroy waits for it.
 //   - Archives are written to ".esbx-export.tmp-<random>" beside dest, fsynced,
 //     renamed over dest, and the directory fsynced; the temp file is removed
 //     on any failure (an exceeded tar-zst stream cap included).
+//   - kept_out (the first 100) and kept_out_count name the git-private and
+//     git-protected paths of the folded layers that the export left out
+//     (layers' export decisions); both are absent when there are none.
 //   - Progress: the fold's size, then the layers package's per-1000-entries
 //     or per-second counts, then the final line.
 
