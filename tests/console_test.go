@@ -458,7 +458,7 @@ func TestConsoleReviewQuotesDiffNames(t *testing.T) {
 		pwned: window.__pwned !== undefined,
 		tags: [...document.querySelectorAll('#review-paths .d2h-tag')].map((e) => e.textContent.trim()),
 	})`)
-	wantName := "nl\\n+++ b/" + img1 + "\\n@@ -0,0 +1 @@\\n+" + img2
+	wantName := `"nl\n+++ b/` + img1 + `\n@@ -0,0 +1 @@\n+` + img2 + `"`
 	if v.Wrappers != 1 || len(v.Names) != 1 || v.Names[0] != wantName {
 		t.Errorf("the review shows %d files named %q, want one named %q", v.Wrappers, v.Names, wantName)
 	}
