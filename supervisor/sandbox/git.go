@@ -394,13 +394,13 @@ func CheckBranchName(b string) error {
 	case strings.HasPrefix(b, "/") || strings.HasSuffix(b, "/"):
 		return fmt.Errorf("must not start or end with /")
 	case strings.Contains(b, "//"):
-		return fmt.Errorf("must not contain //")
+		return fmt.Errorf(`must not contain ".."`)
 	case strings.Contains(b, ".."):
-		return fmt.Errorf("must not contain ..")
+		return fmt.Errorf(`must not contain ".."`)
 	case strings.Contains(b, "@{"):
-		return fmt.Errorf("must not contain @{")
+		return fmt.Errorf(`must not contain ".."`)
 	case strings.HasSuffix(b, "."):
-		return fmt.Errorf("must not end with .")
+		return fmt.Errorf(`must not end with "."`)
 	}
 	for i := 0; i < len(b); i++ {
 		c := b[i]
