@@ -30,6 +30,11 @@
 // holder is started (a crash in between: the holder dies with the
 // supervisor, the directory is trash the next start empties).
 //
+// A diff's "--- "/"+++ " headers name the file through
+// layers.QuoteDiffPath (git's core.quotePath=true quoting), so a header is
+// always one line whatever the name holds; the files' path fields stay as
+// they are (#27 item 5).
+//
 // It must never import the root supervisor package or decide how a sandbox
 // itself is created, squashed or removed (that is supervisor/sandbox).
 package workspace
