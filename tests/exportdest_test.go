@@ -54,12 +54,10 @@ func TestExportDestinationRule(t *testing.T) {
 		{"$HOME/.config", filepath.Join(home, ".config", "esbx-export-test"), "dir", "below the sandbox's workspace root"},
 		{"/home", "/home", "dir", "below the sandbox's workspace root"},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			body := e.fail(1, "invalid_request", "sandbox-manager-cli", "export_changes", "--sandbox-id", id, "--dest", c.dest, "--format", c.format)
-			if m, _ := body["message"].(string); !strings.Contains(m, c.msg) {
-				t.Errorf("message %q does not say %q", m, c.msg)
-			}
-		})
+		body := e.fail(1, "invalid_request", "sandbox-manager-cli", "export_changes", "--sandbox-id", id, "--dest", c.dest, "--format", c.format)
+		if m, _ := body["message"].(string); !strings.Contains(m, c.msg) {
+			t.Errorf("%s: message %q does not say %q", c.name, m, c.msg)
+		}
 	}
 	for _, p := range []string{homeX, filepath.Join(home, ".config", "esbx-export-test"), filepath.Join(e.root, "beside"),
 		filepath.Join(e.root, "beside.tar"), filepath.Join(outside, "sub"), filepath.Join(outside, "x.tar"), filepath.Join(root, ".git", "hooks", "a.txt")} {

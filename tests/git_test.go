@@ -348,6 +348,8 @@ func TestGitExportBadInput(t *testing.T) {
 	if err := os.MkdirAll(notRepo, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	otherRepo := filepath.Join(e.root, "other-repo")
+	gitIn(t, e.root, "init", "-q", otherRepo)
 	refs := gitIn(t, root, "for-each-ref")
 	before := repoState(t, root)
 	for _, tc := range []struct {
@@ -366,6 +368,7 @@ func TestGitExportBadInput(t *testing.T) {
 		{"branch @", "invalid_request", "invalid branch name", []string{"--branch", "@"}},
 		{"checked-out branch", "invalid_request", "checked out", []string{"--branch", "main"}},
 		{"git_dir not a repo", "invalid_request", "not a git repository", []string{"--branch", "agents", "--git-dir", notRepo}},
+		{"git_dir outside the allowed roots", "invalid_request", "must be the workspace's repository", []string{"--branch", "agents", "--git-dir", otherRepo}},
 		{"unknown since layer", "not_found", "not a published layer", []string{"--branch", "agents", "--since", "L000099-deadbeef"}},
 		{"dest with git", "invalid_request", "not dest", []string{"--branch", "agents", "--dest", filepath.Join(e.root, "out")}},
 	} {
