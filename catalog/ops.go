@@ -151,18 +151,24 @@ var ops = []Op{
 		Title: "Export changes to the host", Effect: Destructive, Idempotent: true, OpenWorld: true,
 		Summary: "Export the sandbox's published changes to a host directory, an archive or git commits.",
 		Help: "Folds every non-base layer of head (newest wins, whiteouts and opaque cuts applied) and writes it to dest. " +
-			"Paths the sandbox did not change are never touched. Format git writes one commit per published layer to branch " +
+			"Paths the sandbox did not change are never touched. " +
+			"What it can reach: dir, tar and tar-zst write only below the sandbox's own workspace root or a directory the user listed in " +
+			"manager.export.allowed_roots (empty by default), never through a symlink and never into a .git directory; " +
+			"existing directories keep their mode. A git directory's private and protected files (config, hooks/, info/, index, logs…) " +
+			"are never written, deleted or archived, even from older layers; kept_out names them. Format git writes one commit per published layer to branch " +
 			"(parented on the workspace's recorded HEAD, plus one commit for a dirty snapshot), with Agent Trace notes under " +
 			"refs/notes/agent-trace; it never touches the working tree, the index or the checked-out branch.",
-		Result: "{manifest_version, format, layers_exported[], files_written, directories_written, symlinks_written, …}; " +
+		Result: "{manifest_version, format, layers_exported[], files_written, directories_written, symlinks_written, …, kept_out[]?, kept_out_count?}; " +
 			"git: {manifest_version, format, branch, git_dir, previous_tip, tip, commits:[{commit, layer_id, author, note}], layers_exported[]}",
 		Args: []Arg{
 			sandboxIDArg,
-			{Name: "dest", Kind: Path, DefaultDoc: "required for dir, tar and tar-zst", Help: "Absolute destination: a directory (dir) or an archive file (tar, tar-zst)."},
+			{Name: "dest", Kind: Path, DefaultDoc: "required for dir, tar and tar-zst",
+				Help: "Absolute destination: a directory (dir) or an archive file (tar, tar-zst), below the sandbox's workspace root or a directory of manager.export.allowed_roots."},
 			{Name: "format", Kind: String, Default: "dir", Enum: []string{"dir", "tar", "tar-zst", "git"}, Help: "Output format."},
 			{Name: "branch", Kind: String, MaxLen: 255, NonEmpty: true, NoControl: true, DefaultDoc: "required for git",
 				Help: "git: the branch to create or fast-forward (refs/heads/<branch>); never the checked-out branch."},
-			{Name: "git_dir", Kind: Path, DefaultDoc: "the workspace's repository", Help: "git: a repository (work tree or .git directory) to write to."},
+			{Name: "git_dir", Kind: Path, DefaultDoc: "the workspace's repository",
+				Help: "git: a repository (work tree or .git directory) to write to: the workspace's own, or one below the workspace root or a directory of manager.export.allowed_roots."},
 			{Name: "since", Kind: String, ID: true, DefaultDoc: "the branch tip's Layer trailer, else the base",
 				Help: "git: export only the layers newer than this layer of head."},
 			{Name: "force", Kind: Boolean, Default: false, Help: "git: move the branch even when its tip is not an ancestor of the new commits."},

@@ -74,5 +74,12 @@
 //     Published layers are written by the supervisor alone and are read by
 //     host path (last component not followed).
 //
+// Exports (export.go) never write, delete or archive a git directory's
+// private files (index, logs, locks: the destination's own describe its
+// work tree) or protected ones (config, hooks, info, alternates, gitlinks:
+// they make git run programs), whichever layer holds them; Fold.KeptOut
+// names them. An existing destination directory keeps its mode. The
+// destination itself is opened beneath an allowed root by OpenDestBeneath.
+//
 // It must never read a session-controlled tree by a joined host path.
 package layers

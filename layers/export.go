@@ -54,6 +54,22 @@ import (
 //     the directory's children. whiteouts_emitted counts both kinds. Names of
 //     directories end in "/", symlinks have mode 0777. USTAR headers, PAX
 //     records only where USTAR cannot hold a field (Go's archive/tar choice).
+//   - Git directories (#27 item 1, design rule 10): a fold never carries
+//     what exportKeepsOut names — the files that make git run a program or
+//     read elsewhere (ClassifyGit's GitProtected: config, hooks/**, info/**,
+//     alternates, gitlinks…) and a session's private git state
+//     (GitPrivate: index, logs, lock files…; the destination's own index
+//     and logs describe its own work tree, a session's would clobber them),
+//     even from layers published before publication protected them. A
+//     path is also kept out when its lower-cased spelling is protected, for
+//     destinations on case-insensitive file systems (.GIT/Config). Inside a
+//     git directory no symlink is written, nothing is deleted and no
+//     directory is emptied (objects are a union, refs are the git route's,
+//     the destination's protected files stay); an opaque clear elsewhere
+//     spares every git directory below it. Objects and refs are written
+//     like any file. The kept-out paths are listed in Fold.KeptOut, which
+//     export_changes reports. The base layer is never folded, so a
+//     destination's own .git is never overwritten from the snapshot.
 //   - Caps: max_apply_entries bounds the entries of the fold (every kind
 //     counted); max_decompressed_bytes the file bytes of a dir export and the
 //     plain tar size of an archive; max_stream_bytes the archive as written
@@ -136,6 +152,10 @@ type Fold struct {
 	Dirs         []FoldDir
 	Files        []FoldFile
 	Symlinks     []FoldSymlink
+	// KeptOut are the paths of the folded layers that no export writes,
+	// deletes or archives (exportKeepsOut): a git directory's private and
+	// protected files, whatever layer holds them.
+	KeptOut []string
 
 	roots []string // layer root per index of LayerIDs
 }
@@ -223,8 +243,18 @@ func (s *Stack) FoldContext(ctx context.Context, m Manifest) (*Fold, error) {
 	opaque := map[string]bool{}
 	for _, p := range paths {
 		nd := fo.nodes[p]
+		if exportKeepsOut(p, nd.kind) {
+			f.KeptOut = append(f.KeptOut, p)
+			continue
+		}
 		switch nd.kind {
 		case foldDir:
+			if ClassifyGit(p, true).Kind != GitNone {
+				// A git directory is never emptied by an export: its
+				// private and protected files stay the destination's,
+				// objects are a union.
+				nd.opaque = false
+			}
 			f.Dirs = append(f.Dirs, FoldDir{Path: p, Mode: nd.mode, MTime: nd.mtime, Opaque: nd.opaque})
 			if nd.opaque {
 				f.OpaqueClears = append(f.OpaqueClears, p)

@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ephemeral-ai-lab/sandbox/internal/beneath"
 )
 
 // ExportDir applies a Fold to a host directory (§8.9); the decisions are listed in export.go.
@@ -46,6 +48,10 @@ type destTree struct {
 	root   string
 	rootfd int
 	chain  []destLink
+	// kept are the directories that existed in dest before the export,
+	// with their mode: they keep it (#27 item 2); the final pass restores
+	// the ones ensureDir had to make writable.
+	kept map[string]uint32
 }
 
 type destLink struct {
@@ -232,19 +238,63 @@ func unixPerm(m fs.FileMode) uint32 {
 // before anything is written, so is a *DestSymlinkError found by the
 // pre-flight walk.
 func (f *Fold) ExportDir(ctx context.Context, dest string, caps ExportCaps, progress func(string)) (DirStats, error) {
-	var st DirStats
 	if err := f.CheckDirCaps(caps); err != nil {
-		return st, err
+		return DirStats{}, err
 	}
 	rootfd, err := unix.Open(dest, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if fi, lerr := os.Lstat(dest); lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
-			return st, &DestSymlinkError{Path: dest}
+			return DirStats{}, &DestSymlinkError{Path: dest}
 		}
-		return st, &fs.PathError{Op: "open", Path: dest, Err: err}
+		return DirStats{}, &fs.PathError{Op: "open", Path: dest, Err: err}
 	}
-	d := &destTree{root: dest, rootfd: rootfd}
+	return f.ExportDirFD(ctx, rootfd, dest, caps, progress)
+}
+
+// OpenDestBeneath opens the directory rel below the directory root for an
+// export, descriptor-relative, refusing a symlink in any component of rel
+// (a *DestSymlinkError) and, with create, making the missing components
+// (0755). root itself is opened by path: it is an allowed root, its own
+// symlinks resolved by the caller. The caller closes the descriptor.
+func OpenDestBeneath(root, rel string, create bool) (int, error) {
+	rfd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: root, Err: err}
+	}
+	defer unix.Close(rfd)
+	var pfd int
+	if create {
+		pfd, err = beneath.MkdirAll(rfd, rel, 0o755)
+	} else {
+		pfd, err = beneath.Walk(rfd, rel, unix.O_PATH|unix.O_DIRECTORY)
+	}
+	full := filepath.Join(root, filepath.FromSlash(rel))
+	if errors.Is(err, unix.ELOOP) {
+		if l := beneath.FirstSymlink(rfd, rel); l != "" {
+			full = filepath.Join(root, filepath.FromSlash(l))
+		}
+		return -1, &DestSymlinkError{Path: full}
+	}
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: full, Err: err}
+	}
+	defer unix.Close(pfd)
+	fd, err := unix.Openat(pfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: full, Err: err}
+	}
+	return fd, nil
+}
+
+// ExportDirFD is ExportDir into the directory open at rootfd (dest names it
+// in messages); it takes rootfd over and closes it.
+func (f *Fold) ExportDirFD(ctx context.Context, rootfd int, dest string, caps ExportCaps, progress func(string)) (DirStats, error) {
+	var st DirStats
+	d := &destTree{root: dest, rootfd: rootfd, kept: map[string]uint32{}}
 	defer d.close()
+	if err := f.CheckDirCaps(caps); err != nil {
+		return st, err
+	}
 	roots, err := f.openRoots()
 	if err != nil {
 		return st, err
@@ -339,11 +389,18 @@ func (f *Fold) ExportDir(ctx context.Context, dest string, caps ExportCaps, prog
 	}
 	for i := len(f.Dirs) - 1; i >= 0; i-- {
 		x := f.Dirs[i]
+		mode, existed := d.kept[x.Path]
+		if existed && mode&0o700 == 0o700 {
+			continue // never touched
+		}
+		if !existed {
+			mode = unixPerm(x.Mode)
+		}
 		fd, err := d.dir(x.Path)
 		if err != nil {
 			return st, wrap("chmod", x.Path, err)
 		}
-		if err := unix.Fchmod(fd, unixPerm(x.Mode)); err != nil {
+		if err := unix.Fchmod(fd, mode); err != nil {
 			return st, wrap("chmod", x.Path, err)
 		}
 	}
@@ -444,6 +501,9 @@ func pruneAt(fd int, rel string, kinds map[string]foldKind) error {
 	}
 	for _, n := range names {
 		childRel := joinRel(rel, n)
+		if ClassifyGit(childRel, true).Kind != GitNone || ClassifyGit(childRel, false).Kind != GitNone {
+			continue // a git directory below an opaque one is the destination's (export.go)
+		}
 		k := kinds[childRel]
 		if k == foldFile || k == foldSymlink {
 			continue
@@ -509,6 +569,20 @@ func (d *destTree) ensureDir(x FoldDir) error {
 	if ok {
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
+			// An existing directory keeps its mode: an export writes the
+			// sandbox's changes into it, it does not open a directory the
+			// user closed (a 0700 stays 0700).
+			if _, seen := d.kept[x.Path]; !seen {
+				d.kept[x.Path] = st.Mode & 0o7777
+			}
+			if st.Mode&0o700 == 0o700 {
+				return nil
+			}
+			fd, err := d.dir(x.Path)
+			if err != nil {
+				return err
+			}
+			return unix.Fchmod(fd, (st.Mode&0o7777)|0o700)
 		case unix.S_IFLNK:
 			return &DestSymlinkError{Path: d.abs(x.Path)}
 		default:
@@ -569,6 +643,12 @@ func (d *destTree) writeFile(f *Fold, roots []int, x FoldFile) (int64, bool, err
 		return 0, false, err
 	}
 	defer src.Close()
+	if ok && st.Mode&unix.S_IFMT == unix.S_IFREG && ClassifyGit(x.Path, false).Kind == GitObject {
+		// Objects are a union and named by their content: an existing one
+		// is never replaced (a layer's copy could only be the same or
+		// corrupt).
+		return 0, true, nil
+	}
 	if ok {
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFREG:

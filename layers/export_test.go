@@ -173,11 +173,12 @@ func TestFoldMatchesMergedView(t *testing.T) {
 			copyTree(t, s.LayerDir(m.Layers[len(m.Layers)-1]), dest)
 			writeFile(t, filepath.Join(dest, "b", "host-added"), "inside an opaque dir: cleared", 0o644)
 			writeFile(t, filepath.Join(dest, "untouched"), "never mentioned", 0o644)
+			before := hostTree(t, dest)
 			st, err := f.ExportDir(context.Background(), dest, ExportCaps{}, nil)
 			if err != nil {
 				t.Fatalf("ExportDir: %v", err)
 			}
-			want := viewTree(t, s.View(m))
+			want := keptDirModes(viewTree(t, s.View(m)), before)
 			want["untouched"] = hostTree(t, dest)["untouched"]
 			if !strings.HasPrefix(want["untouched"], `file -rw-r--r-- "never mentioned"`) {
 				t.Errorf("untouched: %q", want["untouched"])
@@ -233,7 +234,10 @@ func TestExportDir(t *testing.T) {
 		t.Fatalf("ExportDir: %v", err)
 	}
 	got := hostTree(t, dest)
-	want := viewTree(t, s.View(head))
+	want := keptDirModes(viewTree(t, s.View(head)), untouched)
+	if want["docs"] != "dir -rwxr-xr-x" {
+		t.Errorf("the existing docs directory took the layer's mode: %q", want["docs"])
+	}
 	for _, p := range []string{"host-only.txt", "src/host-extra.go"} {
 		if got[p] != untouched[p] {
 			t.Errorf("unmentioned %s changed: %q → %q", p, untouched[p], got[p])
@@ -295,6 +299,17 @@ func TestExportDir(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(empty, "docs", "a.md")); !isNotExist(err) {
 		t.Errorf("deletion created something: %v", err)
 	}
+}
+
+// keptDirModes: a directory that existed in dest before an export keeps
+// its mode there (#27 item 2); want is the view, before the dest's tree.
+func keptDirModes(want, before map[string]string) map[string]string {
+	for p, v := range before {
+		if strings.HasPrefix(v, "dir ") && strings.HasPrefix(want[p], "dir ") {
+			want[p] = v
+		}
+	}
+	return want
 }
 
 // TestExportDirSymlinks: a symlink where a directory is needed is refused

@@ -225,3 +225,21 @@ func GitNeverPublished(path string, isDir bool) bool {
 	k := ClassifyGit(path, isDir).Kind
 	return k == GitPrivate || k == GitProtected
 }
+
+// exportKeepsOut reports whether an export (dir or archive) leaves the
+// folded entry at p out (export.go's decisions): git-private and
+// git-protected files and directories, protected ones also by their
+// lower-cased spelling, and any symlink or deletion inside a git directory.
+func exportKeepsOut(p string, k foldKind) bool {
+	isDir := k == foldDir
+	lower := strings.ToLower(p)
+	if ClassifyGit(lower, isDir).Kind == GitProtected || (k == foldDelete && ClassifyGit(lower, true).Kind == GitProtected) {
+		return true
+	}
+	kind := ClassifyGit(p, isDir).Kind
+	switch k {
+	case foldSymlink, foldDelete:
+		return kind != GitNone || ClassifyGit(lower, isDir).Kind != GitNone
+	}
+	return kind == GitPrivate || kind == GitProtected
+}

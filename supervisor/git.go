@@ -173,13 +173,16 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	if c.args.Has("dest") {
 		return nil, gitBad("format git writes to git_dir, not dest").With("argument", "dest")
 	}
+	if err := sbx.CheckBranchName(branch); err != nil {
+		return nil, gitBad("invalid branch name %q: %v", branch, err).With("argument", "branch").With("branch", branch)
+	}
 	sb, done, e := s.readStack(id)
 	if e != nil {
 		return nil, e
 	}
 	defer done()
 	sb.Mu.Lock()
-	origin, live := sb.Rec.Git, append([]string{}, sb.Rec.LiveWorkspaceSessions...)
+	origin, live, wsRoot := sb.Rec.Git, append([]string{}, sb.Rec.LiveWorkspaceSessions...), sb.Rec.WorkspaceRoot
 	sb.Mu.Unlock()
 	if len(live) == 0 {
 		live = nil
@@ -197,13 +200,28 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 			return nil, gitBad("git_dir is not a git repository: %s", gd).With("git_dir", gd)
 		}
 		gitDir = strings.TrimSpace(out)
+		// The destination rule of the file formats (#27 item 2): the
+		// workspace's own repository, or one below the workspace root or
+		// a directory of manager.export.allowed_roots.
+		resolved := func(p string) string {
+			if r, err := filepath.EvalSymlinks(p); err == nil {
+				return r
+			}
+			return filepath.Clean(p)
+		}
+		own := origin != nil && resolved(origin.GitDir) == resolved(gitDir)
+		if !own && !sbx.UnderAny(resolved(gitDir), append([]string{wsRoot}, s.cfg.Manager.Export.AllowedRoots...)) {
+			return nil, gitBad("git_dir must be the workspace's repository or below the sandbox's workspace root or a directory of manager.export.allowed_roots: %s", gd).
+				With("git_dir", gd)
+		}
 	case origin == nil:
 		return nil, gitBad("the workspace of sandbox %s was not a git work tree; give git_dir", id).With("sandbox_id", id)
 	default:
 		gitDir = origin.GitDir
 	}
-	if _, err := sbx.RunGit(ctx, "/", nil, nil, "check-ref-format", "refs/heads/"+branch); err != nil || strings.HasPrefix(branch, "-") {
-		return nil, gitBad("invalid branch name: %q", branch).With("branch", branch)
+	// git's own judgement too, in case its rules grew beyond CheckBranchName's.
+	if _, err := sbx.RunGit(ctx, "/", nil, nil, "check-ref-format", "refs/heads/"+branch); err != nil {
+		return nil, gitBad("invalid branch name %q: git check-ref-format refuses refs/heads/%s", branch, branch).With("branch", branch)
 	}
 	ref := "refs/heads/" + branch
 

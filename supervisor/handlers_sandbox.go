@@ -161,13 +161,10 @@ func (s *Supervisor) exportChanges(c *call) (any, error) {
 	if !c.args.Has("dest") {
 		return nil, catalog.Errorf(catalog.InvalidRequest, "format %s needs dest", format).With("argument", "dest")
 	}
-	dest, err := sbx.CheckExportDest(c.args.String("dest"), format, []string{s.dirs.Data, s.dirs.Config, s.dirs.Runtime})
-	if err != nil {
-		return nil, err
-	}
 	ex := s.cfg.Manager.Export
 	return s.exporter.Export(c.ctx, sbx.ExportSpec{
-		SandboxID: c.args.String("sandbox_id"), Format: format, Dest: dest, RequestID: c.req.RequestID,
+		SandboxID: c.args.String("sandbox_id"), Format: format, Dest: c.args.String("dest"), RequestID: c.req.RequestID,
+		Own: []string{s.dirs.Data, s.dirs.Config, s.dirs.Runtime}, AllowedRoots: ex.AllowedRoots,
 		Caps:      layers.ExportCaps{MaxStreamBytes: ex.MaxStreamBytes, MaxDecompressedBytes: ex.MaxDecompressedBytes, MaxApplyEntries: ex.MaxApplyEntries},
 		ZstdLevel: s.cfg.Runtime.Layerstack.SpoolZstdLevel,
 	}, c.progress)

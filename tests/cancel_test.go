@@ -102,7 +102,7 @@ func TestDisconnectCancelsLongReads(t *testing.T) {
 
 	e.publish(id, ws)
 	{
-		dest := filepath.Join(e.root, "out.tar")
+		dest := filepath.Join(e.root, "project", "out.tar") // below the workspace root: an allowed destination
 		e.sendAndHangUp(map[string]any{"op": "export_changes", "request_id": "req-cancel-export", "scope": map[string]any{"kind": "system"},
 			"args": map[string]any{"sandbox_id": id, "dest": dest, "format": "tar"}})
 		if sp := e.dispatchSpan("req-cancel-export"); sp["status"] != "cancelled" {

@@ -409,6 +409,72 @@ func TestConsole(t *testing.T) {
 	})
 }
 
+// TestConsoleReviewQuotesDiffNames (#27 item 5): a file whose name holds
+// newlines, a forged "+++ b/…" header, a hunk header and an added line with
+// markup shows in the review as one file under its quoted name (git's
+// core.quotePath quoting), with only its real added line, no rename and no
+// element or script injected.
+func TestConsoleReviewQuotesDiffNames(t *testing.T) {
+	e := newEnv(t)
+	e.start("--http", "tcp://127.0.0.1:0")
+	w := e.web()
+	b := newBrowser(t)
+	b.run("login", chromedp.Navigate(w.url("/auth?token="+w.token)), chromedp.WaitVisible(chromedp.CSS(`#fleet`)))
+	id := e.createSandbox(e.project(map[string]string{"a.txt": "a\n"}))
+	ws := e.rt(id, "create_workspace_session", "--agent", "mallory")["workspace_session_id"].(string)
+	const img1, img2 = "<img src=x onerror=window.__pwned=1>", "<img src=x onerror=window.__pwned=2>"
+	name := "nl\n+++ b/" + img1 + "\n@@ -0,0 +1 @@\n+" + img2
+	if out := e.exec(id, `mkdir -p "$(printf 'nl\n+++ b')" && printf 'hello\n' > "$(printf 'nl\n+++ b/`+img1+`\n@@ -0,0 +1 @@\n+`+img2+`')"`,
+		"--workspace-session-id", ws); out["status"] != "ok" {
+		t.Fatalf("exec: %v", out)
+	}
+	d := e.rt(id, "diff_workspace_session", "--workspace-session-id", ws)
+	var diff string
+	for _, f := range objs(d["files"]) {
+		if f["path"] == name {
+			diff, _ = f["diff"].(string)
+		}
+	}
+	if !strings.HasPrefix(diff, "--- \"a/nl\\n+++ b/"+img1+"\\n@@ -0,0 +1 @@\\n+"+img2+"\"\n+++ \"b/nl\\n") {
+		t.Errorf("diff_workspace_session headers are not quoted:\n%s", diff)
+	}
+
+	b.run("review", chromedp.Navigate(w.url("/#/review/"+id+"/"+ws)), chromedp.WaitVisible(chromedp.CSS(`#review-paths section.path`)))
+	b.waitJS("the diff rendered", `document.querySelectorAll('#review-paths .d2h-file-wrapper').length > 0`)
+	b.shot("review-quoted-name")
+	type view struct {
+		Wrappers int      `json:"wrappers"`
+		Names    []string `json:"names"`
+		Inserted []string `json:"inserted"`
+		Imgs     int      `json:"imgs"`
+		Pwned    bool     `json:"pwned"`
+		Tags     []string `json:"tags"`
+	}
+	v := eval[view](b, `({
+		wrappers: document.querySelectorAll('#review-paths .d2h-file-wrapper').length,
+		names: [...document.querySelectorAll('#review-paths .d2h-file-name')].map((e) => e.textContent),
+		inserted: [...document.querySelectorAll('#review-paths .d2h-ins .d2h-code-line-ctn')].map((e) => e.textContent),
+		imgs: document.querySelectorAll('img').length,
+		pwned: window.__pwned !== undefined,
+		tags: [...document.querySelectorAll('#review-paths .d2h-tag')].map((e) => e.textContent.trim()),
+	})`)
+	wantName := `"nl\n+++ b/` + img1 + `\n@@ -0,0 +1 @@\n+` + img2 + `"`
+	if v.Wrappers != 1 || len(v.Names) != 1 || v.Names[0] != wantName {
+		t.Errorf("the review shows %d files named %q, want one named %q", v.Wrappers, v.Names, wantName)
+	}
+	if fmt.Sprint(v.Inserted) != "[hello]" {
+		t.Errorf("added lines shown: %q, want only the file's one line", v.Inserted)
+	}
+	for _, tag := range v.Tags {
+		if strings.Contains(strings.ToUpper(tag), "RENAME") || strings.Contains(strings.ToUpper(tag), "MOVED") {
+			t.Errorf("a rename is shown: %q", v.Tags)
+		}
+	}
+	if v.Imgs != 0 || v.Pwned {
+		t.Errorf("the file name injected elements (%d img) or ran script (%v)", v.Imgs, v.Pwned)
+	}
+}
+
 // TestConsolePages checks what the pages are served with: the console's
 // CSP (scripts only from the listener itself), no caching, module scripts
 // with a JavaScript type, and nothing without the token.

@@ -138,6 +138,8 @@ func dirNames(t *testing.T, dir string) []string {
 
 func TestExportChanges(t *testing.T) {
 	e := newEnv(t)
+	// The destinations below are beside the workspace, not below it.
+	writeConfig(t, e, "manager:\n  export:\n    allowed_roots: ["+e.root+"]\n")
 	e.start()
 	root := e.project(map[string]string{"x": "gone\n", "keep.txt": "keep\n", "src/a.go": "package a\n", "a": "link target\n"})
 	orig := filepath.Join(e.root, "orig")
@@ -359,7 +361,7 @@ func TestExportReportsLiveSessions(t *testing.T) {
 	e.rt(id, "file_write", "--path", "published.txt", "--content", "p\n")
 	ws := e.session(id)
 	e.rt(id, "file_write", "--workspace-session-id", ws, "--path", "unpublished.txt", "--content", "u\n")
-	dest := filepath.Join(e.root, "out")
+	dest := filepath.Join(e.root, "project", "out") // below the workspace root
 	r := e.mgr("export_changes", "--sandbox-id", id, "--dest", dest)
 	live, _ := r["live_workspace_sessions"].([]any)
 	if len(live) != 1 || live[0] != ws || num(t, r["files_written"]) != 1 {

@@ -348,6 +348,8 @@ func TestGitExportBadInput(t *testing.T) {
 	if err := os.MkdirAll(notRepo, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	otherRepo := filepath.Join(e.root, "other-repo")
+	gitIn(t, e.root, "init", "-q", otherRepo)
 	refs := gitIn(t, root, "for-each-ref")
 	before := repoState(t, root)
 	for _, tc := range []struct {
@@ -356,8 +358,17 @@ func TestGitExportBadInput(t *testing.T) {
 	}{
 		{"no branch", "invalid_request", "needs branch", nil},
 		{"bad branch name", "invalid_request", "invalid branch name", []string{"--branch", "a..b"}},
+		// #27 item 4: names git itself refuses as a branch, or that would
+		// make refs/heads/HEAD or refs/heads/refs/….
+		{"branch HEAD", "invalid_request", "invalid branch name", []string{"--branch", "HEAD"}},
+		{"branch refs/heads/main", "invalid_request", "must not start with refs/", []string{"--branch", "refs/heads/main"}},
+		{"branch refs/notes/agent-trace", "invalid_request", "must not start with refs/", []string{"--branch", "refs/notes/agent-trace"}},
+		{"branch x.lock", "invalid_request", "invalid branch name", []string{"--branch", "x.lock"}},
+		{"branch -x", "invalid_request", "invalid branch name", []string{"--branch=-x"}},
+		{"branch @", "invalid_request", "invalid branch name", []string{"--branch", "@"}},
 		{"checked-out branch", "invalid_request", "checked out", []string{"--branch", "main"}},
 		{"git_dir not a repo", "invalid_request", "not a git repository", []string{"--branch", "agents", "--git-dir", notRepo}},
+		{"git_dir outside the allowed roots", "invalid_request", "must be the workspace's repository", []string{"--branch", "agents", "--git-dir", otherRepo}},
 		{"unknown since layer", "not_found", "not a published layer", []string{"--branch", "agents", "--since", "L000099-deadbeef"}},
 		{"dest with git", "invalid_request", "not dest", []string{"--branch", "agents", "--dest", filepath.Join(e.root, "out")}},
 	} {

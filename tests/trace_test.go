@@ -195,7 +195,7 @@ func TestTraceChildSpans(t *testing.T) {
 		t.Fatalf("events lacks the finalize trace's lease.released")
 	}
 
-	e.ok("sandbox-manager-cli", "--request-id", "req-tr-export", "export_changes", "--sandbox-id", id, "--dest", filepath.Join(e.root, "export"))
+	e.ok("sandbox-manager-cli", "--request-id", "req-tr-export", "export_changes", "--sandbox-id", id, "--dest", filepath.Join(root, "export"))
 	tr = e.obsCLI("trace", "--trace-id", "req-tr-export")
 	wantChain(t, tr, [2]string{"supervisor.dispatch", "layerstack.export"})
 	if a := spanAttrs(findSpan(tr["spans"], "layerstack.export")); a["sandbox_id"] != id || a["format"] != "dir" {

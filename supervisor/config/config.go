@@ -51,6 +51,10 @@ type Config struct {
 			MaxStreamBytes       int64 `yaml:"max_stream_bytes"`
 			MaxDecompressedBytes int64 `yaml:"max_decompressed_bytes"`
 			MaxApplyEntries      int64 `yaml:"max_apply_entries"`
+			// AllowedRoots are the directories, besides each sandbox's
+			// own workspace root, below which export_changes may write
+			// (#27 item 2); empty by default.
+			AllowedRoots []string `yaml:"allowed_roots"`
 		} `yaml:"export"`
 	} `yaml:"manager"`
 	Images struct {
@@ -321,6 +325,11 @@ func (c *Config) validate() error {
 	for _, r := range c.Manager.WorkspaceRoots {
 		if !filepath.IsAbs(r) {
 			return fmt.Errorf("manager.workspace_roots: %q is not absolute", r)
+		}
+	}
+	for _, r := range c.Manager.Export.AllowedRoots {
+		if !filepath.IsAbs(r) || filepath.Clean(r) == "/" {
+			return fmt.Errorf("manager.export.allowed_roots: %q must be an absolute path other than /", r)
 		}
 	}
 	home, _ := os.UserHomeDir()

@@ -54,6 +54,8 @@ func TestLoadErrors(t *testing.T) {
 		{"out of range", write("range.yml", "manager:\n  max_create_count: 0\n"), "manager.max_create_count: 0 is out of range", nil},
 		{"not an enum value", write("enum.yml", "sandbox:\n  default_overlay: zfs\n"), `sandbox.default_overlay: "zfs" is not one of auto, kernel, fuse`, nil},
 		{"bad YAML", write("bad.yml", "nonsense: [\n"), "config " + filepath.Join(dir, "bad.yml"), nil},
+		{"relative export root", write("export-rel.yml", "manager:\n  export:\n    allowed_roots: [out]\n"), `manager.export.allowed_roots: "out" must be an absolute path other than /`, nil},
+		{"export root /", write("export-root.yml", "manager:\n  export:\n    allowed_roots: [/]\n"), `manager.export.allowed_roots: "/" must be an absolute path other than /`, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -24,19 +25,28 @@ import (
 //
 // Decisions beyond the contract's text:
 //
-//   - dest is checked lexically and with the symlinks of its existing
-//     ancestors resolved; the export writes to the resolved path. A dir dest
-//     that is itself a symlink is refused (it is neither a directory nor
-//     absent); an absent dir dest is created with its missing parents (0755)
-//     once the caps have passed, and its nearest existing ancestor must be a
-//     directory. An archive dest that is a symlink is replaced by the
-//     rename, never followed.
+//   - dest (#27 item 2) must be below the sandbox's workspace root or a
+//     directory of manager.export.allowed_roots (CheckExportDest), spelled
+//     through the root as configured or with the root's own symlinks
+//     resolved; below the root no existing component may be a symlink and
+//     no component may be .git. The export opens the root and walks to dest
+//     descriptor-relative (layers.OpenDestBeneath), creating a dir dest's
+//     missing components (0755) once the caps have passed; an archive's
+//     parent must exist. An archive dest that is a symlink is replaced by
+//     the rename, never followed. The rule covers archives too: an archive
+//     is agent-controlled bytes (file names and contents), as able to
+//     become ~/.ssh/authorized_keys or ~/.bashrc as a directory export.
+//     Refusals are invalid_request before anything is written; the
+//     sandbox is resolved first (not_found wins).
 //   - The sandbox must be ready (creating/stopping → operation_conflict,
 //     failed → operation_failed); the export read-holds the sandbox gate so
 //     destroy waits for it.
 //   - Archives are written to ".esbx-export.tmp-<random>" beside dest, fsynced,
 //     renamed over dest, and the directory fsynced; the temp file is removed
 //     on any failure (an exceeded tar-zst stream cap included).
+//   - kept_out (the first 100) and kept_out_count name the git-private and
+//     git-protected paths of the folded layers that the export left out
+//     (layers' export decisions); both are absent when there are none.
 //   - Progress: the fold's size, then the layers package's per-1000-entries
 //     or per-second counts, then the final line.
 
@@ -89,6 +99,10 @@ type exportDirResult struct {
 	SkippedUnchanged      int64    `json:"skipped_unchanged"`
 	BytesWritten          int64    `json:"bytes_written"`
 	LiveWorkspaceSessions []string `json:"live_workspace_sessions,omitempty"`
+	// KeptOut are git-private and git-protected paths the export left out
+	// (the first 100), KeptOutCount all of them (#27 item 1).
+	KeptOut      []string `json:"kept_out,omitempty"`
+	KeptOutCount int      `json:"kept_out_count,omitempty"`
 }
 
 type exportTarResult struct {
@@ -101,6 +115,10 @@ type exportTarResult struct {
 	WhiteoutsEmitted      int64    `json:"whiteouts_emitted"`
 	BytesWritten          int64    `json:"bytes_written"`
 	LiveWorkspaceSessions []string `json:"live_workspace_sessions,omitempty"`
+	// KeptOut are git-private and git-protected paths the export left out
+	// (the first 100), KeptOutCount all of them (#27 item 1).
+	KeptOut      []string `json:"kept_out,omitempty"`
+	KeptOutCount int      `json:"kept_out_count,omitempty"`
 }
 
 // Exporter runs export_changes in the dir and tar formats and serializes
@@ -115,11 +133,14 @@ type Exporter[W any] struct {
 type ExportSpec struct {
 	SandboxID string
 	Format    string // dir, tar, tar-zst
-	// Dest was checked by CheckExportDest.
-	Dest      string
-	RequestID string
-	Caps      layers.ExportCaps
-	ZstdLevel int // runtime.layerstack.spool_zstd_level, for tar-zst
+	// Dest is checked by Export (CheckExportDest) against Own and the
+	// sandbox's workspace root plus AllowedRoots.
+	Dest         string
+	Own          []string
+	AllowedRoots []string
+	RequestID    string
+	Caps         layers.ExportCaps
+	ZstdLevel    int // runtime.layerstack.spool_zstd_level, for tar-zst
 }
 
 // Export writes head's changes (every layer above the base, folded) to
@@ -133,7 +154,13 @@ func (x *Exporter[W]) Export(ctx context.Context, spec ExportSpec, progress func
 	defer done()
 	sb.Mu.Lock()
 	live := append([]string{}, sb.Rec.LiveWorkspaceSessions...)
+	wsRoot := sb.Rec.WorkspaceRoot
 	sb.Mu.Unlock()
+	target, err := CheckExportDest(dest, format, spec.Own, append([]string{wsRoot}, spec.AllowedRoots...))
+	if err != nil {
+		return nil, err
+	}
+	dest = target.Path
 
 	lease, release, err := x.Lease(sb, id, spec.RequestID)
 	if err != nil {
@@ -157,19 +184,21 @@ func (x *Exporter[W]) Export(ctx context.Context, spec ExportSpec, progress func
 		if err := fold.CheckDirCaps(caps); err != nil {
 			return nil, ExportError(err)
 		}
-		if err := os.MkdirAll(dest, 0o755); err != nil {
+		fd, err := layers.OpenDestBeneath(target.Root, target.Rel, true)
+		if err != nil {
 			return nil, ExportError(err)
 		}
-		st, err := fold.ExportDir(ctx, dest, caps, progress)
+		st, err := fold.ExportDirFD(ctx, fd, dest, caps, progress)
 		if err != nil {
 			return nil, ExportError(err)
 		}
 		progress("export: applied to " + dest)
+		kept, keptN := keptOut(fold)
 		return exportDirResult{
 			ManifestVersion: m.Version, Format: format, LayersExported: fold.LayerIDs,
 			FilesWritten: st.FilesWritten, DirectoriesWritten: st.DirectoriesWritten, SymlinksWritten: st.SymlinksWritten,
 			DeletesApplied: st.DeletesApplied, OpaqueClears: st.OpaqueClears, SkippedUnchanged: st.SkippedUnchanged,
-			BytesWritten: st.BytesWritten, LiveWorkspaceSessions: live,
+			BytesWritten: st.BytesWritten, LiveWorkspaceSessions: live, KeptOut: kept, KeptOutCount: keptN,
 		}, nil
 	}
 
@@ -180,31 +209,54 @@ func (x *Exporter[W]) Export(ctx context.Context, spec ExportSpec, progress func
 	if err := fold.CheckTarCaps(caps, level != 0); err != nil {
 		return nil, ExportError(err)
 	}
-	st, err := writeArchive(ctx, fold, dest, level, caps, progress)
+	st, err := writeArchive(ctx, fold, target, level, caps, progress)
 	if err != nil {
 		return nil, ExportError(err)
 	}
 	progress("export: wrote " + dest)
+	kept, keptN := keptOut(fold)
 	return exportTarResult{
 		ManifestVersion: m.Version, Format: format, LayersExported: fold.LayerIDs,
 		FilesWritten: st.FilesWritten, DirectoriesWritten: st.DirectoriesWritten, SymlinksWritten: st.SymlinksWritten,
 		WhiteoutsEmitted: st.WhiteoutsEmitted, BytesWritten: st.BytesWritten, LiveWorkspaceSessions: live,
+		KeptOut: kept, KeptOutCount: keptN,
 	}, nil
 }
 
-// writeArchive writes the archive to a temp file beside dest and renames it.
-func writeArchive(ctx context.Context, fold *layers.Fold, dest string, level int, caps layers.ExportCaps, progress func(string)) (st layers.TarStats, err error) {
-	dir := filepath.Dir(dest)
-	tmp := filepath.Join(dir, ".esbx-export.tmp-"+strings.ToLower(rand.Text()))
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o644)
+// maxKeptOut bounds the kept_out list of a result; kept_out_count is exact.
+const maxKeptOut = 100
+
+// keptOut is the result's view of fold.KeptOut: the first maxKeptOut paths
+// and the count, both empty when nothing was kept out.
+func keptOut(f *layers.Fold) ([]string, int) {
+	k := f.KeptOut
+	if len(k) > maxKeptOut {
+		k = k[:maxKeptOut]
+	}
+	return k, len(f.KeptOut)
+}
+
+// writeArchive writes the archive to a temp file beside dest and renames it,
+// descriptor-relative from dest's parent (opened beneath the allowed root).
+func writeArchive(ctx context.Context, fold *layers.Fold, dest ExportDest, level int, caps layers.ExportCaps, progress func(string)) (st layers.TarStats, err error) {
+	dirRel, name := path.Split(dest.Rel)
+	dfd, err := layers.OpenDestBeneath(dest.Root, strings.TrimSuffix(dirRel, "/"), false)
 	if err != nil {
 		return st, err
 	}
+	dirf := os.NewFile(uintptr(dfd), filepath.Dir(dest.Path))
+	defer dirf.Close()
+	tmp := ".esbx-export.tmp-" + strings.ToLower(rand.Text())
+	tfd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return st, &fs.PathError{Op: "create", Path: filepath.Join(filepath.Dir(dest.Path), tmp), Err: err}
+	}
+	f := os.NewFile(uintptr(tfd), tmp)
 	renamed := false
 	defer func() {
 		if !renamed {
 			f.Close()
-			os.Remove(tmp)
+			_ = unix.Unlinkat(dfd, tmp, 0)
 		}
 	}()
 	bw := bufio.NewWriterSize(f, 1<<20)
@@ -221,14 +273,11 @@ func writeArchive(ctx context.Context, fold *layers.Fold, dest string, level int
 	if err := f.Close(); err != nil {
 		return st, err
 	}
-	if err := os.Rename(tmp, dest); err != nil {
-		return st, err
+	if err := unix.Renameat(dfd, tmp, dfd, name); err != nil {
+		return st, &fs.PathError{Op: "rename", Path: dest.Path, Err: err}
 	}
 	renamed = true
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
+	_ = dirf.Sync()
 	return st, nil
 }
 
@@ -267,29 +316,47 @@ func ExportError(err error) error {
 	return catalog.Errorf(catalog.OperationFailed, "export_changes failed: %v", err)
 }
 
-// CheckExportDest applies §8.9's dest rules and returns the path to write
-// (the existing ancestors' symlinks resolved).
-// own are the supervisor's directories (data, config, runtime).
-func CheckExportDest(dest, format string, own []string) (string, error) {
+// ExportDest is a checked destination: Path is Root/Rel, Root one of the
+// allowed roots with its own symlinks resolved, Rel slash-separated below it
+// ("" is Root itself) with no symlink in any existing component.
+type ExportDest struct {
+	Root, Rel, Path string
+}
+
+// CheckExportDest applies the dest rules (§8.9 and #27 item 2) and returns
+// where to write. own are the supervisor's directories (data, config,
+// runtime); roots are the directories below which an export may write: the
+// sandbox's workspace root and manager.export.allowed_roots.
+//
+// The rule is positive: dest must be spelled below one of roots (as
+// configured or with the root's own symlinks resolved), no existing
+// component below the root may be a symlink, and no component may be a git
+// directory (.git, in any case: writing workspace paths below one would
+// plant hooks). The export then walks from the root descriptor-relative
+// (layers.OpenDestBeneath), so a symlink swapped in after this check is
+// refused too.
+func CheckExportDest(dest, format string, own, roots []string) (ExportDest, error) {
 	bad := func(format string, a ...any) error {
 		return catalog.Errorf(catalog.InvalidRequest, format, a...).With("dest", dest)
 	}
 	if dest == "" || strings.ContainsRune(dest, 0) {
-		return "", bad("dest must be a non-empty path without NUL")
+		return ExportDest{}, bad("dest must be a non-empty path without NUL")
 	}
 	if !filepath.IsAbs(dest) {
-		return "", bad("dest must be an absolute path: %s", dest)
+		return ExportDest{}, bad("dest must be an absolute path: %s", dest)
 	}
 	clean := filepath.Clean(dest)
 	if clean == "/" {
-		return "", bad("dest must not be /")
+		return ExportDest{}, bad("dest must not be /")
+	}
+	for _, c := range strings.Split(clean, "/") {
+		if strings.EqualFold(c, ".git") {
+			return ExportDest{}, bad("dest must not be a git directory or inside one: %s", dest)
+		}
 	}
 	resolved, err := resolveAncestors(clean)
 	if err != nil {
-		return "", bad("dest: %v", err)
-	}
-	if resolved == "/" {
-		return "", bad("dest must not be /")
+		return ExportDest{}, bad("dest: %v", err)
 	}
 	if home, err := os.UserHomeDir(); err == nil && home != "" {
 		h := filepath.Clean(home)
@@ -298,7 +365,7 @@ func CheckExportDest(dest, format string, own []string) (string, error) {
 			rh = h
 		}
 		if clean == h || resolved == h || clean == rh || resolved == rh {
-			return "", bad("dest must not be $HOME itself")
+			return ExportDest{}, bad("dest must not be $HOME itself")
 		}
 	}
 	for _, d := range own {
@@ -312,49 +379,85 @@ func CheckExportDest(dest, format string, own []string) (string, error) {
 		for _, dd := range cands {
 			for _, p := range []string{clean, resolved} {
 				if Within(p, dd) || Within(dd, p) {
-					return "", bad("dest must not be inside, equal to or contain the supervisor's directory %s", d)
+					return ExportDest{}, bad("dest must not be inside, equal to or contain the supervisor's directory %s", d)
 				}
 			}
 		}
 	}
-	fi, lerr := os.Lstat(resolved)
+	var out ExportDest
+	found := false
+	for _, r := range roots {
+		if r == "" || !filepath.IsAbs(r) {
+			continue
+		}
+		rc := filepath.Clean(r)
+		rr, err := filepath.EvalSymlinks(rc)
+		if err != nil {
+			continue // an absent root allows nothing
+		}
+		for _, base := range []string{rc, rr} {
+			if Within(clean, base) {
+				rel, _ := filepath.Rel(base, clean)
+				if rel == "." {
+					rel = ""
+				}
+				out, found = ExportDest{Root: rr, Rel: filepath.ToSlash(rel), Path: filepath.Join(rr, rel)}, true
+				break
+			}
+		}
+		if found {
+			break
+		}
+	}
+	if !found {
+		return ExportDest{}, catalog.Errorf(catalog.InvalidRequest,
+			"dest must be below the sandbox's workspace root or a directory of manager.export.allowed_roots (%s): %s",
+			strings.Join(roots, ", "), dest).With("dest", dest).With("allowed_roots", roots)
+	}
+	// The existing components below the root: no symlink, directories
+	// except the last.
+	comps := []string{}
+	if out.Rel != "" {
+		comps = strings.Split(out.Rel, "/")
+	}
+	p := out.Root
+	var last fs.FileInfo
+	var lastErr error = fs.ErrNotExist
+	if len(comps) == 0 {
+		last, lastErr = os.Lstat(p)
+	}
+	for i, c := range comps {
+		p = filepath.Join(p, c)
+		fi, err := os.Lstat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			if i < len(comps)-1 && format != "dir" {
+				return ExportDest{}, bad("the parent directory of dest does not exist: %s", filepath.Dir(dest))
+			}
+			break
+		}
+		if err != nil {
+			return ExportDest{}, bad("dest: %v", err)
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			return ExportDest{}, bad("dest: %s is a symlink; an export never follows one", p)
+		}
+		if i == len(comps)-1 {
+			last, lastErr = fi, nil
+		} else if !fi.IsDir() {
+			return ExportDest{}, bad("dest cannot be created: %s is not a directory", p)
+		}
+	}
 	switch format {
 	case "dir":
-		switch {
-		case lerr == nil && fi.Mode()&fs.ModeSymlink != 0:
-			return "", bad("dest is a symlink: %s", dest)
-		case lerr == nil && !fi.IsDir():
-			return "", bad("dest exists and is not a directory: %s", dest)
-		case lerr != nil && !errors.Is(lerr, fs.ErrNotExist):
-			return "", bad("dest: %v", lerr)
-		case lerr != nil:
-			anc := filepath.Dir(resolved)
-			for {
-				ai, err := os.Lstat(anc)
-				if err == nil {
-					if !ai.IsDir() {
-						return "", bad("dest cannot be created: %s is not a directory", anc)
-					}
-					break
-				}
-				if !errors.Is(err, fs.ErrNotExist) {
-					return "", bad("dest: %v", err)
-				}
-				anc = filepath.Dir(anc)
-			}
+		if lastErr == nil && !last.IsDir() {
+			return ExportDest{}, bad("dest exists and is not a directory: %s", dest)
 		}
 	default:
-		if st, err := os.Stat(resolved); err == nil && st.IsDir() {
-			return "", bad("dest is a directory: %s (format %s writes an archive file)", dest, format)
-		}
-		if lerr != nil && !errors.Is(lerr, fs.ErrNotExist) {
-			return "", bad("dest: %v", lerr)
-		}
-		if pi, err := os.Stat(filepath.Dir(resolved)); err != nil || !pi.IsDir() {
-			return "", bad("the parent directory of dest does not exist: %s", filepath.Dir(dest))
+		if out.Rel == "" || (lastErr == nil && last.IsDir()) {
+			return ExportDest{}, bad("dest is a directory: %s (format %s writes an archive file)", dest, format)
 		}
 	}
-	return resolved, nil
+	return out, nil
 }
 
 // resolveAncestors resolves the symlinks of p's longest existing proper

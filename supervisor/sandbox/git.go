@@ -36,12 +36,50 @@ func gitEnv(extra []string) []string {
 	return append(append(out, "LC_ALL=C", "GIT_TERMINAL_PROMPT=0"), extra...)
 }
 
-// runGit runs git in dir and returns its stdout; the error carries stderr.
-func RunGit(ctx context.Context, dir string, env []string, stdin io.Reader, args ...string) (string, error) {
-	full := append([]string{"-c", "core.fsmonitor=false", "-c", "core.splitIndex=false", "-c", "core.untrackedCache=false",
-		"-c", "gc.auto=0"}, args...)
+// gitSafety are the configuration overrides of every git the supervisor
+// runs (issue #27 item 3). A repository's own configuration is input the
+// supervisor does not trust to run programs in its name: a session may have
+// planted it (before publication protected it), a user's hooks expect a
+// user's commands, not the supervisor's plumbing.
+//
+//   - core.hooksPath=/dev/null: no hook runs (reference-transaction for
+//     update-ref, post-index-change for a temporary index, post-checkout…).
+//     /dev/null is not a directory, so git finds no hook below it, and
+//     nobody can create an entry there — a fresh empty directory could be
+//     filled by any process of the user between its creation and its use.
+//   - core.fsmonitor=false: status and index refreshes run no monitor
+//     command (the key is also a command line in older gits).
+//   - protocol.allow=never: no transport at all, so a partial clone's lazy
+//     fetch cannot start ssh or a remote helper from the repository's
+//     configuration; the supervisor's git never talks to a remote.
+//   - core.splitIndex, core.untrackedCache, gc.auto: no side files and no
+//     background gc in the user's repository.
+//
+// The system and global configuration files are still read: command-line
+// -c values override every level, and the global file carries the user's
+// identity (user.name, user.email) that the git export's commits use.
+var gitSafety = []string{
+	"-c", "core.hooksPath=/dev/null",
+	"-c", "core.fsmonitor=false",
+	"-c", "protocol.allow=never",
+	"-c", "core.splitIndex=false",
+	"-c", "core.untrackedCache=false",
+	"-c", "gc.auto=0",
+}
+
+// GitCommand is the one constructor of a git process of the supervisor:
+// every git it runs goes through it (and so through gitSafety and gitEnv).
+func GitCommand(ctx context.Context, dir string, env []string, args ...string) *exec.Cmd {
+	full := append(append([]string{}, gitSafety...), args...)
 	cmd := exec.CommandContext(ctx, "git", full...)
-	cmd.Dir, cmd.Env, cmd.Stdin = dir, gitEnv(env), stdin
+	cmd.Dir, cmd.Env = dir, gitEnv(env)
+	return cmd
+}
+
+// RunGit runs git in dir and returns its stdout; the error carries stderr.
+func RunGit(ctx context.Context, dir string, env []string, stdin io.Reader, args ...string) (string, error) {
+	cmd := GitCommand(ctx, dir, env, args...)
+	cmd.Stdin = stdin
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
@@ -368,3 +406,54 @@ func (r *GitRepo) CommitTree(tree, parent, msg string, author, committer Ident) 
 }
 
 // ---------------------------------------------------------------------------
+
+// CheckBranchName applies git's rules for a branch name (what `git
+// check-ref-format --branch` accepts, reimplemented so the reason can be
+// said) and the supervisor's own refusals: "HEAD" (refs/heads/HEAD makes
+// every later "HEAD" ambiguous), names starting with "refs/" (the branch is
+// always created under refs/heads/, so such a name would make
+// refs/heads/refs/…), names starting with "-" (an option to git), and
+// "@{-N}" shorthands (they name a branch by history, not a new one). The
+// error says why; the caller maps it to invalid_request.
+func CheckBranchName(b string) error {
+	switch {
+	case b == "":
+		return fmt.Errorf("is empty")
+	case b == "HEAD":
+		return fmt.Errorf("HEAD is not a branch name")
+	case strings.HasPrefix(b, "refs/"):
+		return fmt.Errorf("must not start with refs/ (it is created as refs/heads/<branch>)")
+	case strings.HasPrefix(b, "-"):
+		return fmt.Errorf("must not start with -")
+	case b == "@":
+		return fmt.Errorf("must not be @")
+	case strings.HasPrefix(b, "/") || strings.HasSuffix(b, "/"):
+		return fmt.Errorf("must not start or end with /")
+	case strings.Contains(b, "//"):
+		return fmt.Errorf(`must not contain ".."`)
+	case strings.Contains(b, ".."):
+		return fmt.Errorf(`must not contain ".."`)
+	case strings.Contains(b, "@{"):
+		return fmt.Errorf(`must not contain ".."`)
+	case strings.HasSuffix(b, "."):
+		return fmt.Errorf(`must not end with "."`)
+	}
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if c < 0x20 || c == 0x7f {
+			return fmt.Errorf("must not contain control characters")
+		}
+		if strings.IndexByte(" ~^:?*[\\", c) >= 0 {
+			return fmt.Errorf("must not contain %q", string(c))
+		}
+	}
+	for _, comp := range strings.Split(b, "/") {
+		if strings.HasPrefix(comp, ".") {
+			return fmt.Errorf("no component may start with . (%q)", comp)
+		}
+		if strings.HasSuffix(comp, ".lock") {
+			return fmt.Errorf("no component may end with .lock (%q)", comp)
+		}
+	}
+	return nil
+}

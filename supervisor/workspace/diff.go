@@ -486,7 +486,7 @@ func (d *wsDiffer) file(it wsDiffItem) (wsDiffFile, error) {
 		f.DiffTruncated = true
 		return f, nil
 	}
-	text, err := udiff.ToUnified("a/"+it.path, "b/"+it.path, texts[0], wsDiffEdits(texts[0], texts[1]), wsDiffContext)
+	text, err := udiff.ToUnified(layers.QuoteDiffPath("a/"+it.path), layers.QuoteDiffPath("b/"+it.path), texts[0], wsDiffEdits(texts[0], texts[1]), wsDiffContext)
 	if err != nil {
 		return wsDiffFile{}, fmt.Errorf("diff %s: %w", it.path, err)
 	}

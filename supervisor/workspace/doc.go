@@ -43,6 +43,11 @@
 // would make every status re-hash; inode, mtime, size and owner, which git
 // still compares, survive a hard link.
 //
+// A diff's "--- "/"+++ " headers name the file through
+// layers.QuoteDiffPath (git's core.quotePath=true quoting), so a header is
+// always one line whatever the name holds; the files' path fields stay as
+// they are (#27 item 5).
+//
 // It must never import the root supervisor package or decide how a sandbox
 // itself is created, squashed or removed (that is supervisor/sandbox).
 package workspace

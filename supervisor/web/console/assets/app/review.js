@@ -306,6 +306,14 @@ export function reviewPage(view, [sandboxId, wsId]) {
 export function renderDiff(box, diff) {
   if (window.Diff2Html) {
     box.innerHTML = window.Diff2Html.html(diff, { drawFileList: false, outputFormat: 'line-by-line', matching: 'none' });
+    // diff2html unquotes a git-quoted name and turns its backslashes into
+    // slashes, so "a\nb" would read as the path a/nb: show the name as the
+    // header has it (quoted as git quotes it), as text.
+    const m = /^\+\+\+ (.*)$/m.exec(diff);
+    if (m) {
+      const shown = m[1].startsWith('"b/') ? '"' + m[1].slice(3) : m[1].replace(/^b\//, '');
+      box.querySelectorAll('.d2h-file-name').forEach((e) => { e.textContent = shown; });
+    }
   } else {
     clear(box, h('pre', {}, diff));
   }
