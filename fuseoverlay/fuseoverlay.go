@@ -114,6 +114,10 @@ type Options struct {
 	Name string
 	// Debug logs every FUSE request to stderr.
 	Debug bool
+	// Requests, when set, counts the requests served by opcode (a
+	// measuring instrument: it replaces Debug's log and slows every
+	// request down).
+	Requests *RequestCounter
 }
 
 // Record is one provenance record (contract §11.4, source "fuse").

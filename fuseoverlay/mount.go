@@ -90,6 +90,10 @@ func mount(ctx context.Context, mountpoint string, opts Options) (*Server, error
 			Debug:      opts.Debug,
 		},
 	}
+	if opts.Requests != nil {
+		fsOpts.MountOptions.Debug = true
+		fsOpts.MountOptions.Logger = opts.Requests.logger()
+	}
 	srv, err := fs.Mount(mountpoint, root, fsOpts)
 	if err != nil {
 		return nil, fmt.Errorf("fuseoverlay: mount %s: %w", mountpoint, err)
