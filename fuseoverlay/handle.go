@@ -98,6 +98,11 @@ func (o *ofs) newHandle(fd int, path, command string, flags uint32) *handle {
 func (h *handle) PassthroughFd() (int, bool) { return -1, false }
 
 func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	if h.o.kill.marked(ctx) {
+		if errno := killPrivs(h.fd); errno != 0 {
+			return 0, errno
+		}
+	}
 	n, errno := h.LoopbackFile.Write(ctx, data, off)
 	if n > 0 {
 		h.wrote.Store(true)
@@ -107,6 +112,11 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 }
 
 func (h *handle) Writev(ctx context.Context, data [][]byte, off int64) (uint32, syscall.Errno) {
+	if h.o.kill.marked(ctx) {
+		if errno := killPrivs(h.fd); errno != 0 {
+			return 0, errno
+		}
+	}
 	n, errno := h.LoopbackFile.Writev(ctx, data, off)
 	if n > 0 {
 		h.wrote.Store(true)

@@ -80,8 +80,11 @@ func mount(ctx context.Context, mountpoint string, opts Options) (*Server, error
 			// No passthrough: it hides writes from the recorder. No
 			// writeback cache either: it hides the writer (design rule 5).
 			DisabledCapabilities: fuse.CAP_PASSTHROUGH | fuse.CAP_WRITEBACK_CACHE,
-			FsName:               name,
-			Name:                 "esbx",
+			// The server clears set-id bits itself (killpriv.go), which
+			// spares a GETXATTR security.capability per write(2).
+			ExtraCapabilities: fuse.CAP_HANDLE_KILLPRIV_V2,
+			FsName:            name,
+			Name:              "esbx",
 			// Only processes in the mount's user namespace (or below) are
 			// admitted even with allow_other; commands may run as other ids.
 			AllowOther: true,
@@ -94,8 +97,15 @@ func mount(ctx context.Context, mountpoint string, opts Options) (*Server, error
 		fsOpts.MountOptions.Debug = true
 		fsOpts.MountOptions.Logger = opts.Requests.logger()
 	}
-	srv, err := fs.Mount(mountpoint, root, fsOpts)
+	// fs.Mount, with the bridge wrapped (killpriv.go).
+	raw := &rawFS{RawFileSystem: fs.NewNodeFS(root, fsOpts), kill: &o.kill}
+	srv, err := fuse.NewServer(raw, mountpoint, &fsOpts.MountOptions)
 	if err != nil {
+		return nil, fmt.Errorf("fuseoverlay: mount %s: %w", mountpoint, err)
+	}
+	go srv.Serve()
+	if err := srv.WaitMount(); err != nil {
+		_ = srv.Unmount()
 		return nil, fmt.Errorf("fuseoverlay: mount %s: %w", mountpoint, err)
 	}
 	s := &server{srv: srv, o: o, done: make(chan struct{})}

@@ -64,6 +64,9 @@ type ofs struct {
 	retiredMu sync.Mutex
 	retired   map[fs.StableAttr]*fs.Inode
 
+	// kill marks the WRITE requests that must clear set-id bits.
+	kill killMarks
+
 	rec      *recorder
 	owner    func(pid uint32) string
 	released func(path, command string)

@@ -138,6 +138,24 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		}
 		o.rec.op(Record{Command: rc, Op: "truncate", Path: p, Offset: int64(sz)})
 	}
+	if in.Valid&fuse.FATTR_KILL_SUIDGID != 0 && n.StableAttr().Mode == unix.S_IFREG {
+		// A chown, or a truncate by a caller without CAP_FSETID
+		// (killpriv.go).
+		var errno syscall.Errno
+		if h != nil && h.lowerOf == nil {
+			errno = killPrivs(h.fd) // an upper file (fchmod needs no write access)
+		} else if !ok {
+			errno = syscall.ESTALE
+		} else if fd, err := openat(up, p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err != nil {
+			errno = errnoOf(err)
+		} else {
+			errno = killPrivs(fd)
+			unix.Close(fd)
+		}
+		if errno != 0 {
+			return errno
+		}
+	}
 	mt, mok := in.GetMTime()
 	at, aok := in.GetATime()
 	if mok || aok {
