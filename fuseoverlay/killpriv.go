@@ -70,6 +70,7 @@ func (k *killMarks) marked(ctx context.Context) bool {
 type rawFS struct {
 	fuse.RawFileSystem
 	kill *killMarks
+	o    *ofs
 }
 
 func (r *rawFS) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {

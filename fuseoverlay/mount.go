@@ -98,7 +98,7 @@ func mount(ctx context.Context, mountpoint string, opts Options) (*Server, error
 		fsOpts.MountOptions.Logger = opts.Requests.logger()
 	}
 	// fs.Mount, with the bridge wrapped (killpriv.go).
-	raw := &rawFS{RawFileSystem: fs.NewNodeFS(root, fsOpts), kill: &o.kill}
+	raw := &rawFS{RawFileSystem: fs.NewNodeFS(root, fsOpts), kill: &o.kill, o: o}
 	srv, err := fuse.NewServer(raw, mountpoint, &fsOpts.MountOptions)
 	if err != nil {
 		return nil, fmt.Errorf("fuseoverlay: mount %s: %w", mountpoint, err)
@@ -108,6 +108,7 @@ func mount(ctx context.Context, mountpoint string, opts Options) (*Server, error
 		_ = srv.Unmount()
 		return nil, fmt.Errorf("fuseoverlay: mount %s: %w", mountpoint, err)
 	}
+	o.mntID = mountID(mountpoint)
 	s := &server{srv: srv, o: o, done: make(chan struct{})}
 	interval := opts.CoalesceInterval
 	if interval <= 0 {
@@ -119,7 +120,7 @@ func mount(ctx context.Context, mountpoint string, opts Options) (*Server, error
 	go func() {
 		srv.Wait()
 		close(s.done)
-		o.rec.flush()
+		o.flushAll()
 	}()
 	return &Server{impl: s}, nil
 }
@@ -130,7 +131,7 @@ type server struct {
 	done chan struct{}
 }
 
-func (s *server) flush() { s.o.rec.flush() }
+func (s *server) flush() { s.o.flushAll() }
 
 func (s *server) unmount() error {
 	err := s.srv.Unmount()

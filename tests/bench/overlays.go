@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,6 +49,10 @@ const overlayWorkerArg = "__overlay-worker"
 // overlayServerArg re-executes this binary as the server of one FUSE
 // overlay mount (a worker's child, in the worker's namespaces).
 const overlayServerArg = "__overlay-fuse-server"
+
+// fuseProfileEnv names the directory where each fuse server writes its CPU
+// profile (-fuse-profile).
+const fuseProfileEnv = "ESBX_BENCH_FUSE_PROFILE"
 
 // serverJob is what a worker passes to its FUSE server (as JSON in argv).
 type serverJob struct {
@@ -475,6 +480,20 @@ func overlayServer(arg string) int {
 		return 2
 	}
 	runtime.GOMAXPROCS(fuseoverlay.ServerProcs)
+	if d := os.Getenv(fuseProfileEnv); d != "" {
+		pf, err := os.Create(filepath.Join(d, fmt.Sprintf("fuse-%d.pprof", os.Getpid())))
+		if err == nil {
+			err = pprof.StartCPUProfile(pf)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fuse server: profile:", err)
+			return 1
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			pf.Close()
+		}()
+	}
 	var files []*os.File
 	for _, d := range []string{job.Lower, job.Upper, job.Work} {
 		f, err := os.Open(d)
