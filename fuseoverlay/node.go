@@ -267,6 +267,9 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 		if err := unix.Fstat(pf.fd, &st); err != nil {
 			return errnoOf(err)
 		}
+		if !pf.writable {
+			st.Nlink = 0 // the lower file keeps its name there, not here
+		}
 	} else {
 		n.o.mu.RLock()
 		errno := n.stat(&st)

@@ -26,7 +26,14 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	if pf := n.pinnedFd(); h == nil && pf != nil {
 		// Its name is gone (noopen.go): the kept descriptor is the file.
 		if !pf.writable {
-			return syscall.EROFS
+			// Under o.mu (exclusive): writablePin takes it shared.
+			o.mu.Unlock()
+			var errno syscall.Errno
+			pf, errno = n.writablePin()
+			o.mu.Lock()
+			if errno != 0 {
+				return errno
+			}
 		}
 		h = &handle{fd: pf.fd, o: o, path: pf.path, writable: true}
 	} else if errno := n.copyUpEntry(); errno != 0 {

@@ -113,6 +113,49 @@ func (n *node) pin(layer int, p string) {
 	n.pinned = &pinnedFd{fd: fd, writable: layer == 0, path: p}
 }
 
+// writablePin gives a node pinned read-only (a lower file whose name is
+// gone) a private writable copy to pin instead: an O_TMPFILE in the work
+// directory, or in the upper, that no name will ever show; as the kernel
+// overlay would have copied the file up when it was opened for writing.
+func (n *node) writablePin() (*pinnedFd, syscall.Errno) {
+	o := n.o
+	dir := o.work
+	if dir < 0 {
+		o.mu.RLock()
+		d, err := unix.FcntlInt(uintptr(o.fds[0]), unix.F_DUPFD_CLOEXEC, 0)
+		o.mu.RUnlock()
+		if err != nil {
+			return nil, errnoOf(err)
+		}
+		defer unix.Close(d)
+		dir = d
+	}
+	n.pinMu.Lock()
+	defer n.pinMu.Unlock()
+	pf := n.pinned
+	if pf == nil {
+		return nil, syscall.ESTALE
+	}
+	if pf.writable {
+		return pf, 0
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(pf.fd, &st); err != nil {
+		return nil, errnoOf(err)
+	}
+	fd, err := unix.Openat(dir, ".", unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, st.Mode&07777)
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	if err := copyData(pf.fd, fd, st.Size); err != nil {
+		unix.Close(fd)
+		return nil, errnoOf(err)
+	}
+	unix.Close(pf.fd)
+	n.pinned = &pinnedFd{fd: fd, writable: true, path: pf.path}
+	return n.pinned, 0
+}
+
 func (n *node) pinnedFd() *pinnedFd {
 	n.pinMu.Lock()
 	defer n.pinMu.Unlock()
@@ -144,7 +187,10 @@ func (n *node) pinChild(name, p string) {
 func (n *node) ioFd(write bool) (int, func(), syscall.Errno) {
 	if pf := n.pinnedFd(); pf != nil {
 		if write && !pf.writable {
-			return -1, nil, syscall.EROFS // a lower file whose name is gone: nothing to copy up
+			var errno syscall.Errno
+			if pf, errno = n.writablePin(); errno != 0 {
+				return -1, nil, errno
+			}
 		}
 		return pf.fd, noop, 0
 	}
