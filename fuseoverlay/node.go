@@ -81,6 +81,8 @@ type ofs struct {
 	mntID uint64
 	// noOpen is set once OPEN was answered ENOSYS (before the reply).
 	noOpen atomic.Bool
+	// pins counts the descriptors nodes keep once their name is gone.
+	pins atomic.Int64
 
 	rec      *recorder
 	owner    func(pid uint32) string

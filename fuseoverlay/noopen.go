@@ -102,12 +102,20 @@ func (n *node) pin(layer int, p string) {
 	if n.pinned != nil {
 		return
 	}
+	// Bounded like the shared read-only descriptors (rofd.go): pins are
+	// short-lived (the kernel forgets an unlinked file nobody has open),
+	// but an rm -rf or a swap may make many at once.
+	if n.o.pins.Add(1) > n.o.maxSharedFds {
+		n.o.pins.Add(-1)
+		return
+	}
 	flags := unix.O_RDONLY
 	if layer == 0 {
 		flags = unix.O_RDWR
 	}
 	fd, err := openat(n.o.fds[layer], p, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
+		n.o.pins.Add(-1)
 		return // best effort: the node then answers ESTALE
 	}
 	n.pinned = &pinnedFd{fd: fd, writable: layer == 0, path: p}
@@ -170,6 +178,7 @@ func (n *node) unpin() {
 	n.pinMu.Unlock()
 	if pf != nil {
 		unix.Close(pf.fd)
+		n.o.pins.Add(-1)
 	}
 }
 
