@@ -90,7 +90,11 @@ func mount(ctx context.Context, mountpoint string, opts Options) (*Server, error
 			AllowOther: true,
 			Options:    []string{"default_permissions"},
 			MaxWrite:   1 << 20,
-			Debug:      opts.Debug,
+			// A symlink's target never changes in place (a new one is a
+			// new node), so the kernel may keep it: no READLINK per path
+			// walk through it.
+			EnableSymlinkCaching: true,
+			Debug:                opts.Debug,
 		},
 	}
 	if opts.Requests != nil {

@@ -61,3 +61,49 @@ func TestOpenFileOutlivesItsName(t *testing.T) {
 		}
 	}
 }
+
+// TestWarmPassesCostNoRequest: with the kernel's caches warm, reading a
+// file again, reading a symlink again and writing a file cost no OPEN,
+// RELEASE, FLUSH, READLINK or per-write GETXATTR round trip (the requests
+// issue 32 removed).
+func TestWarmPassesCostNoRequest(t *testing.T) {
+	rc := &RequestCounter{}
+	f := mountLayers(t, []tree{{"r.txt": "lower\n", "l": "->r.txt"}}, nil, func(o *Options, _ *fixture) { o.Requests = rc })
+	warm := func() {
+		if got := f.read("r.txt"); got != "lower\n" {
+			t.Fatalf("r.txt: %q", got)
+		}
+		if got, err := os.Readlink(f.p("l")); err != nil || got != "r.txt" {
+			t.Fatalf("readlink: %q %v", got, err)
+		}
+	}
+	warm()
+	f.write("w.txt", "one\n") // created: the first open
+	f.write("w.txt", "two\n") // opened
+	before := rc.Snapshot()
+	warm()
+	fh, err := os.OpenFile(f.p("w.txt"), os.O_WRONLY, 0)
+	must(t, err)
+	for range 3 {
+		_, err := fh.Write([]byte("x"))
+		must(t, err)
+	}
+	must(t, fh.Close())
+	after := rc.Snapshot()
+	got := map[string]uint64{}
+	for op, n := range after {
+		if d := n - before[op]; d > 0 && op != "INTERRUPT" {
+			got[op] = d
+		}
+	}
+	for _, op := range []string{"OPEN", "RELEASE", "FLUSH", "READLINK", "READ", "LOOKUP"} {
+		if got[op] != 0 {
+			t.Errorf("a warm pass sent %s: %v", op, got)
+		}
+	}
+	// The kernel asks for security.capability once per inode after its
+	// attributes changed, not once per write.
+	if got["WRITE"] != 3 || got["GETXATTR"] > 1 {
+		t.Errorf("requests of three writes: %v, want WRITE 3 and at most one GETXATTR", got)
+	}
+}
