@@ -51,7 +51,8 @@
 //   - caching: entries and attributes are cached for a minute, pages are
 //     kept across opens and directory listings are cached by the kernel:
 //     lowers never change and the upper changes only through this mount
-//     (a swap invalidates what it changes). Files are opened without
+//     (a swap invalidates what it changes); so are symlink targets, which
+//     never change in place. Files are opened without
 //     OPEN, RELEASE or FLUSH (noopen.go); the server clears set-id bits
 //     itself (FUSE_HANDLE_KILLPRIV_V2, killpriv.go), which spares the
 //     kernel's GETXATTR security.capability per write(2). There is no
