@@ -11,9 +11,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// handle is an open file. It is attributed to the command that opened it:
-// every write through it (including mmap and page-cache writes, which the
-// kernel sends with pid 0) is recorded for that command.
+// handle is a file CREATE made while the kernel still sent OPEN (files
+// are otherwise opened without a handle: noopen.go). It is attributed to
+// the command that created it: every write through it (including mmap
+// writes, which the kernel sends with pid 0) is recorded for that command.
 type handle struct {
 	*fs.LoopbackFile
 	fd       int
