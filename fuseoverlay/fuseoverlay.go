@@ -7,10 +7,13 @@
 // recovery read it exactly as they read a kernel upper.
 //
 // Because every write passes through it, the driver also records who wrote
-// what: each file handle is attributed to the command that opened it (never
-// to the pid of each write, which is 0 for mmap and page-cache writes), and
-// the records are buffered, coalesced and flushed at release, fsync, Flush
-// and on a timer.
+// what: files are opened without OPEN (noopen.go), so each WRITE is
+// credited to the command of the process that sends it; a write through a
+// shared mapping, which the kernel sends without a process, to the process
+// whose fsync or msync follows it (else to no command); a file made by
+// CREATE before the first OPEN was refused keeps a handle (handle.go),
+// credited to its creator. The records are buffered, coalesced and
+// flushed at fsync, Flush and on a timer.
 //
 // All access to the layers goes through directory descriptors opened before
 // the mount (the holder pivot_roots afterwards, so host paths are gone).
@@ -47,22 +50,44 @@
 //     name, since copy-up is per name.
 //   - caching: entries and attributes are cached for a minute, pages are
 //     kept across opens and directory listings are cached by the kernel:
-//     lowers never change and the upper changes only through this mount.
-//     There is no passthrough and no writeback cache (design rule 5).
-//     What a warm pass still costs is one OPEN and one (asynchronous)
-//     RELEASE per file opened, and one GETXATTR (security.capability,
-//     asked by the kernel's privilege check) per write(2): per-handle
-//     attribution needs the OPEN, so no_open is not used. Read-only opens
-//     of a lower file share one descriptor per node (rofd.go), so such an
-//     OPEN makes no system call.
+//     lowers never change and the upper changes only through this mount
+//     (a swap invalidates what it changes); so are symlink targets, which
+//     never change in place. Files are opened without
+//     OPEN, RELEASE or FLUSH (noopen.go); the server clears set-id bits
+//     itself (FUSE_HANDLE_KILLPRIV_V2, killpriv.go), which spares the
+//     kernel's GETXATTR security.capability per write(2). There is no
+//     passthrough and no writeback cache (design rule 5): passthrough
+//     needs CAP_SYS_ADMIN in the initial namespace and hides writes from
+//     the recorder, the writeback cache sends every write without its
+//     process; FUSE over io_uring needs a module parameter users cannot
+//     set. Reads of a lower file share one descriptor per node (rofd.go).
 //   - lower swap: Server.SwapLower moves the live mount onto another lower
 //     chain under the same upper (a squash, or a newer head) in one
 //     critical section, then invalidates exactly the kernel's entries,
 //     listings and attributes whose lookup result changed; directories
 //     keep their node, files backed by another file get a new one, open
-//     handles keep reading what they opened (swap.go). Server.Swap can
-//     replace the upper in the same critical section (a sync rewrote it);
-//     it is refused while a handle is open for writing.
+//     files keep reading what they opened (swap.go, noopen.go). Server.Swap
+//     can replace the upper in the same critical section (a sync rewrote
+//     it); it is refused while a file is open for writing (a handle, or a
+//     descriptor of the mount that /proc shows open for writing).
+//
+// Requests per workload of tests/bench part 6 (bench -fuse-requests; one
+// fresh mount, the cold passes then the warm ones), before and after the
+// round trips issue 32 removed (an OPEN and a RELEASE per file opened, a
+// GETXATTR per write):
+//
+//	workload (bench)             before   after  what remains
+//	read 2,000 × 4 KiB, cold      8,020   4,023  LOOKUP, READ per file
+//	read, warm                    4,002       0
+//	git status 5,000 files, cold 23,095  13,070  LOOKUP, READ per file; OPENDIR, 2 READDIRPLUS, RELEASEDIR per dir
+//	git status, warm             11,558   1,517  GETATTR, OPENDIR, RELEASEDIR per directory
+//	stat 20,000 files, cold      20,202  20,202  LOOKUP per file
+//	stat, warm                        1       0
+//	write 200 MiB (1 MiB writes)    403     203  WRITE per MiB (MaxWrite)
+//
+// Directories are still opened: go-fuse serves a listing from the
+// handle's stream. The warm git status's GETATTRs are the directories'
+// atime, which the cold pass's listing invalidated.
 //
 // Locking: one RWMutex orders namespace changes and copy-up (exclusive)
 // against lookup, readdir and opens (shared); reads and writes on open
@@ -90,9 +115,10 @@ type Options struct {
 	// nil means copy-up stages inside Upper under a hidden name.
 	Work *os.File
 
-	// Owner maps the pid of a process opening or creating a file (in the
-	// FUSE server's PID namespace) to the command that owns it; "" when
-	// unknown. Called once per open/create, never per write. The pid is
+	// Owner maps the pid of a process writing, creating or changing a file
+	// (in the FUSE server's PID namespace) to the command that owns it; ""
+	// when unknown. Called per namespace operation, and for writes once
+	// per pid and second (noopen.go). The pid is
 	// the one the kernel puts in the FUSE request: the id of the calling
 	// task, which for a multi-threaded caller is a thread id (look up its
 	// Tgid in /proc/<pid>/status if the process is needed). The server must
@@ -102,9 +128,11 @@ type Options struct {
 	// Sink receives provenance records in batches, in the order the
 	// operations happened. nil disables recording.
 	Sink func([]Record)
-	// Released is called after a handle that wrote data is released, once
-	// its records were passed to Sink, with the path and the handle's owner.
-	// The holder uses it to have a line-attribution checkpoint taken.
+	// Released is called once the records of a finished writer were passed
+	// to Sink, with the path and the writer's command: after a handle that
+	// wrote is released, and at every Flush for each path and command that
+	// wrote without a handle since the last one (noopen.go). The holder
+	// uses it to have a line-attribution checkpoint taken.
 	Released func(path, command string)
 	// CoalesceInterval bounds how long write records stay buffered
 	// (observability.file_activity.coalesce_ms); 0 means one second.
@@ -114,6 +142,10 @@ type Options struct {
 	Name string
 	// Debug logs every FUSE request to stderr.
 	Debug bool
+	// Requests, when set, counts the requests served by opcode (a
+	// measuring instrument: it replaces Debug's log and slows every
+	// request down).
+	Requests *RequestCounter
 }
 
 // Record is one provenance record (contract §11.4, source "fuse").

@@ -11,9 +11,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// handle is an open file. It is attributed to the command that opened it:
-// every write through it (including mmap and page-cache writes, which the
-// kernel sends with pid 0) is recorded for that command.
+// handle is a file CREATE made while the kernel still sent OPEN (files
+// are otherwise opened without a handle: noopen.go). It is attributed to
+// the command that created it: every write through it (including mmap
+// writes, which the kernel sends with pid 0) is recorded for that command.
 type handle struct {
 	*fs.LoopbackFile
 	fd       int
@@ -98,6 +99,11 @@ func (o *ofs) newHandle(fd int, path, command string, flags uint32) *handle {
 func (h *handle) PassthroughFd() (int, bool) { return -1, false }
 
 func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	if h.o.kill.marked(ctx) {
+		if errno := killPrivs(h.fd); errno != 0 {
+			return 0, errno
+		}
+	}
 	n, errno := h.LoopbackFile.Write(ctx, data, off)
 	if n > 0 {
 		h.wrote.Store(true)
@@ -107,6 +113,11 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 }
 
 func (h *handle) Writev(ctx context.Context, data [][]byte, off int64) (uint32, syscall.Errno) {
+	if h.o.kill.marked(ctx) {
+		if errno := killPrivs(h.fd); errno != 0 {
+			return 0, errno
+		}
+	}
 	n, errno := h.LoopbackFile.Writev(ctx, data, off)
 	if n > 0 {
 		h.wrote.Store(true)

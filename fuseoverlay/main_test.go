@@ -68,6 +68,9 @@ func TestMain(m *testing.M) {
 	if p := os.Getenv(createHelperEnv); p != "" {
 		createHelper(p)
 	}
+	if p := os.Getenv(privHelperEnv); p != "" {
+		privHelper(p)
+	}
 	if os.Getenv(inNSEnv) == "" {
 		if f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0); err != nil {
 			skipReason = fmt.Sprintf("cannot open /dev/fuse: %v", err)

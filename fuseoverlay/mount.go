@@ -80,20 +80,39 @@ func mount(ctx context.Context, mountpoint string, opts Options) (*Server, error
 			// No passthrough: it hides writes from the recorder. No
 			// writeback cache either: it hides the writer (design rule 5).
 			DisabledCapabilities: fuse.CAP_PASSTHROUGH | fuse.CAP_WRITEBACK_CACHE,
-			FsName:               name,
-			Name:                 "esbx",
+			// The server clears set-id bits itself (killpriv.go), which
+			// spares a GETXATTR security.capability per write(2).
+			ExtraCapabilities: fuse.CAP_HANDLE_KILLPRIV_V2,
+			FsName:            name,
+			Name:              "esbx",
 			// Only processes in the mount's user namespace (or below) are
 			// admitted even with allow_other; commands may run as other ids.
 			AllowOther: true,
 			Options:    []string{"default_permissions"},
 			MaxWrite:   1 << 20,
-			Debug:      opts.Debug,
+			// A symlink's target never changes in place (a new one is a
+			// new node), so the kernel may keep it: no READLINK per path
+			// walk through it.
+			EnableSymlinkCaching: true,
+			Debug:                opts.Debug,
 		},
 	}
-	srv, err := fs.Mount(mountpoint, root, fsOpts)
+	if opts.Requests != nil {
+		fsOpts.MountOptions.Debug = true
+		fsOpts.MountOptions.Logger = opts.Requests.logger()
+	}
+	// fs.Mount, with the bridge wrapped (killpriv.go).
+	raw := &rawFS{RawFileSystem: fs.NewNodeFS(root, fsOpts), kill: &o.kill, o: o}
+	srv, err := fuse.NewServer(raw, mountpoint, &fsOpts.MountOptions)
 	if err != nil {
 		return nil, fmt.Errorf("fuseoverlay: mount %s: %w", mountpoint, err)
 	}
+	go srv.Serve()
+	if err := srv.WaitMount(); err != nil {
+		_ = srv.Unmount()
+		return nil, fmt.Errorf("fuseoverlay: mount %s: %w", mountpoint, err)
+	}
+	o.mntID = mountID(mountpoint)
 	s := &server{srv: srv, o: o, done: make(chan struct{})}
 	interval := opts.CoalesceInterval
 	if interval <= 0 {
@@ -105,7 +124,7 @@ func mount(ctx context.Context, mountpoint string, opts Options) (*Server, error
 	go func() {
 		srv.Wait()
 		close(s.done)
-		o.rec.flush()
+		o.flushAll()
 	}()
 	return &Server{impl: s}, nil
 }
@@ -116,7 +135,7 @@ type server struct {
 	done chan struct{}
 }
 
-func (s *server) flush() { s.o.rec.flush() }
+func (s *server) flush() { s.o.flushAll() }
 
 func (s *server) unmount() error {
 	err := s.srv.Unmount()

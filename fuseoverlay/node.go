@@ -64,6 +64,26 @@ type ofs struct {
 	retiredMu sync.Mutex
 	retired   map[fs.StableAttr]*fs.Inode
 
+	// kill marks the WRITE requests that must clear set-id bits.
+	kill killMarks
+
+	// Writes without a handle (noopen.go): owners caches Owner per pid,
+	// pending holds mapped writes until an fsync names their process,
+	// wrote the paths and commands to pass to Released at the next
+	// explicit flush.
+	ownersMu sync.Mutex
+	owners   map[uint32]ownerEntry
+	pendMu   sync.Mutex
+	pending  []pendingWrite
+	wroteMu  sync.Mutex
+	wrote    map[[2]string]bool
+	// mntID is the mount's id in /proc (procWriters), 0 if not found.
+	mntID uint64
+	// noOpen is set once OPEN was answered ENOSYS (before the reply).
+	noOpen atomic.Bool
+	// pins counts the descriptors nodes keep once their name is gone.
+	pins atomic.Int64
+
 	rec      *recorder
 	owner    func(pid uint32) string
 	released func(path, command string)
@@ -90,13 +110,19 @@ type node struct {
 	// (rofd.go), guarded by roMu.
 	roMu sync.Mutex
 	ro   *sharedFd
+	// pinned is the descriptor kept once the node's name is gone while the
+	// kernel may still have it open (noopen.go), guarded by pinMu.
+	pinMu  sync.Mutex
+	pinned *pinnedFd
+	// ru is the open write range of writes without a handle, guarded by
+	// o.rec.mu.
+	ru run
 }
 
 var (
 	_ fs.NodeLookuper       = (*node)(nil)
 	_ fs.NodeGetattrer      = (*node)(nil)
 	_ fs.NodeSetattrer      = (*node)(nil)
-	_ fs.NodeOpener         = (*node)(nil)
 	_ fs.NodeCreater        = (*node)(nil)
 	_ fs.NodeMkdirer        = (*node)(nil)
 	_ fs.NodeMknoder        = (*node)(nil)
@@ -239,6 +265,13 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 		if err := unix.Fstat(h.fd, &st); err != nil {
 			return errnoOf(err)
 		}
+	} else if pf := n.pinnedFd(); pf != nil {
+		if err := unix.Fstat(pf.fd, &st); err != nil {
+			return errnoOf(err)
+		}
+		if !pf.writable {
+			st.Nlink = 0 // the lower file keeps its name there, not here
+		}
 	} else {
 		n.o.mu.RLock()
 		errno := n.stat(&st)
@@ -300,6 +333,7 @@ func (o *ofs) retire(in *fs.Inode) {
 // slot is then simply refilled by the next open).
 func (n *node) OnForget() {
 	n.dropShared()
+	n.unpin()
 	id := n.StableAttr()
 	n.o.retiredMu.Lock()
 	if n.o.retired[id] == &n.Inode {

@@ -161,6 +161,12 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		return nil, nil, 0, errno
 	}
 	o.rec.op(Record{Command: cmd, Op: "create", Path: p})
+	if o.noOpen.Load() {
+		// The kernel opens without OPEN now, and then sends no RELEASE
+		// for a created file either: it gets no handle (noopen.go).
+		unix.Close(fd)
+		return ch, nil, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
+	}
 	h := o.newHandle(fd, p, cmd, flags)
 	return ch, h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
 }

@@ -17,70 +17,29 @@ func openFlags(flags uint32) int {
 	return int(flags&keep) | unix.O_NOFOLLOW | unix.O_CLOEXEC
 }
 
-func writeIntent(flags uint32) bool {
-	return flags&unix.O_ACCMODE != unix.O_RDONLY || flags&unix.O_TRUNC != 0
-}
-
-func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	o := n.o
-	write := writeIntent(flags)
-	var cmd string
-	if write {
-		cmd = o.command(ctx)
-	}
-	o.mu.RLock()
-	if write && n.layer != 0 {
-		// Entries already in the upper (the common case for writes) open
-		// under the shared lock; copy-up copies without it.
-		o.mu.RUnlock()
-		if errno := n.copyUpOpen(); errno != 0 {
-			return nil, 0, errno
-		}
-		o.mu.RLock()
-	}
-	defer o.mu.RUnlock()
-	p, ok := n.path()
-	if !ok {
-		return nil, 0, syscall.ESTALE
-	}
-	if !write && n.layer != 0 && n.StableAttr().Mode == unix.S_IFREG {
-		sf, ok, err := n.openShared(p)
-		if err != nil {
-			return nil, 0, errnoOf(err)
-		}
-		if ok {
-			h := &handle{LoopbackFile: sf.lf, fd: sf.fd, o: o, path: p, lowerOf: n, shared: sf}
-			return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
-		}
-	}
-	fd, err := openat(o.fds[n.layer], p, openFlags(flags), 0)
-	if err != nil {
-		return nil, 0, errnoOf(err)
-	}
-	if flags&unix.O_TRUNC != 0 {
-		o.rec.op(Record{Command: cmd, Op: "truncate", Path: p})
-	}
-	// Lowers never change and the upper changes only through this mount,
-	// so the page cache stays valid across opens. No FLUSH at close: locks
-	// are the kernel's own and writes are synchronous, so it has nothing
-	// to do and would cost a round trip per close.
-	h := o.newHandle(fd, p, cmd, flags)
-	if n.layer != 0 {
-		h.lowerOf = n
-	}
-	return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
-}
-
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	o := n.o
 	cmd := o.command(ctx)
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if errno := n.copyUpEntry(); errno != 0 {
+	h, _ := f.(*handle)
+	if pf := n.pinnedFd(); h == nil && pf != nil {
+		// Its name is gone (noopen.go): the kept descriptor is the file.
+		if !pf.writable {
+			// Under o.mu (exclusive): writablePin takes it shared.
+			o.mu.Unlock()
+			var errno syscall.Errno
+			pf, errno = n.writablePin()
+			o.mu.Lock()
+			if errno != 0 {
+				return errno
+			}
+		}
+		h = &handle{fd: pf.fd, o: o, path: pf.path, writable: true}
+	} else if errno := n.copyUpEntry(); errno != 0 {
 		return errno
 	}
 	p, ok := n.path()
-	h, _ := f.(*handle)
 	if !ok && h == nil {
 		return syscall.ESTALE
 	}
@@ -137,6 +96,24 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 			rc = h.command
 		}
 		o.rec.op(Record{Command: rc, Op: "truncate", Path: p, Offset: int64(sz)})
+	}
+	if in.Valid&fuse.FATTR_KILL_SUIDGID != 0 && n.StableAttr().Mode == unix.S_IFREG {
+		// A chown, or a truncate by a caller without CAP_FSETID
+		// (killpriv.go).
+		var errno syscall.Errno
+		if h != nil && h.lowerOf == nil {
+			errno = killPrivs(h.fd) // an upper file (fchmod needs no write access)
+		} else if !ok {
+			errno = syscall.ESTALE
+		} else if fd, err := openat(up, p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err != nil {
+			errno = errnoOf(err)
+		} else {
+			errno = killPrivs(fd)
+			unix.Close(fd)
+		}
+		if errno != 0 {
+			return errno
+		}
 	}
 	mt, mok := in.GetMTime()
 	at, aok := in.GetATime()

@@ -54,6 +54,10 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 			return syscall.ENOTEMPTY
 		}
 	}
+	if !isDir {
+		// The kernel may have it open: keep it readable and writable.
+		n.pinChild(name, p)
+	}
 	needWh := o.lowerHas(n.dirLayers, dp, name)
 	if needWh {
 		if errno := n.copyUpDir(); errno != 0 {

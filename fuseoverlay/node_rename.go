@@ -68,6 +68,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 			}
 		}
 	}
+	if dst.found && dst.st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		// The replaced file may be open: keep it readable and writable.
+		np.pinChild(newName, p)
+	}
 	// Copy-up happens first so a failure leaves the tree unchanged.
 	if !srcDir {
 		if sn, ok := opsOf(n.GetChild(name)); ok {

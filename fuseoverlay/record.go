@@ -45,13 +45,24 @@ func (r *recorder) op(rec Record) {
 	r.mu.Unlock()
 }
 
+// add appends a record that has its time already.
+func (r *recorder) add(rec Record) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	r.buf = append(r.buf, rec)
+	r.mu.Unlock()
+}
+
 // write records n bytes at off through the handle whose run is ru.
 func (r *recorder) write(ru *run, command, path string, off, n int64) {
 	if r == nil || n <= 0 {
 		return
 	}
 	r.mu.Lock()
-	if ru.ok && ru.gen == r.gen && ru.next == off && ru.idx < len(r.buf) {
+	if ru.ok && ru.gen == r.gen && ru.next == off && ru.idx < len(r.buf) &&
+		r.buf[ru.idx].Command == command && r.buf[ru.idx].Path == path {
 		r.buf[ru.idx].Length += n
 		ru.next = off + n
 		r.mu.Unlock()

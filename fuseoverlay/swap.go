@@ -319,7 +319,14 @@ func (o *ofs) swap(c Chain) ([]notice, error) {
 		newUpper = unix.Fstat(old.fds[0], &a) != nil || unix.Fstat(nw.fds[0], &b) != nil || a.Dev != b.Dev || a.Ino != b.Ino
 	}
 	if newUpper {
-		if hs := o.openWriters(); len(hs) > 0 {
+		hs := o.openWriters()
+		for _, h := range o.procWriters() {
+			if !slices.Contains(hs, h) {
+				hs = append(hs, h)
+			}
+		}
+		slices.SortFunc(hs, func(a, b OpenHandle) int { return strings.Compare(a.Path, b.Path) })
+		if len(hs) > 0 {
 			return nil, &WriteHandlesError{Handles: hs}
 		}
 		// Numbers of the old upper's entries mean nothing in the new
@@ -463,6 +470,8 @@ func (w *swapWalk) dir(d *node, p string, oldLayers []int) {
 		}
 		pr, errno := o.probe(d.dirLayers, p, name)
 		if errno != 0 || !pr.found || (pr.st.Mode&unix.S_IFMT == unix.S_IFDIR) != wasDir {
+			// An open file keeps reading what it opened (noopen.go).
+			w.onOld(func() { c.pin(c.layer, cp) })
 			w.detach(d, name, ch, noticeDelete)
 			continue
 		}
@@ -480,6 +489,7 @@ func (w *swapWalk) dir(d *node, p string, oldLayers []int) {
 		same := !w.newUpper && c.layer == 0 && pr.layer == 0 ||
 			oldErr == nil && oldSt.Dev == pr.st.Dev && oldSt.Ino == pr.st.Ino
 		if !same {
+			w.onOld(func() { c.pin(c.layer, cp) })
 			w.detach(d, name, ch, noticeEntry)
 			continue
 		}

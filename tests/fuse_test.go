@@ -286,6 +286,73 @@ func TestProvenanceConcurrentWriters(t *testing.T) {
 	checkOwners(e.rt(id, "file_blame", "--path", "log.txt"), text)
 }
 
+// TestProvenanceInterleavedRanges: two commands of one FUSE session,
+// running at the same time, overwrite interleaved line ranges of one file
+// in place (each its own descriptor, pwrite at its offsets), and a third
+// writes one range through a shared mapping; every line is owned by the
+// command that wrote it. The driver opens files without OPEN, so a write
+// is credited to the process that makes it, and a mapped write (which the
+// kernel sends without a process) to the process whose msync follows it.
+func TestProvenanceInterleavedRanges(t *testing.T) {
+	e, id := fuseSandbox(t, map[string]string{"base.txt": "b\n"})
+	ws := e.session(id, "--agent", "alice")
+	run := func(script string) string {
+		t.Helper()
+		out := e.exec(id, "--workspace-session-id", ws, script)
+		if out["status"] != "ok" {
+			t.Fatalf("%s: %v", script, out)
+		}
+		return out["command_session_id"].(string)
+	}
+	// Eight lines of eight bytes.
+	c0 := run(`for i in 0 1 2 3 4 5 6 7; do echo "line-0$i"; done > r.txt`)
+	writer := func(tag string, lines string, delay string) string {
+		out := e.exec(id, "--workspace-session-id", ws, "--yield-time-ms", "0", fmt.Sprintf(`python3 -c '
+import os, time
+time.sleep(%s)
+fd = os.open("r.txt", os.O_WRONLY)
+for i in (%s):
+    os.pwrite(fd, b"%s-%%02d\n" %% i, i * 8)
+    time.sleep(0.3)
+os.close(fd)
+'`, delay, lines, tag))
+		return out["command_session_id"].(string)
+	}
+	a := writer("AAAA", "0, 2, 4", "0")
+	b := writer("BBBB", "1, 3, 5", "0.15")
+	for _, c := range []string{a, b} {
+		if out := e.waitDone(id, c); out["status"] != "ok" {
+			t.Fatalf("writer %s: %v", c, out)
+		}
+	}
+	m := run(`python3 -c '
+import mmap
+with open("r.txt", "r+b") as f:
+    m = mmap.mmap(f.fileno(), 0)
+    m[48:56] = b"MMMM-06\n"
+    m.flush()
+    m.close()
+'`)
+	text := fileText(t, e.rt(id, "file_read", "--workspace-session-id", ws, "--path", "r.txt"))
+	if want := "AAAA-00\nBBBB-01\nAAAA-02\nBBBB-03\nAAAA-04\nBBBB-05\nMMMM-06\nline-07"; strings.TrimSuffix(text, "\n") != want {
+		t.Fatalf("r.txt: %q, want %q", text, want)
+	}
+	owner := "workspace_session:" + ws
+	var want []string
+	for _, c := range []string{a, b, a, b, a, b, m, c0} {
+		want = append(want, owner+":"+c)
+	}
+	var got []string
+	for _, r := range objs(e.rt(id, "file_blame", "--workspace-session-id", ws, "--path", "r.txt")["ranges"]) {
+		for range num(t, r["line_count"]) {
+			got = append(got, fmt.Sprintf("%v:%v", r["owner"], r["command_session_id"]))
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("line owners:\n got %v\nwant %v", got, want)
+	}
+}
+
 // fileText is file_read's content.
 func fileText(t *testing.T, m map[string]any) string {
 	t.Helper()

@@ -19,6 +19,7 @@
 // something breaks (an operation fails, a tool that must exist is missing).
 //
 //	go run ./tests/bench [-bin DIR] [-reps N] [-quick] [-only 2,4,6] [-json FILE] [-profile FILE]
+//	                     [-columns kernel,fuse,...] [-fuse-requests] [-fuse-profile DIR]
 //
 // It starts its own supervisor (SANDBOX_NO_AUTOSTART=1) on a temporary
 // EPHEMERAL_SANDBOX_HOME and removes every temporary file at the end.
@@ -71,6 +72,9 @@ func main() {
 	quick := flag.Bool("quick", false, "fast smoke run: small trees, 2 reps, 8 live sessions")
 	only := flag.String("only", "", "comma-separated section numbers to run (1-12); default all")
 	jsonOut := flag.String("json", "", "also write every figure, with alternatives, ratios and targets, as one JSON document to this file (- = standard output; the text then goes to standard error)")
+	columns := flag.String("columns", "", "part 6: comma-separated overlay columns to measure (native, kernel, fuse, fuse-overlayfs); default all")
+	fuseRequests := flag.Bool("fuse-requests", false, "part 6: count the FUSE requests of each workload in the fuse column (the counting slows that column: its times are not comparable)")
+	fuseProfile := flag.String("fuse-profile", "", "part 6: write a CPU profile of each fuse column server into this directory (fuse-PID.pprof)")
 	profile := flag.String("profile", "", "write a CPU profile of the supervisor to this file (go tool pprof bin/sandbox-supervisor FILE)")
 	flag.Parse()
 	if *reps < 1 {
@@ -91,6 +95,26 @@ func main() {
 		cfg = config{reps: 2, sizes: []int{100, 1000, 2000}, liveSessions: 8, quick: true}
 	}
 	cfg.only = sections
+	cfg.fuseRequests = *fuseRequests
+	if *fuseProfile != "" {
+		d, err := filepath.Abs(*fuseProfile)
+		if err == nil {
+			err = os.MkdirAll(d, 0o755)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench: -fuse-profile:", err)
+			os.Exit(2)
+		}
+		// The fuse servers are the workers' children: they inherit it.
+		os.Setenv(fuseProfileEnv, d)
+	}
+	for _, c := range strings.FieldsFunc(*columns, func(r rune) bool { return r == ',' || r == ' ' }) {
+		if !slices.Contains(overlayColumns, c) {
+			fmt.Fprintf(os.Stderr, "bench: -columns: unknown column %q (want %s)\n", c, strings.Join(overlayColumns, ", "))
+			os.Exit(2)
+		}
+		cfg.columns = append(cfg.columns, c)
+	}
 	cfg.json = *jsonOut
 	if *profile != "" {
 		p, err := filepath.Abs(*profile)
@@ -123,6 +147,8 @@ type config struct {
 	liveSessions int
 	quick        bool
 	only         map[int]bool // sections to run; empty means all
+	columns      []string     // part 6 columns to measure; empty means all
+	fuseRequests bool         // part 6: count the fuse column's requests
 	profile      string       // supervisor CPU profile path, or ""
 	json         string       // JSON report path, "-" or ""
 }

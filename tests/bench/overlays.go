@@ -13,6 +13,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -48,9 +50,16 @@ const overlayWorkerArg = "__overlay-worker"
 // overlay mount (a worker's child, in the worker's namespaces).
 const overlayServerArg = "__overlay-fuse-server"
 
+// fuseProfileEnv names the directory where each fuse server writes its CPU
+// profile (-fuse-profile).
+const fuseProfileEnv = "ESBX_BENCH_FUSE_PROFILE"
+
 // serverJob is what a worker passes to its FUSE server (as JSON in argv).
 type serverJob struct {
 	Lower, Upper, Work, Mnt string
+	// Count makes the server count requests: it then answers each line
+	// "counts" on its stdin with the counts so far (JSON, one line).
+	Count bool
 }
 
 // overlayTrees are the workload sizes.
@@ -68,13 +77,19 @@ type workerJob struct {
 	Scratch string       `json:"scratch"` // upper, work and mount dirs live here
 	Reps    int          `json:"reps"`    // measured reps; one more untimed warm-up
 	Trees   overlayTrees `json:"trees"`
+	Count   bool         `json:"count"` // fuse: count requests per workload
 }
 
 // workerResult maps a workload name to its measured durations.
 type workerResult struct {
 	Unavailable string                     `json:"unavailable,omitempty"`
 	Times       map[string][]time.Duration `json:"times,omitempty"`
+	// Requests are the fuse column's requests per workload and opcode
+	// (the first measured rep), with -fuse-requests.
+	Requests map[string]map[string]uint64 `json:"requests,omitempty"`
 }
+
+var overlayColumns = []string{"native", "kernel", "fuse", "fuse-overlayfs"}
 
 var overlayWorkloads = []string{"read cold", "read warm", "git status cold", "git status warm", "stat cold", "stat warm", "write"}
 
@@ -90,9 +105,14 @@ func (b *bench) overlays() {
 	self, err := os.Executable()
 	check(err)
 
-	columns := []string{"native", "kernel", "fuse", "fuse-overlayfs"}
+	columns := overlayColumns
 	results := map[string]workerResult{}
-	if _, err := exec.LookPath("fuse-overlayfs"); err != nil {
+	for _, c := range columns {
+		if len(b.cfg.columns) > 0 && !slices.Contains(b.cfg.columns, c) {
+			results[c] = workerResult{Unavailable: "not measured (-columns)"}
+		}
+	}
+	if _, err := exec.LookPath("fuse-overlayfs"); err != nil && results["fuse-overlayfs"].Unavailable == "" {
 		results["fuse-overlayfs"] = workerResult{Unavailable: "skipped: fuse-overlayfs not installed"}
 	}
 	// The columns take turns, one measured rep each per round and in a
@@ -104,7 +124,8 @@ func (b *bench) overlays() {
 			if results[col].Unavailable != "" {
 				continue
 			}
-			job := workerJob{Column: col, Lower: lower, Scratch: filepath.Join(b.root, fmt.Sprintf("ov-%s-%d", col, rep)), Reps: 1, Trees: trees}
+			job := workerJob{Column: col, Lower: lower, Scratch: filepath.Join(b.root, fmt.Sprintf("ov-%s-%d", col, rep)), Reps: 1, Trees: trees,
+				Count: b.cfg.fuseRequests && col == "fuse"}
 			r := runWorker(self, job)
 			if r.Unavailable != "" {
 				results[col] = r
@@ -116,6 +137,9 @@ func (b *bench) overlays() {
 			}
 			for w, ts := range r.Times {
 				acc.Times[w] = append(acc.Times[w], ts...)
+			}
+			if acc.Requests == nil {
+				acc.Requests = r.Requests
 			}
 			results[col] = acc
 		}
@@ -153,6 +177,9 @@ func (b *bench) overlays() {
 			b.printf("%s: %s\n", c, r.Unavailable)
 		}
 	}
+	if reqs := results["fuse"].Requests; reqs != nil {
+		b.printRequests(reqs)
+	}
 	b.printf("fuse is served by a process of its own with GOMAXPROCS=%d, as a session's holder serves it (fuseoverlay.ServerProcs)\n", fuseoverlay.ServerProcs)
 	b.println("git status runs with GIT_OPTIONAL_LOCKS=0 as in sessions; in every overlay column the index's uid and st_dev differ from what the")
 	b.println("namespace sees, so each pass re-reads every file (natively it only stats them)")
@@ -180,6 +207,35 @@ func (b *bench) overlays() {
 		}
 		b.target("workloads where fuse is not faster than fuse-overlayfs (of 7)", strconv.Itoa(slower), float64(slower), "<", 1, "", "")
 	}
+}
+
+// printRequests prints the fuse column's requests per workload: the total
+// and the opcodes, most frequent first.
+func (b *bench) printRequests(reqs map[string]map[string]uint64) {
+	b.println("fuse requests per workload (first measured rep; the counting slowed the fuse column, so its times above are not comparable):")
+	tw := b.table(0)
+	fmt.Fprintln(tw, "workload\ttotal\trequests by opcode\t")
+	for _, w := range overlayWorkloads {
+		ops := reqs[w]
+		var total uint64
+		names := make([]string, 0, len(ops))
+		for op, n := range ops {
+			total += n
+			names = append(names, op)
+		}
+		slices.SortFunc(names, func(a, b string) int {
+			if ops[a] != ops[b] {
+				return int(ops[b]) - int(ops[a])
+			}
+			return strings.Compare(a, b)
+		})
+		parts := make([]string, len(names))
+		for i, op := range names {
+			parts[i] = fmt.Sprintf("%s %d", op, ops[op])
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t\n", w, total, strings.Join(parts, ", "))
+	}
+	tw.Flush()
 }
 
 // ratioOr is a/b, or n/a when either side was not measured.
@@ -290,6 +346,9 @@ func overlayWorker(arg string) int {
 type mounted struct {
 	dir     string
 	unmount func() error
+	// counts returns the requests served so far by opcode (a counted
+	// fuse mount), else nil.
+	counts func() (map[string]uint64, error)
 }
 
 func (job *workerJob) run(ctx context.Context) (workerResult, error) {
@@ -309,7 +368,7 @@ func (job *workerJob) run(ctx context.Context) (workerResult, error) {
 			}
 			return workerResult{}, err
 		}
-		times, err := job.workloads(ctx, m.dir)
+		times, reqs, err := job.workloads(ctx, m)
 		uerr := m.unmount()
 		if err != nil {
 			return workerResult{}, fmt.Errorf("%s rep %d: %w", job.Column, rep, err)
@@ -320,6 +379,9 @@ func (job *workerJob) run(ctx context.Context) (workerResult, error) {
 		if rep > 0 {
 			for k, v := range times {
 				res.Times[k] = append(res.Times[k], v)
+			}
+			if res.Requests == nil {
+				res.Requests = reqs
 			}
 		}
 	}
@@ -340,6 +402,7 @@ func (job *workerJob) mount(ctx context.Context, rep int) (*mounted, error) {
 		}
 	}
 	umount := func() error { return unix.Unmount(mnt, 0) }
+	var counts func() (map[string]uint64, error)
 	switch job.Column {
 	case "kernel":
 		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,userxattr", job.Lower, upper, work)
@@ -356,7 +419,7 @@ func (job *workerJob) mount(ctx context.Context, rep int) (*mounted, error) {
 		if err != nil {
 			return nil, err
 		}
-		arg, err := json.Marshal(serverJob{Lower: job.Lower, Upper: upper, Work: work, Mnt: mnt})
+		arg, err := json.Marshal(serverJob{Lower: job.Lower, Upper: upper, Work: work, Mnt: mnt, Count: job.Count})
 		if err != nil {
 			return nil, err
 		}
@@ -374,10 +437,24 @@ func (job *workerJob) mount(ctx context.Context, rep int) (*mounted, error) {
 		if err := cmd.Start(); err != nil {
 			return nil, fmt.Errorf("start fuse server: %w", err)
 		}
-		if line, err := bufio.NewReader(stdout).ReadString('\n'); line != "ready\n" {
+		br := bufio.NewReader(stdout)
+		if line, err := br.ReadString('\n'); line != "ready\n" {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 			return nil, fmt.Errorf("fuse server: %q %v", line, err)
+		}
+		if job.Count {
+			counts = func() (map[string]uint64, error) {
+				if _, err := io.WriteString(stdin, "counts\n"); err != nil {
+					return nil, err
+				}
+				line, err := br.ReadBytes('\n')
+				if err != nil {
+					return nil, fmt.Errorf("fuse server counts: %w", err)
+				}
+				var m map[string]uint64
+				return m, json.Unmarshal(line, &m)
+			}
 		}
 		umount = func() error {
 			stdin.Close()
@@ -389,7 +466,7 @@ func (job *workerJob) mount(ctx context.Context, rep int) (*mounted, error) {
 	default:
 		return nil, fmt.Errorf("unknown column %q", job.Column)
 	}
-	return &mounted{dir: mnt, unmount: umount}, nil
+	return &mounted{dir: mnt, unmount: umount, counts: counts}, nil
 }
 
 // overlayServer is main() for the FUSE server process: it mounts the
@@ -403,6 +480,20 @@ func overlayServer(arg string) int {
 		return 2
 	}
 	runtime.GOMAXPROCS(fuseoverlay.ServerProcs)
+	if d := os.Getenv(fuseProfileEnv); d != "" {
+		pf, err := os.Create(filepath.Join(d, fmt.Sprintf("fuse-%d.pprof", os.Getpid())))
+		if err == nil {
+			err = pprof.StartCPUProfile(pf)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fuse server: profile:", err)
+			return 1
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			pf.Close()
+		}()
+	}
 	var files []*os.File
 	for _, d := range []string{job.Lower, job.Upper, job.Work} {
 		f, err := os.Open(d)
@@ -412,17 +503,29 @@ func overlayServer(arg string) int {
 		}
 		files = append(files, f)
 	}
+	var counter *fuseoverlay.RequestCounter
+	if job.Count {
+		counter = &fuseoverlay.RequestCounter{}
+	}
 	srv, err := fuseoverlay.Mount(context.Background(), job.Mnt, fuseoverlay.Options{
 		Lowers: files[:1], Upper: files[1], Work: files[2], Name: "bench",
-		Owner: func(uint32) string { return "cmd-bench" },
-		Sink:  func([]fuseoverlay.Record) {},
+		Owner:    func(uint32) string { return "cmd-bench" },
+		Sink:     func([]fuseoverlay.Record) {},
+		Requests: counter,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fuse server: fuseoverlay.Mount:", err)
 		return 1
 	}
 	fmt.Println("ready")
-	_, _ = io.Copy(io.Discard, os.Stdin)
+	// Serve until stdin closes, answering "counts" lines.
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		if in.Text() == "counts" && counter != nil {
+			line, _ := json.Marshal(counter.Snapshot())
+			fmt.Println(string(line))
+		}
+	}
 	uerr := srv.Unmount()
 	srv.Wait()
 	// files stay referenced until here: the server keeps only their
@@ -438,8 +541,10 @@ func overlayServer(arg string) int {
 }
 
 // workloads runs every workload once over a fresh mount: the cold passes
-// first, then the warm ones, then the write.
-func (job *workerJob) workloads(ctx context.Context, dir string) (map[string]time.Duration, error) {
+// first, then the warm ones, then the write. For a counted mount it also
+// returns each workload's requests by opcode.
+func (job *workerJob) workloads(ctx context.Context, m *mounted) (map[string]time.Duration, map[string]map[string]uint64, error) {
+	dir := m.dir
 	t := job.Trees
 	small := treePaths(filepath.Join(dir, "small"), t.SmallFiles, 100)
 	many := treePaths(filepath.Join(dir, "many"), t.StatFiles, 100)
@@ -456,14 +561,36 @@ func (job *workerJob) workloads(ctx context.Context, dir string) (map[string]tim
 		{"git status warm", func() error { return gitStatus(ctx, filepath.Join(dir, "repo")) }},
 		{"write", func() error { return writeBig(filepath.Join(dir, "write.bin"), t.WriteBytes) }},
 	}
+	var reqs map[string]map[string]uint64
+	var last map[string]uint64
+	if m.counts != nil {
+		reqs = map[string]map[string]uint64{}
+		var err error
+		if last, err = m.counts(); err != nil {
+			return nil, nil, err
+		}
+	}
 	for _, s := range steps {
 		t0 := time.Now()
 		if err := s.f(); err != nil {
-			return nil, fmt.Errorf("%s: %w", s.name, err)
+			return nil, nil, fmt.Errorf("%s: %w", s.name, err)
 		}
 		out[s.name] = time.Since(t0)
+		if m.counts != nil {
+			now, err := m.counts()
+			if err != nil {
+				return nil, nil, err
+			}
+			d := map[string]uint64{}
+			for op, n := range now {
+				if n > last[op] {
+					d[op] = n - last[op]
+				}
+			}
+			reqs[s.name], last = d, now
+		}
 	}
-	return out, os.Remove(filepath.Join(dir, "write.bin"))
+	return out, reqs, os.Remove(filepath.Join(dir, "write.bin"))
 }
 
 func treePaths(dir string, n, perDir int) []string {
