@@ -113,7 +113,7 @@ func TestGitPublishConflictAndHousekeeping(t *testing.T) {
 			" && printf '#!/bin/sh\\ntouch /tmp/pwned\\n' > .git/hooks/post-checkout && chmod +x .git/hooks/post-checkout")
 		e.publish(id, a)
 		rej := e.publishFail(id, b)
-		conf := rej["error"].(map[string]any)["details"].(map[string]any)["publish_rejection"].(map[string]any)["conflicts"].([]any)
+		conf := rej["details"].(map[string]any)["publish_rejection"].(map[string]any)["conflicts"].([]any)
 		var paths []string
 		for _, x := range conf {
 			paths = append(paths, x.(map[string]any)["path"].(string))
@@ -146,13 +146,13 @@ func TestGitPublishBadInput(t *testing.T) {
 		bad := e.session(id)
 		e.sh(id, bad, gitIdent+" && echo x >> src/f1.txt && git commit -q -am x && o=$(git rev-parse HEAD) &&"+
 			" f=.git/objects/$(echo $o | cut -c1-2)/$(echo $o | cut -c3-) && chmod u+w $f && echo garbage > $f")
-		r := e.publishFail(id, bad)["error"].(map[string]any)["details"].(map[string]any)["publish_rejection"].(map[string]any)
+		r := e.publishFail(id, bad)["details"].(map[string]any)["publish_rejection"].(map[string]any)
 		if r["reason"] != "git_object_invalid" || !strings.HasPrefix(r["path"].(string), ".git/objects/") {
 			t.Errorf("corrupt object: %v", r)
 		}
 		ghost := e.session(id)
 		e.sh(id, ghost, "echo "+strings.Repeat("ab", 20)+" > .git/refs/heads/ghost")
-		r = e.publishFail(id, ghost)["error"].(map[string]any)["details"].(map[string]any)["publish_rejection"].(map[string]any)
+		r = e.publishFail(id, ghost)["details"].(map[string]any)["publish_rejection"].(map[string]any)
 		if r["reason"] != "git_ref_invalid" || r["path"] != ".git/refs/heads/ghost" {
 			t.Errorf("ref to a missing object: %v", r)
 		}
