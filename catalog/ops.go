@@ -353,6 +353,8 @@ var ops = []Op{
 				Help: "Strategy for paths changed on both sides without a resolution."},
 			resolutionsArg,
 			{Name: "dry_run", Kind: Boolean, Default: false, Help: "Compute the plan against the current head and change nothing."},
+			{Name: "git_refs", Kind: String, Enum: []string{"merge", "rebase", "branch"}, DefaultDoc: "git.publish_refs (merge)",
+				Help: "How the head's commits join the session's git branch when both moved: a merge commit (also for branch) or the session's commits replayed onto the head's tip."},
 		},
 	},
 	{

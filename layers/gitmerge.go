@@ -47,18 +47,7 @@ func (p *planner) joinBranch(g *gitExec, st *gitDirState, d *refDecision, publis
 	if i := strings.IndexByte(mb, '\n'); i >= 0 {
 		mb = mb[:i]
 	}
-	resolve := func(path string) (treeEntry, error) {
-		if !hasWorkTree(st.dir) || published == nil {
-			return treeEntry{}, fmt.Errorf("no work tree to resolve %s from", path)
-		}
-		mode, data, ok, err := published(workTreePrefix(st.dir) + path)
-		if err != nil || !ok {
-			return treeEntry{}, err
-		}
-		id, err := g.run1(ctx, nil, data, "hash-object", "-w", "--no-filters", "--stdin")
-		return treeEntry{mode: mode, id: id}, err
-	}
-	tree, err := p.applyDelta(g, h, mb, sv, resolve)
+	tree, err := p.applyDelta(g, h, mb, sv, p.resolver(g, st, published))
 	if err != nil {
 		return err
 	}
@@ -78,6 +67,23 @@ func (p *planner) joinBranch(g *gitExec, st *gitDirState, d *refDecision, publis
 	}
 	d.upd.New = c
 	return nil
+}
+
+// resolver resolves a path both commits changed from the publication's
+// (or sync's) result in the work tree, which the planner already resolved
+// with the same strategies.
+func (p *planner) resolver(g *gitExec, st *gitDirState, published publishedFunc) func(string) (treeEntry, error) {
+	return func(path string) (treeEntry, error) {
+		if !hasWorkTree(st.dir) || published == nil {
+			return treeEntry{}, fmt.Errorf("no work tree to resolve %s from", path)
+		}
+		mode, data, ok, err := published(workTreePrefix(st.dir) + path)
+		if err != nil || !ok {
+			return treeEntry{}, err
+		}
+		id, err := g.run1(p.ctx, nil, data, "hash-object", "-w", "--no-filters", "--stdin")
+		return treeEntry{mode: mode, id: id}, err
+	}
 }
 
 func orDefault(s, def string) string {

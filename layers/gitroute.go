@@ -99,6 +99,7 @@ type gitRoute struct {
 	objects map[string]objDecision // object path → decision
 	refs    map[string]*refDecision
 	scratch string // below staging/, removed at the end of the plan
+	sfs     sessionFS
 	nextID  int
 }
 
@@ -171,7 +172,9 @@ func (p *planner) gitPrepare(s *Stack, base, head Manifest, changes []Change) er
 	for i := range changes {
 		c := &changes[i]
 		g := ClassifyGit(c.Path, c.Kind == ChangeDirectory || c.Kind == ChangeOpaqueDir)
-		if g.Kind != GitObject && g.Kind != GitRef {
+		if g.Kind != GitObject && g.Kind != GitRef && (!p.opt.keepGit || g.Kind == GitNone || g.Dir == "") {
+			// A sync also looks at git directories where the session
+			// changed only private state (its index follows HEAD).
 			continue
 		}
 		st := r.dirs[g.Dir]
@@ -192,6 +195,7 @@ func (p *planner) gitPrepare(s *Stack, base, head Manifest, changes []Change) er
 		return nil
 	}
 	sfs := sessionFS{base: viewFS{p.bv}, ch: ch}
+	r.sfs = sfs
 	for _, dir := range sortedKeys(r.dirs) {
 		st := r.dirs[dir]
 		if st.skip {
@@ -203,7 +207,12 @@ func (p *planner) gitPrepare(s *Stack, base, head Manifest, changes []Change) er
 				continue
 			}
 			if p.opt.keepGit {
-				continue // a sync keeps the session's objects as they are
+				// A sync keeps the session's objects as they are; git
+				// reads them to join the branches.
+				if c.Kind == ChangeWrite {
+					st.objects = append(st.objects, c)
+				}
+				continue
 			}
 			d, err := p.objectDecision(c, sfs)
 			if err != nil {
@@ -215,7 +224,7 @@ func (p *planner) gitPrepare(s *Stack, base, head Manifest, changes []Change) er
 			}
 		}
 		if !st.refChanged || p.opt.keepGit {
-			continue // a sync keeps the session's refs (gitSync joins branches)
+			continue // a sync decides refs in gitSyncFinish
 		}
 		if err := p.decideRefs(s, base, head, st, sfs); err != nil {
 			return err
@@ -622,6 +631,9 @@ func (g *gitExec) objectTypes(ctx context.Context, ids []string) (map[string]str
 func (p *planner) gitFinish(s *Stack, base, head Manifest, published func(string) (mode string, data []byte, ok bool, err error)) ([]Change, error) {
 	if p.git == nil {
 		return nil, nil
+	}
+	if p.opt.keepGit {
+		return p.gitSyncFinish(s, base, head, published)
 	}
 	var out []Change
 	for _, dir := range sortedKeys(p.git.dirs) {

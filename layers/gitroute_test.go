@@ -115,7 +115,15 @@ func (ss *sessionOf) appendFile(t *testing.T, rel, line string) {
 // changeset captures the session's work as an upper dir over its base.
 func (ss *sessionOf) changeset(t *testing.T) *Changeset {
 	t.Helper()
-	upper := tempDir(t)
+	cs, _ := ss.upper(t)
+	return cs
+}
+
+// upper builds the session's upper dir and captures it.
+func (ss *sessionOf) upper(t *testing.T) (*Changeset, string) {
+	t.Helper()
+	upper := filepath.Join(tempDir(t), "upper")
+	mkdir(t, upper, 0o755)
 	bv := ss.s.View(ss.base)
 	// Everything new or different in the work dir.
 	err := filepath.WalkDir(ss.dir, func(p string, de fs.DirEntry, err error) error {
@@ -201,7 +209,7 @@ func (ss *sessionOf) changeset(t *testing.T) *Changeset {
 		t.Fatalf("Capture: %v", err)
 	}
 	t.Cleanup(func() { cs.Close() })
-	return cs
+	return cs, upper
 }
 
 func (ss *sessionOf) publish(t *testing.T, opt PublishOptions) (*Plan, error) {
@@ -502,6 +510,73 @@ func TestPublishGitBadInput(t *testing.T) {
 			dir := headRepo(t, s, status)
 			if got := gitLog(t, dir); !strings.HasPrefix(got, "initial|") {
 				t.Errorf("head history changed: %s", got)
+			}
+		})
+	}
+}
+
+// A sync brings the head's commits into the session's branch: a fast-
+// forward without commits of its own, else a merge or a replay; the
+// session's git status stays right (issue 28 item 2).
+func TestSyncGitCommits(t *testing.T) {
+	cases := []struct {
+		name    string
+		mode    GitRefMode
+		commit  bool
+		action  string
+		subject string // the session's HEAD after the sync
+	}{
+		{"fast-forward", GitRefsMerge, false, RefFastForward, "A edits f1"},
+		{"merge", GitRefsMerge, true, RefMerge, "Merge the sandbox head's main into session sB"},
+		{"rebase", GitRefsRebase, true, RefRebase, "B edits f2"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := gitRepoStack(t)
+			a, b := newSession(t, s), newSession(t, s)
+			a.appendFile(t, "src/f1.txt", "A\n")
+			a.git(t, "commit", "-q", "-am", "A edits f1")
+			if _, err := a.publish(t, PublishOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			b.appendFile(t, "src/f2.txt", "B\n")
+			if c.commit {
+				b.git(t, "commit", "-q", "-am", "B edits f2")
+			}
+			b.git(t, "status") // the session's index is in its upper
+			_, upper := b.upper(t)
+			target := mustHead(t, s)
+			plan, _, err := s.SyncUpper(context.Background(), SyncOptions{Base: b.base, Target: target, Upper: upper,
+				Git: GitOptions{RefMode: c.mode, Agent: "bob", Session: "sB"}})
+			if err != nil {
+				t.Fatalf("sync: %v", err)
+			}
+			if err := CompleteSync(upper); err != nil {
+				t.Fatal(err)
+			}
+			if u := refUpdate(plan, "refs/heads/main"); u == nil || u.Action != c.action {
+				t.Errorf("main: %+v", plan.GitRefs)
+			}
+			// The synced session's view, published as is, is what the
+			// session sees.
+			cs, err := Capture(context.Background(), upper, s.View(target))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cs.Close()
+			if _, _, err := s.PublishChangeset(context.Background(), target, cs, PublishOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			status := " M src/f2.txt\n"
+			if c.commit {
+				status = ""
+			}
+			dir := headRepo(t, s, status)
+			if got := strings.TrimSpace(runGitT(t, dir, "log", "-1", "--format=%s")); got != c.subject {
+				t.Errorf("session HEAD %q, want %q", got, c.subject)
+			}
+			if all := gitLog(t, dir); !strings.Contains(all, "A edits f1") {
+				t.Errorf("session log lacks A's commit:\n%s", all)
 			}
 		})
 	}

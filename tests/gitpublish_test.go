@@ -168,3 +168,34 @@ func TestGitPublishBadInput(t *testing.T) {
 		}
 	})
 }
+
+// A sync brings A's commit into B's git log; B's status stays right and its
+// publish then merges (issue 28 item 2).
+func TestGitSyncBringsCommits(t *testing.T) {
+	forDrivers(t, func(t *testing.T) {
+		e, id := gitSandbox(t)
+		a := e.session(id, "--agent", "alice")
+		b := e.session(id, "--agent", "bob")
+		e.sh(id, a, gitIdent+" && echo 'A was here' >> src/f1.txt && git commit -q -am 'A edits f1'")
+		e.sh(id, b, gitIdent+" && echo 'B was here' >> src/f2.txt && git commit -q -am 'B edits f2' && echo wip >> src/f3.txt && git status >/dev/null")
+		e.publish(id, a)
+		r := e.sync(id, b)
+		if s := r["sync"].(map[string]any); s["result"] != "synced" {
+			t.Fatalf("sync: %v", r)
+		}
+		if log := e.sh(id, b, "git --no-pager log --format=%s | cat"); !strings.Contains(log, "A edits f1") || !strings.Contains(log, "B edits f2") {
+			t.Errorf("B's log after the sync: %q", log)
+		}
+		if st := e.sh(id, b, "git status --porcelain | sed 's/^/[/;s/$/]/'"); st != "[ M src/f3.txt]" {
+			t.Errorf("B's status after the sync: %q", st)
+		}
+		e.sh(id, b, "git fsck --full --strict >/dev/null 2>&1")
+		e.publish(id, b)
+		// B's sync merge has B's commit as its first parent; the head
+		// fast-forwards to it.
+		fp, all := e.headGit(id, "[ M src/f3.txt]")
+		if strings.Join(fp, ";") != "Merge the sandbox head's main into session "+b+";B edits f2;initial" || !strings.Contains(strings.Join(all, ";"), "A edits f1") {
+			t.Errorf("head history after B: %q (all %q)", fp, all)
+		}
+	})
+}
