@@ -839,3 +839,37 @@ func publishedIn(hv *View, layer []Change) publishedFunc {
 		return "", nil, false, nil
 	}
 }
+
+// GitHeadCommit is the commit the HEAD of the git directory dir (".git")
+// names in view v: "" without a repository or a commit there.
+func GitHeadCommit(v *View, dir string) (string, error) {
+	h, err := readGitHEAD(viewFS{v}, dir)
+	if err != nil || h == "" {
+		return "", err
+	}
+	if isObjectID(h) {
+		return h, nil
+	}
+	refs, err := readGitRefs(viewFS{v}, dir)
+	if err != nil {
+		return "", err
+	}
+	if c := refs[strings.TrimPrefix(h, "ref: ")]; isObjectID(c) {
+		return c, nil
+	}
+	return "", nil
+}
+
+// GitObjectDirs are the objects directories of git directory dir in each
+// layer of m (newest first): together, the objects of m's repository, for
+// GIT_ALTERNATE_OBJECT_DIRECTORIES or objects/info/alternates.
+func (s *Stack) GitObjectDirs(m Manifest, dir string) []string {
+	var out []string
+	for _, l := range m.Layers {
+		od := filepath.Join(s.LayerDir(l), filepath.FromSlash(dir), "objects")
+		if fi, err := os.Lstat(od); err == nil && fi.IsDir() {
+			out = append(out, od)
+		}
+	}
+	return out
+}

@@ -12,6 +12,12 @@ import (
 // gitSandbox: a repository with three committed files, as a sandbox.
 func gitSandbox(t *testing.T) (*env, string) {
 	t.Helper()
+	e, id, _ := gitSandboxRoot(t)
+	return e, id
+}
+
+func gitSandboxRoot(t *testing.T) (*env, string, string) {
+	t.Helper()
 	if _, err := exec.LookPath("git"); err != nil {
 		skipOrFail(t, "git CLI: %v", err)
 	}
@@ -23,7 +29,7 @@ func gitSandbox(t *testing.T) (*env, string) {
 	gitIn(t, root, "config", "user.email", "owner@example.com")
 	gitIn(t, root, "add", "-A")
 	gitIn(t, root, "commit", "-q", "-m", "initial")
-	return e, e.createSandbox(root)
+	return e, e.createSandbox(root), root
 }
 
 // sh runs a shell command in a session and returns its output; it must
@@ -198,4 +204,26 @@ func TestGitSyncBringsCommits(t *testing.T) {
 			t.Errorf("head history after B: %q (all %q)", fp, all)
 		}
 	})
+}
+
+// The git export reuses the sessions' commits (messages, authors) and adds
+// one commit for what the head holds beyond them (issue 28 item 5).
+func TestGitExportReusesSessionCommits(t *testing.T) {
+	e, id, root := gitSandboxRoot(t)
+	a := e.session(id, "--agent", "alice")
+	e.sh(id, a, gitIdent+" && echo 'A was here' >> src/f1.txt && git commit -q -am 'A edits f1' && echo wip >> src/f3.txt")
+	e.publish(id, a)
+	r := e.mgr("export_changes", "--sandbox-id", id, "--format", "git", "--branch", "agents")
+	if n := len(r["commits"].([]any)); n != 2 {
+		t.Errorf("commits %v", r["commits"])
+	}
+	got := gitIn(t, root, "log", "--format=%s|%an", "agents")
+	want := "Uncommitted changes of sandbox " + id + "|Repo Owner\nA edits f1|Agent\ninitial|Test Setup\n"
+	if got != want {
+		t.Errorf("exported history:\n%s\nwant:\n%s", got, want)
+	}
+	if diff := gitIn(t, root, "diff", "--stat", "agents~1", "agents", "--", "src/f3.txt"); !strings.Contains(diff, "src/f3.txt") {
+		t.Errorf("the last commit lacks the uncommitted change: %q", diff)
+	}
+	gitIn(t, root, "fsck", "--full", "--strict")
 }
