@@ -91,6 +91,16 @@ type GitRefUpdate struct {
 	Commits int `json:"commits,omitempty"`
 	// Note explains a fallback (a rebase that conflicted became a merge).
 	Note string `json:"note,omitempty"`
+	// SessionCommits: the session's own commits on its branch since its
+	// base (newest first, at most 100), for review.
+	SessionCommits []GitCommit `json:"session_commits,omitempty"`
+}
+
+// GitCommit is one commit shown for review.
+type GitCommit struct {
+	Commit  string `json:"commit"`
+	Author  string `json:"author"`
+	Subject string `json:"subject"`
 }
 
 // gitRoute is the planner's git state.
@@ -387,6 +397,11 @@ func (p *planner) decideRefs(s *Stack, base, head Manifest, st *gitDirState, sfs
 	if err != nil {
 		return err
 	}
+	for _, d := range st.decisions {
+		if (d.upd.Ref == st.branch || d.upd.Action == RefBranch) && isObjectID(d.upd.Base) {
+			check = append(check, d.upd.Base)
+		}
+	}
 	types, err := g.objectTypes(p.ctx, check)
 	if err != nil {
 		return err
@@ -395,6 +410,11 @@ func (p *planner) decideRefs(s *Stack, base, head Manifest, st *gitDirState, sfs
 		t, ok := types[d.upd.Session]
 		if !ok || d.reject != "" {
 			continue
+		}
+		if d.upd.Ref == st.branch || d.upd.Action == RefBranch {
+			if t == "commit" && (d.upd.Base == "" || types[d.upd.Base] != "missing") {
+				d.upd.SessionCommits = sessionCommits(p.ctx, g, d.upd.Base, d.upd.Session)
+			}
 		}
 		switch {
 		case t == "missing":
@@ -872,4 +892,25 @@ func (s *Stack) GitObjectDirs(m Manifest, dir string) []string {
 		}
 	}
 	return out
+}
+
+// sessionCommits lists base..tip (newest first, at most 100); nil when git
+// cannot tell.
+func sessionCommits(ctx context.Context, g *gitExec, base, tip string) []GitCommit {
+	args := []string{"log", "-n", "100", "--format=%H%x00%an <%ae>%x00%s", tip}
+	if base != "" {
+		args = append(args, "^"+base)
+	}
+	out, err := g.run(ctx, nil, nil, args...)
+	if err != nil {
+		return nil
+	}
+	var cs []GitCommit
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.SplitN(line, "\x00", 3)
+		if len(f) == 3 {
+			cs = append(cs, GitCommit{Commit: f[0], Author: f[1], Subject: f[2]})
+		}
+	}
+	return cs
 }

@@ -294,6 +294,8 @@ func TestPublishGitCommits(t *testing.T) {
 			}
 			if u := refUpdate(plan, ref); u == nil || u.Action != c.action {
 				t.Errorf("B's %s: %+v (all %+v)", ref, u, plan.GitRefs)
+			} else if len(u.SessionCommits) != 1 || u.SessionCommits[0].Subject != "B edits f2" || u.SessionCommits[0].Author != "tester <t@example.com>" {
+				t.Errorf("B's commits for review: %+v", u.SessionCommits)
 			}
 			status := " M src/f3.txt\n"
 			if c.mode == GitRefsBranch {
