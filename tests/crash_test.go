@@ -968,14 +968,17 @@ func TestCrashGitPublish(t *testing.T) {
 		b := e.session(id, "--agent", "bob")
 		e.sh(id, a, fmt.Sprintf("%s && echo a%d > a%d.txt && git add -A && git commit -q -m 'A %d'", gitIdent, i, i, i))
 		e.sh(id, b, fmt.Sprintf("%s && echo b%d > b%d.txt && git add -A && git commit -q -m 'B %d'", gitIdent, i, i, i))
+		t0 := time.Now()
 		e.mustCall("publish_workspace_session", id, map[string]any{"workspace_session_id": a})
+		took := time.Since(t0) // what a publish takes on this machine now
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
 			_, _ = e.call("publish_workspace_session", id, map[string]any{"workspace_session_id": b})
 		}()
-		// Anywhere from before the capture to after the reply.
-		time.Sleep(time.Duration(rng.IntN(2500)) * time.Millisecond)
+		// Anywhere from before the capture to after the reply: B's publish
+		// (a merge) takes somewhat longer than A's (a fast-forward).
+		time.Sleep(time.Duration(rng.Int64N(int64(3*took) + 1)))
 		e.kill9()
 		<-done
 		e.checkNoHolders(t)
