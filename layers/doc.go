@@ -22,7 +22,9 @@
 //
 // It imports nothing of this module but the leaf internal/beneath (the
 // module's one resolver beneath a root), needs no privileges and no
-// namespaces, and is Linux-only (golang.org/x/sys/unix).
+// namespaces, and is Linux-only (golang.org/x/sys/unix). The one program it
+// runs is the git CLI, for the git route of publication and sync (below),
+// and only on repositories a workspace holds.
 //
 // upperfmt.go is the one upper-format module: every decision of what a
 // whiteout, an opaque directory, an OCI marker name or a carrier is, and
