@@ -227,3 +227,30 @@ func TestGitExportReusesSessionCommits(t *testing.T) {
 	}
 	gitIn(t, root, "fsck", "--full", "--strict")
 }
+
+// publish keep:true with commits: the session continues on the head's merge
+// commit (its branch fast-forwards to it), and its next commit publishes
+// as a fast-forward.
+func TestGitPublishKeep(t *testing.T) {
+	forDrivers(t, func(t *testing.T) {
+		e, id := gitSandbox(t)
+		a := e.session(id, "--agent", "alice")
+		b := e.session(id, "--agent", "bob")
+		e.sh(id, a, gitIdent+" && echo A >> src/f1.txt && git commit -q -am 'A edits f1'")
+		e.sh(id, b, gitIdent+" && echo B >> src/f2.txt && git commit -q -am 'B edits f2'")
+		e.publish(id, a)
+		e.publish(id, b, "--keep")
+		if got := e.sh(id, b, "git --no-pager log -1 --format=%s | cat; git status --porcelain | wc -l"); got != "Merge sandbox session "+b+" (bob) into main\n0" {
+			t.Errorf("B after publish keep: %q", got)
+		}
+		e.sh(id, b, "echo again > src/f4.txt && git add src/f4.txt && git commit -q -m 'B again'")
+		pb := e.publish(id, b)["publish"].(map[string]any)
+		refs, _ := pb["git_refs"].([]any)
+		if len(refs) != 1 || refs[0].(map[string]any)["action"] != "fast_forward" {
+			t.Errorf("B's second publish: %v", pb["git_refs"])
+		}
+		if fp, _ := e.headGit(id, ""); len(fp) == 0 || fp[0] != "B again" {
+			t.Errorf("head history %q", fp)
+		}
+	})
+}
