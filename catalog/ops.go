@@ -345,6 +345,8 @@ var ops = []Op{
 			{Name: "dry_run", Kind: Boolean, Default: false, Help: "Compute the plan against the current head and commit nothing."},
 			{Name: "keep", Kind: Boolean, Default: false,
 				Help: "Keep working: after the commit the session continues on the new head with an empty upper (same id, holder and running commands) instead of closing."},
+			{Name: "git_refs", Kind: String, Enum: []string{"merge", "rebase", "branch"}, DefaultDoc: "git.publish_refs (merge)",
+				Help: "How the session's git branch is published when the head's tip moved: a merge commit, the session's commits replayed onto the head's tip, or only the branch sandbox/<agent>-<session>."},
 		},
 	},
 	{
@@ -364,6 +366,8 @@ var ops = []Op{
 				Help: "Strategy for paths changed on both sides without a resolution."},
 			resolutionsArg,
 			{Name: "dry_run", Kind: Boolean, Default: false, Help: "Compute the plan against the current head and change nothing."},
+			{Name: "git_refs", Kind: String, Enum: []string{"merge", "rebase", "branch"}, DefaultDoc: "git.publish_refs (merge)",
+				Help: "How the head's commits join the session's git branch when both moved: a merge commit (also for branch) or the session's commits replayed onto the head's tip."},
 		},
 	},
 	{

@@ -30,8 +30,10 @@
 //
 // It imports nothing of this module but the leaves internal/beneath (the
 // module's one resolver beneath a root) and layers/gitindex (the index
-// file format), needs no privileges and no
-// namespaces, and is Linux-only (golang.org/x/sys/unix).
+// file format), needs no privileges and no namespaces, and is Linux-only
+// (golang.org/x/sys/unix). The one program it runs is the git CLI, for the
+// git route of publication and sync (below), and only on repositories a
+// workspace holds.
 //
 // upperfmt.go is the one upper-format module: every decision of what a
 // whiteout, an opaque directory, an OCI marker name or a carrier is, and
@@ -80,6 +82,79 @@
 // they make git run programs), whichever layer holds them; Fold.KeptOut
 // names them. An existing destination directory keeps its mode. The
 // destination itself is opened beneath an allowed root by OpenDestBeneath.
+//
+// Git directories (contract A8, design rule 10; gitpath.go, gitroute.go,
+// gitmerge.go, gitsync.go). Every path inside a directory named .git (and
+// a submodule's modules/<name>) is classified by ClassifyGit:
+//
+//   - private state (index, logs, COMMIT_EDITMSG, locks, …) is never
+//     published (git_private); protected files that can make git run a
+//     program (config, hooks/, info/, alternates, …) and the removal of a
+//     git directory are never published either (git_protected); neither
+//     is a rejection, and a sync keeps both verbatim in the session.
+//   - objects are a union: a loose object or pack the head lacks is
+//     published (git_object) after verification by its name (a loose
+//     object must inflate to "<type> <len>\0<data>" hashing to its name;
+//     a pack's trailer must hash its content and be its name, an index's
+//     trailer must hash the index and it must name that pack); a corrupt
+//     one rejects the publish (git_object_invalid, naming the path). One
+//     the head already has is unchanged_head; the deletion of an object
+//     (gc, repack) is the session's own business (git_private).
+//   - refs are read by value (loose refs over packed-refs; HEAD) from
+//     base, head and session and never merged as text; the ref files a
+//     session changed are listed as git_ref and plan.git_refs lists every
+//     decision. The session's branch is the one the base's HEAD names (HEAD
+//     itself when detached). When head still has the base's tip it
+//     fast-forwards (the session may have rewritten its own history: it
+//     was the only writer); otherwise per GitOptions.RefMode: merge (a
+//     commit whose parents are head's tip and the session's, authored by
+//     the agent, committed by the user), rebase (the session's non-merge
+//     commits replayed onto head's tip with their messages, authors and
+//     author dates; one that does not apply cleanly turns the publish into
+//     a merge, said in the decision's note) or branch (head's branch stays,
+//     the session's tip becomes refs/heads/sandbox/<agent>-<session>). The
+//     tree of a merge or replay is computed per path from the commits:
+//     a path one side left as the merge base takes the other's entry,
+//     regular files both changed go through Merge3 and the §9.5 mode rule,
+//     and anything else takes what this very publication resolved in the
+//     work tree (the planner's result, with the same strategies), so a
+//     resolved conflict of files is the commit's content too. Every other
+//     ref publishes as it is when head has its base value (create, update,
+//     delete); one both sides moved differently is a conflict listed like
+//     a path (changed_on_both_sides), settled by ours or theirs. A ref the
+//     session publishes must name an object the session or head has
+//     (git_ref_invalid otherwise). refs/stash, refs/bisect/, refs/worktree/,
+//     refs/rewritten/ and refs/prefetch/ are private; the head's HEAD is
+//     never changed by a session (its checked-out branch stays the user's).
+//     New ref values are written as loose refs (they override packed-refs;
+//     a deletion also rewrites packed-refs without the ref).
+//   - when the head's HEAD commit moves, the layer also gets a new head
+//     index: read-tree of the new commit's tree, cached stat data zero
+//     (refreshHeadIndexStat is where the git-speed work fills them), so git
+//     status on the head shows exactly the uncommitted changes published.
+//     Staged-but-uncommitted state of the head's old index is not kept.
+//   - a session that removed or replaced a whole git directory (deleted
+//     .git, or rm -rf .git && git init: an opaque directory) publishes
+//     nothing of it; the head keeps its repository.
+//   - a sync (SyncUpper) does the reverse: the session's branch fast-
+//     forwards to head's tip when it has no commits of its own (or head
+//     already contains them, after publish keep:true), else a merge commit
+//     (first parent the session's tip) or a replay onto head's tip (branch
+//     mode merges: the session needs head's commits); refs the session
+//     left as its base had them take head's value as loose refs (the
+//     session's own packed-refs may hide head's); refs the session changed
+//     keep its value; when the session's HEAD commit moves its private
+//     index is rebuilt from the new commit (staged changes become
+//     unstaged).
+//
+// Git runs only through gitExec (gitexec.go): no user or system config,
+// core.hooksPath=/dev/null, no fsmonitor, no auto gc, in a scratch git
+// directory below staging/ (removed at the end of the plan, and by Sweep
+// after a crash) whose objects directory receives the session's verified
+// objects and every object the route writes, with each base and head
+// layer's objects directory as an alternate. Objects the route writes are
+// committed with the layer, so a crash leaves the previous or the next
+// manifest with its objects and refs together.
 //
 // It must never read a session-controlled tree by a joined host path.
 package layers

@@ -107,6 +107,8 @@ type PublishOptions struct {
 	ExpansionLimit int       // opaque/structural expansion limit (0 → 4096)
 	Merge          MergeOptions
 	DryRun         bool // plan against the current head without the writer lock, commit nothing
+	// Git configures the git route (refs mode, identities); contract A8.
+	Git GitOptions
 
 	// keepGit: a sync keeps the session's git-private and git-protected
 	// changes verbatim in its new upper instead of leaving them out.

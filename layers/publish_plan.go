@@ -13,6 +13,8 @@ type Plan struct {
 	Truncated       bool       `json:"truncated"`
 	Paths           []PlanPath `json:"paths"`
 	Conflicts       []PlanPath `json:"conflicts"`
+	// GitRefs: the ref decisions of the git route (contract A8).
+	GitRefs []GitRefUpdate `json:"git_refs,omitempty"`
 
 	RouteSummary   RouteSummary   `json:"-"`
 	OutcomeSummary OutcomeSummary `json:"-"`
@@ -62,6 +64,8 @@ type OutcomeSummary struct {
 	Protected     int `json:"protected"`
 	GitPrivate    int `json:"git_private"`
 	GitProtected  int `json:"git_protected"`
+	GitObject     int `json:"git_object"`
+	GitRef        int `json:"git_ref"`
 }
 
 // Rejection is the publish_rejection object of §9.8; it is also the error
@@ -199,5 +203,9 @@ func (o *OutcomeSummary) add(outcome string) {
 		o.GitPrivate++
 	case OutcomeGitProtected:
 		o.GitProtected++
+	case OutcomeGitObject:
+		o.GitObject++
+	case OutcomeGitRef:
+		o.GitRef++
 	}
 }

@@ -28,6 +28,9 @@ type planEntry struct {
 	writes   []Change // what the layer gets for this path
 	merged   bool
 	dropping bool // the session's change here (and below) is dropped (theirs)
+	// synthetic: a ref decision listed like a path where the session
+	// changed no file (a ref only in packed-refs); planned by the git route.
+	synthetic bool
 }
 
 // side is a path's state in one view.
@@ -60,6 +63,7 @@ type planner struct {
 	dirCache    map[string][2]EntryKind
 	baseWalks   map[string]walkResult
 	loadBudget  int64 // bytes of session files the planner may still keep in memory
+	git         *gitRoute
 }
 
 type walkResult struct {
@@ -96,7 +100,9 @@ func (s *Stack) plan(ctx context.Context, base, head Manifest, hv *View, cs *Cha
 			known[d.Path] = true
 		}
 		for _, p := range sortedKeys(opt.Resolutions) {
-			if !known[p] {
+			// A ref is listed like a path even when only packed-refs
+			// changed: the git route checks those names.
+			if !known[p] && ClassifyGit(p, false).Kind != GitRef {
 				return nil, &ResolutionError{Path: p, Unknown: true}
 			}
 		}
@@ -115,6 +121,11 @@ func (s *Stack) plan(ctx context.Context, base, head Manifest, hv *View, cs *Cha
 	for _, c := range changes {
 		p.changed[c.Path] = true
 	}
+	err := p.gitPrepare(s, base, head, changes)
+	defer p.git.removeScratch()
+	if err != nil {
+		return nil, err
+	}
 
 	entries := make([]*planEntry, 0, len(changes)+len(drops))
 	for _, c := range changes {
@@ -123,6 +134,7 @@ func (s *Stack) plan(ctx context.Context, base, head Manifest, hv *View, cs *Cha
 	for i := range drops {
 		entries = append(entries, &planEntry{drop: &drops[i]})
 	}
+	entries = append(entries, p.refEntries()...)
 	slices.SortStableFunc(entries, func(a, b *planEntry) int { return strings.Compare(a.path(), b.path()) })
 
 	var dropped []string    // paths whose session change is dropped, with everything below
@@ -131,7 +143,9 @@ func (s *Stack) plan(ctx context.Context, base, head Manifest, hv *View, cs *Cha
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if err := p.planEntry(e); err != nil {
+		if e.synthetic {
+			// planned by the git route
+		} else if err := p.planEntry(e); err != nil {
 			return nil, err
 		}
 		under := func(list []string) bool {
@@ -206,7 +220,7 @@ func (s *Stack) plan(ctx context.Context, base, head Manifest, hv *View, cs *Cha
 				written[a] = true
 			}
 		}
-		if len(e.writes) > 0 && e.drop == nil {
+		if len(e.writes) > 0 && e.drop == nil && e.pp.Route != RouteGit {
 			w := e.writes[0]
 			cf := CommittedFile{Path: e.path(), Kind: w.Kind, Route: e.pp.Route, Outcome: e.pp.Outcome,
 				Merged: e.merged, PreviousHead: e.hSide.fp}
@@ -219,6 +233,12 @@ func (s *Stack) plan(ctx context.Context, base, head Manifest, hv *View, cs *Cha
 			pr.committed = append(pr.committed, cf)
 		}
 	}
+	gitWrites, err := p.gitFinish(s, base, head, publishedIn(p.hv, layer))
+	if err != nil {
+		return nil, err
+	}
+	plan.GitRefs = p.git.updates()
+	layer = append(layer, gitWrites...)
 	if len(layer) == 0 {
 		return pr, nil // nothing to write: a no-op
 	}

@@ -66,6 +66,9 @@ func (p *planner) planEntry(e *planEntry) error {
 		e.pp.Outcome, e.reject, e.bucket = OutcomeProtected, RejectProtectedPath, bucketProtected
 		return nil
 	}
+	if p.gitEntry(e, c, isDir) {
+		return nil
+	}
 	if outcome := gitOutcome(path, c.Kind, isDir); outcome != "" {
 		// Never published, never a conflict (contract A8). A sync keeps
 		// the session's own copy as it is.

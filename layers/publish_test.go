@@ -1047,7 +1047,7 @@ func TestPublishJSONShapes(t *testing.T) {
 		}
 	}
 	b, _ = json.Marshal(plan.OutcomeSummary)
-	if string(b) != `{"unchanged_head":1,"applied":0,"merged":0,"ours":0,"theirs":0,"conflict":1,"protected":0,"git_private":0,"git_protected":0}` {
+	if string(b) != `{"unchanged_head":1,"applied":0,"merged":0,"ours":0,"theirs":0,"conflict":1,"protected":0,"git_private":0,"git_protected":0,"git_object":0,"git_ref":0}` {
 		t.Errorf("outcome summary %s", b)
 	}
 	b, _ = json.Marshal(plan.RouteSummary)

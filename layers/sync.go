@@ -53,6 +53,7 @@ type SyncOptions struct {
 	MaxPlanPaths    int
 	ExpansionLimit  int
 	DryRun          bool // plan only: nothing is written
+	Git             GitOptions
 }
 
 // SyncResult describes a sync that wrote a new upper.
@@ -142,6 +143,7 @@ func (s *Stack) SyncUpper(ctx context.Context, opt SyncOptions) (*Plan, SyncResu
 		return nil, SyncResult{}, err
 	}
 	popt.keepGit = true
+	popt.Git = opt.Git
 	if !opt.DryRun {
 		for _, n := range []string{staging, journal} {
 			if _, err := os.Lstat(filepath.Join(parent, n)); err == nil {

@@ -303,6 +303,21 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 	}
 	start := max(applied, since) + 1
 
+	// The sandbox's own commits (contract A8, issue 28 item 5): when the
+	// head's repository moved past the recorded HEAD through commits the
+	// sessions made and published, a first export reuses them (messages,
+	// authors) and adds one commit for what the head holds beyond them.
+	var sessionTip string
+	if prefix == "" && head != "" && parent == head && applied < 0 && !dirtyIn && since < 0 {
+		if t, err := layers.GitHeadCommit(sb.Stack.View(m), ".git"); err == nil && t != "" && t != head {
+			if err := fetchSandboxCommits(r, sb.Stack.GitObjectDirs(m, ".git"), t, tmp); err != nil {
+				s.log.Warn("git export: the sandbox's commits are not reused", "sandbox", id, "err", err)
+			} else if r.IsAncestor(head, t) {
+				sessionTip = t
+			}
+		}
+	}
+
 	tree, err := r.TreeOf(parent)
 	if err != nil {
 		return nil, sbx.ExportError(err)
@@ -374,6 +389,17 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		}
 		tree = next
 	}
+	if sessionTip != "" {
+		commits, last, err := s.reuseSandboxCommits(r, sb, id, chain, step, tree, head, sessionTip, committer)
+		if err != nil {
+			return nil, sbx.ExportError(err)
+		}
+		res.Commits = append(res.Commits, commits...)
+		for _, l := range chain {
+			res.LayersExported = append(res.LayersExported, l.LayerID)
+		}
+		parent, start = last, len(chain)
+	}
 	prevTS := map[string]string{} // session → ts of its previous exported layer
 	for i := start; i < len(chain); i++ {
 		l := chain[i]
@@ -416,7 +442,7 @@ func (s *Supervisor) exportGit(c *call) (any, error) {
 		parent, tree = commit, next
 		c.progress(fmt.Sprintf("export: layer %s → commit %s", l.LayerID, commit))
 	}
-	if len(res.Commits) == 0 {
+	if len(res.Commits) == 0 || parent == oldTip {
 		if oldTip != "" {
 			res.Tip = &oldTip
 		}
@@ -678,4 +704,70 @@ func firstLine(s string, n int) string {
 		return string(r[:n]) + "…"
 	}
 	return l
+}
+
+// fetchSandboxCommits copies into r's repository every object reachable from
+// tip in the sandbox's repository (objDirs: its objects directories, one
+// per layer), through a scratch repository below tmp whose alternates they
+// are. No ref of r changes and no hook runs.
+func fetchSandboxCommits(r *sbx.GitRepo, objDirs []string, tip, tmp string) error {
+	src := filepath.Join(tmp, "sandbox.git")
+	if _, err := sbx.RunGit(r.Ctx, tmp, nil, nil, "init", "--bare", "--template=", "-q", src); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(src, "objects", "info", "alternates"), []byte(strings.Join(objDirs, "\n")+"\n"), 0o644); err != nil {
+		return err
+	}
+	if _, err := sbx.RunGit(r.Ctx, tmp, []string{"GIT_DIR=" + src}, nil, "update-ref", "refs/heads/export", tip); err != nil {
+		return err
+	}
+	_, err := r.Run(nil, nil, "-c", "core.hooksPath=/dev/null", "fetch", "-q", "--no-tags", "--no-write-fetch-head", src, "refs/heads/export")
+	return err
+}
+
+// reuseSandboxCommits lists the sandbox's own commits from head to tip and
+// adds, on top of tip, one commit of what the sandbox's head holds beyond
+// them (uncommitted changes, ignored-file rules as for layers), unless
+// there is nothing. tree is the recorded HEAD's tree with the layers before
+// chain's first applied.
+func (s *Supervisor) reuseSandboxCommits(r *sbx.GitRepo, sb *sandbox, id string, chain []layers.LayerRef,
+	step func(int, sbx.GitTree) (sbx.GitTree, []string, *layers.Fold, layers.Manifest, error),
+	tree sbx.GitTree, head, tip string, committer sbx.Ident) ([]gitCommitResult, string, error) {
+	var out []gitCommitResult
+	list, err := r.Run(nil, nil, "log", "--reverse", "--format=%H%x00%an <%ae>", head+".."+tip)
+	if err != nil {
+		return nil, "", err
+	}
+	for _, line := range strings.Split(strings.TrimSpace(list), "\n") {
+		if c, au, ok := strings.Cut(line, "\x00"); ok {
+			out = append(out, gitCommitResult{Commit: c, Author: au})
+		}
+	}
+	for i := range chain {
+		next, _, _, _, err := step(i, tree)
+		if err != nil {
+			return nil, "", err
+		}
+		tree = next
+	}
+	tipTree, err := r.TreeOf(tip)
+	if err != nil {
+		return nil, "", err
+	}
+	if tree.Equal(tipTree) || len(chain) == 0 {
+		return out, tip, nil
+	}
+	oid, err := r.WriteTree(tree)
+	if err != nil {
+		return nil, "", err
+	}
+	last := chain[len(chain)-1].LayerID
+	msg := fmt.Sprintf("Uncommitted changes of sandbox %s\n\nWhat the sandbox's head holds beyond its sessions' commits.\n\nSandbox-Id: %s\nLayer: %s\n", id, id, last)
+	au := committer
+	au.Date = nowRFC3339()
+	c, err := r.CommitTree(oid, tip, msg, au, committer)
+	if err != nil {
+		return nil, "", err
+	}
+	return append(out, gitCommitResult{Commit: c, LayerID: last, Author: au.Name + " <" + au.Email + ">"}), c, nil
 }

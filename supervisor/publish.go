@@ -52,6 +52,7 @@ func (s *Supervisor) publishWorkspaceSession(c *call) (any, error) {
 	opt.DefaultStrategy = layers.Strategy(c.args.String("default_strategy"))
 	opt.Resolutions = resolutions
 	opt.DryRun = dry
+	opt.Git.RefMode = layers.GitRefMode(c.args.String("git_refs"))
 	if keep {
 		return s.publishKeep(c, ss, opt)
 	}

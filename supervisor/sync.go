@@ -26,7 +26,8 @@ func (s *Supervisor) syncWorkspaceSession(c *call) (any, error) {
 	}
 	pub := workspace.PublishOptions(s.cfg, s.protected)
 	opt := layers.SyncOptions{DefaultStrategy: layers.Strategy(c.args.String("default_strategy")), Resolutions: resolutions,
-		Merge: pub.Merge, MaxPlanPaths: pub.MaxPlanPaths, ExpansionLimit: pub.ExpansionLimit, DryRun: dry}
+		Merge: pub.Merge, MaxPlanPaths: pub.MaxPlanPaths, ExpansionLimit: pub.ExpansionLimit, DryRun: dry,
+		Git: layers.GitOptions{RefMode: layers.GitRefMode(c.args.String("git_refs"))}}
 	plan, out, err := s.publisher.Sync(c.ctx, c.sb, ss, opt)
 	if err != nil {
 		return nil, syncError(id, "sync", err)

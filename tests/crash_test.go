@@ -945,3 +945,50 @@ func (e *env) checkSyncer(m *crashModel, live map[string]map[string]any, fail fu
 	m.stats[fmt.Sprintf("sync held at %q completed=%v", m.syncHang, after)]++
 	m.syncBase, m.syncHead, m.syncWrite, m.syncLine1, m.syncSent = base, 0, "", line1, -2
 }
+
+// ---- git: kill -9 during a publish that moves refs (issue 28) ----
+
+// TestCrashGitPublish kills the supervisor at random moments of a publish
+// whose session committed on a branch the head moved meanwhile (a merge
+// commit, its objects, the ref and the head's index are written), and checks
+// after every restart that the head's repository is whole: git fsck --full
+// passes and git status is clean (the publish landed with its commit, or
+// not at all). ESBX_CRASH_CYCLES overrides the 6 cycles.
+func TestCrashGitPublish(t *testing.T) {
+	cycles := 6
+	if v, err := strconv.Atoi(os.Getenv("ESBX_CRASH_CYCLES")); err == nil && v > 0 {
+		cycles = v
+	}
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	e, id := gitSandbox(t)
+	for i := 0; i < cycles; i++ {
+		a := e.session(id, "--agent", "alice")
+		b := e.session(id, "--agent", "bob")
+		e.sh(id, a, fmt.Sprintf("%s && echo a%d > a%d.txt && git add -A && git commit -q -m 'A %d'", gitIdent, i, i, i))
+		e.sh(id, b, fmt.Sprintf("%s && echo b%d > b%d.txt && git add -A && git commit -q -m 'B %d'", gitIdent, i, i, i))
+		t0 := time.Now()
+		e.mustCall("publish_workspace_session", id, map[string]any{"workspace_session_id": a})
+		took := time.Since(t0) // what a publish takes on this machine now
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = e.call("publish_workspace_session", id, map[string]any{"workspace_session_id": b})
+		}()
+		// Anywhere from before the capture to after the reply: B's publish
+		// (a merge) takes somewhat longer than A's (a fast-forward).
+		time.Sleep(time.Duration(rng.Int64N(int64(3*took) + 1)))
+		e.kill9()
+		<-done
+		e.checkNoHolders(t)
+		e.start()
+		// The head: whole, and its work tree, index and HEAD agree.
+		fp, all := e.headGit(id, "")
+		landed := strings.Contains(strings.Join(all, ";"), fmt.Sprintf("B %d", i))
+		t.Logf("cycle %d: B's publish landed: %v (HEAD %q)", i, landed, fp[0])
+		if r, err := e.call("destroy_workspace_session", id, map[string]any{"workspace_session_id": b}); err != nil {
+			t.Fatalf("destroy %s: %v %v", b, err, r)
+		}
+	}
+}

@@ -57,6 +57,12 @@ type Config struct {
 			AllowedRoots []string `yaml:"allowed_roots"`
 		} `yaml:"export"`
 	} `yaml:"manager"`
+	// Git: the workspace's git directory in publication (contract A8).
+	Git struct {
+		// PublishRefs: how a session's branch is published when the
+		// head's tip moved (merge, rebase or branch).
+		PublishRefs string `yaml:"publish_refs"`
+	} `yaml:"git"`
 	Images struct {
 		DockerHost    *string `yaml:"docker_host"`
 		Pull          string  `yaml:"pull"`
@@ -168,6 +174,7 @@ func Default() *Config {
 	m.Export.MaxStreamBytes, m.Export.MaxDecompressedBytes, m.Export.MaxApplyEntries = 2<<30, 8<<30, 1000000
 	c.Network.Isolated.Helper = "auto"
 	c.Images.Pull, c.Images.CacheMaxBytes = "missing", 20<<30
+	c.Git.PublishRefs = "merge"
 	c.Sandbox.DefaultOverlay = "auto"
 	c.Sandbox.HostPaths = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/nix"}
 	c.Sandbox.HiddenPaths = []string{}
@@ -289,6 +296,7 @@ func (c *Config) validate() error {
 	}
 	for _, e := range []error{
 		enum("images.pull", c.Images.Pull, "missing", "never"),
+		enum("git.publish_refs", c.Git.PublishRefs, "merge", "rebase", "branch"),
 		enum("sandbox.default_overlay", c.Sandbox.DefaultOverlay, "auto", "kernel", "fuse"),
 		enum("sandbox.id_mapping", c.Sandbox.IDMapping, "single", "subid"),
 		enum("network.isolated.helper", c.Network.Isolated.Helper, "auto", "pasta", "slirp4netns"),

@@ -73,6 +73,7 @@ func (p *Publisher) Publish(ctx context.Context, sb *Sandbox, ss *Session, opt l
 		return nil, layers.PublishResult{}, fmt.Errorf("capture: %w", err)
 	}
 	defer cs.Close()
+	opt.Git = GitOptions(ctx, p.Cfg, sb, ss, opt.Git.RefMode)
 	sp = obs.From(ctx).Child("layerstack.publish", map[string]any{"base": base.Revision(), "dry_run": opt.DryRun})
 	plan, res, err := sb.Stack.PublishChangeset(ctx, base, cs, opt)
 	added := 0

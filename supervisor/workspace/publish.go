@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"io/fs"
+	"path/filepath"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
 	"github.com/ephemeral-ai-lab/sandbox/layers"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
+	"github.com/ephemeral-ai-lab/sandbox/supervisor/sandbox"
 )
 
 // Publish's objects (§3.5, §9): the resolutions argument, the publish and
@@ -69,6 +71,9 @@ func PublishObject(plan *layers.Plan, res layers.PublishResult, withResolved boo
 		if withResolved {
 			out["resolved_paths"] = plan.ResolvedPaths()
 		}
+		if len(plan.GitRefs) > 0 {
+			out["git_refs"] = plan.GitRefs
+		}
 	}
 	return out
 }
@@ -81,7 +86,7 @@ func PublishObject(plan *layers.Plan, res layers.PublishResult, withResolved boo
 // git_protected_paths count what stays in the session by rule. result is published, no_op, or for a dry
 // run would_publish, would_reject or no_op.
 func PublishSummary(o layers.OutcomeSummary, noOp, dryRun, rejected bool) map[string]any {
-	published := o.UnchangedHead + o.Applied + o.Ours + o.Merged
+	published := o.UnchangedHead + o.Applied + o.Ours + o.Merged + o.GitObject
 	conflicts := o.Conflict + o.Protected
 	result := "published"
 	switch {
@@ -94,7 +99,7 @@ func PublishSummary(o layers.OutcomeSummary, noOp, dryRun, rejected bool) map[st
 	}
 	return map[string]any{
 		"result":          result,
-		"changed_paths":   published + o.Theirs + conflicts + o.GitPrivate + o.GitProtected,
+		"changed_paths":   published + o.Theirs + conflicts + o.GitPrivate + o.GitProtected + o.GitRef,
 		"published_paths": published,
 		"merged_paths":    o.Merged,
 		"kept_head_paths": o.Theirs,
@@ -120,6 +125,23 @@ func CountEntries(ctx context.Context, dir string) int {
 	n := 0
 	_ = WalkUpperTree(ctx, dir, func(string, fs.FileInfo) error { n++; return nil })
 	return n
+}
+
+// GitOptions is the git route's configuration of a session's publish or
+// sync (contract A8): the ref mode asked for (else git.publish_refs), the
+// session's agent and id, and the user as the committer (the workspace
+// repository's user.name/user.email, else the login name).
+func GitOptions(ctx context.Context, cfg *config.Config, sb *Sandbox, ss *Session, mode layers.GitRefMode) layers.GitOptions {
+	if mode == "" {
+		mode = layers.GitRefMode(cfg.Git.PublishRefs)
+	}
+	agent := ""
+	if ss.Rec.Agent != nil {
+		agent = *ss.Rec.Agent
+	}
+	repo := &sandbox.GitRepo{Ctx: ctx, GitDir: filepath.Join(sb.Rec.WorkspaceRoot, ".git")}
+	c := repo.Committer()
+	return layers.GitOptions{RefMode: mode, Agent: agent, Session: ss.ID(), Committer: layers.GitIdent{Name: c.Name, Email: c.Email}}
 }
 
 // PublishOptions are the configured limits of a publish (§9, §13), with

@@ -70,6 +70,7 @@ func (p *Publisher) Sync(ctx context.Context, sb *Sandbox, ss *Session, opt laye
 	defer func() { _, _ = lease.Release() }() // Remount holds its own lease of the target
 	target := lease.Manifest()
 	opt.Base, opt.Target, opt.Upper = prev, target, ss.Upper()
+	opt.Git = GitOptions(ctx, p.Cfg, sb, ss, opt.Git.RefMode)
 	same := target.Revision() == prev.Revision()
 	if opt.DryRun || same {
 		// Nothing to move (or only a plan asked for): the plan of the
@@ -191,7 +192,7 @@ func (p *Publisher) PublishKeep(ctx context.Context, sb *Sandbox, ss *Session, p
 	}
 	defer func() { _, _ = lease.Release() }()
 	sopt := layers.SyncOptions{Base: prev, Target: lease.Manifest(), Upper: ss.Upper(), DefaultStrategy: layers.StrategyTheirs,
-		Merge: popt.Merge, MaxPlanPaths: popt.MaxPlanPaths, ExpansionLimit: popt.ExpansionLimit}
+		Merge: popt.Merge, MaxPlanPaths: popt.MaxPlanPaths, ExpansionLimit: popt.ExpansionLimit, Git: GitOptions(ctx, p.Cfg, sb, ss, popt.Git.RefMode)}
 	if sopt.Target.Revision() == prev.Revision() {
 		out.NoOp = true // nothing was committed and nobody else published: the session is on the head
 		return plan, res, out, nil

@@ -159,6 +159,14 @@ func writePublish(b *strings.Builder, m map[string]any) {
 	if v := sum["kept_head_paths"]; v != nil && num(v) > 0 {
 		fmt.Fprintf(b, "kept the published version of %v paths (theirs)\n", v)
 	}
+	for _, r := range list(p["git_refs"]) {
+		writeGitRef(b, r)
+	}
+	if plan, _ := m["plan"].(map[string]any); plan != nil && p["git_refs"] == nil {
+		for _, r := range list(plan["git_refs"]) {
+			writeGitRef(b, r)
+		}
+	}
 	if n := num(sum["git_private_paths"]) + num(sum["git_protected_paths"]); n > 0 {
 		fmt.Fprintf(b, "kept %v paths of the git directory in the session (its own state, config and hooks are never published)\n", n)
 	}
@@ -297,4 +305,20 @@ func isTerminal(w io.Writer) bool {
 	}
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
 	return err == nil
+}
+
+// writeGitRef is one ref decision of a publish (contract A8) and the
+// session's commits it carries.
+func writeGitRef(b *strings.Builder, r map[string]any) {
+	fmt.Fprintf(b, "git %v: %v", r["ref"], r["action"])
+	if n := r["new"]; n != nil && n != "" {
+		fmt.Fprintf(b, " → %.12v", n)
+	}
+	if n := r["note"]; n != nil && n != "" {
+		fmt.Fprintf(b, " (%v)", n)
+	}
+	b.WriteString("\n")
+	for _, c := range list(r["session_commits"]) {
+		fmt.Fprintf(b, "  commit %.12v %v (%v)\n", c["commit"], c["subject"], c["author"])
+	}
 }

@@ -126,9 +126,20 @@ export function planner({ sandboxId, wsId, mode: modeName, onDone = () => {}, ex
     clear(summary,
       h('span', { class: 'muted' }, `head revision ${headRev} · ${p.paths.length} paths${p.truncated ? ' (truncated)' : ''}:`),
       Object.entries(os).filter(([, n]) => n).map(([k, n]) => badge(`${n} ${k}`)),
-      p.conflicts.length ? h('span', { class: 'bad', id: ids.conflictCount }, `${p.conflicts.length} conflicting`) : null);
+      p.conflicts.length ? h('span', { class: 'bad', id: ids.conflictCount }, `${p.conflicts.length} conflicting`) : null,
+      gitRefs(p.git_refs || []));
     clear(list, p.paths.map(pathCard));
     el.dataset.planned = String(Date.now());
+  }
+
+  // gitRefs shows what happens to the session's git refs (contract A8)
+  // and the session's own commits they carry.
+  function gitRefs(refs) {
+    if (!refs.length) return null;
+    return h('ul', { class: 'git-refs' }, refs.map((r) => h('li', {},
+      h('span', {}, `git ${r.ref}: ${r.action}${r.note ? ` (${r.note})` : ''}`),
+      (r.session_commits || []).length ? h('ul', { class: 'git-commits' }, r.session_commits.map((c) =>
+        h('li', { class: 'muted' }, `${c.commit.slice(0, 12)} ${c.subject} (${c.author})`))) : null)));
   }
 
   // verdict says what the action would do. A sync moves the base even
