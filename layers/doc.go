@@ -129,9 +129,11 @@
 //     New ref values are written as loose refs (they override packed-refs;
 //     a deletion also rewrites packed-refs without the ref).
 //   - when the head's HEAD commit moves, the layer also gets a new head
-//     index: read-tree of the new commit's tree, cached stat data zero
-//     (refreshHeadIndexStat is where the git-speed work fills them), so git
-//     status on the head shows exactly the uncommitted changes published.
+//     index: read-tree of the new commit's tree, its cached stat data
+//     copied from the head's current index for every file the publication
+//     leaves as it is (restatHeadIndex; the files it changes stay zero and
+//     are re-read once), so git status on the head shows exactly the
+//     uncommitted changes published, at stat speed.
 //     Staged-but-uncommitted state of the head's old index is not kept.
 //   - a session that removed or replaced a whole git directory (deleted
 //     .git, or rm -rf .git && git init: an opaque directory) publishes

@@ -5,6 +5,7 @@ package layers
 // The decisions are written in doc.go ("Git directories").
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -16,6 +17,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/ephemeral-ai-lab/sandbox/layers/gitindex"
+	"golang.org/x/sys/unix"
 )
 
 // GitRefMode says how a session's branch is published when the head's tip
@@ -720,6 +724,7 @@ func (p *planner) gitFinish(s *Stack, base, head Manifest, published func(string
 			if err != nil {
 				return nil, err
 			}
+			idx = p.restatHeadIndex(st.dir, idx)
 			out = append(out, Change{Kind: ChangeWrite, Path: st.dir + "/index", Data: idx, Mode: 0o644})
 		}
 		if st.g != nil {
@@ -745,8 +750,7 @@ func workTreePrefix(dir string) string {
 }
 
 // headIndex builds the index of commit tip's tree in a temporary index
-// file. Its cached stat data are zero: git re-reads each file once;
-// refreshHeadIndexStat is where they get the values a session sees.
+// file. Its cached stat data are zero; restatHeadIndex fills those it can.
 func headIndex(ctx context.Context, g *gitExec, tip string) ([]byte, error) {
 	idx := filepath.Join(g.gitDir, "head-index")
 	_ = os.Remove(idx)
@@ -755,16 +759,48 @@ func headIndex(ctx context.Context, g *gitExec, tip string) ([]byte, error) {
 	if _, err := ig.run(ctx, nil, nil, "read-tree", tip+"^{tree}"); err != nil {
 		return nil, err
 	}
-	if err := refreshHeadIndexStat(ctx, &ig, idx); err != nil {
-		return nil, err
-	}
 	return os.ReadFile(idx)
 }
 
-// refreshHeadIndexStat is the hook where the head's new index gets the
-// cached stat data a session sees (issue 28 item 3, git speed): nothing yet,
-// so a session's first git status re-reads every tracked file once.
-func refreshHeadIndexStat(ctx context.Context, g *gitExec, index string) error { return nil }
+// restatHeadIndex gives the head's new index (idx, written by read-tree
+// with zero stat data) the cached stat data a session will see, for every
+// entry whose file this publication leaves as the head has it: the path
+// shows the same layer file after the commit, so when the head's current
+// index records that very file (same object id, and stat data equal to the
+// file's: RestatGitIndexInView wrote them) its stat data are copied without
+// reading it. Other entries are hashed, and those the publication changes
+// (their file is in the new layer, not yet on disk) stay zero, so a
+// session's first git status re-reads just those. Best effort: on any
+// error the zero-stat index is kept, which git handles by re-reading.
+func (p *planner) restatHeadIndex(dir string, idx []byte) []byte {
+	old := map[string]gitindex.Entry{}
+	if data, ok, err := (viewFS{p.hv}).read(dir + "/index"); err == nil && ok {
+		if x, err := gitindex.Parse(data); err == nil {
+			for _, e := range x.Entries {
+				if e.Regular() {
+					old[e.Path] = e
+				}
+			}
+		}
+	}
+	workTree := parentOf(dir)
+	lookup := func(rel string) (string, bool) {
+		e, err := p.hv.Lstat(joinRel(workTree, rel))
+		if err != nil || (e.Kind != KindFile && e.Kind != KindSymlink) {
+			return "", false
+		}
+		return e.HostPath, true
+	}
+	known := func(e *gitindex.Entry, st *unix.Stat_t) bool {
+		o, ok := old[e.Path]
+		return ok && bytes.Equal(o.OID, e.OID) && SameStat(o.Stat, st)
+	}
+	out, _, err := RestatGitIndex(p.ctx, idx, RestatOptions{Lookup: lookup, Known: known})
+	if err != nil {
+		return idx
+	}
+	return out
+}
 
 // newScratchObjects are the loose objects the route wrote into st's
 // scratch objects directory (the session's copied objects excluded).

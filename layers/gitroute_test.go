@@ -10,6 +10,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ephemeral-ai-lab/sandbox/layers/gitindex"
+	"golang.org/x/sys/unix"
 )
 
 // ---- real git repositories as a session sees them ----
@@ -581,5 +584,54 @@ func TestSyncGitCommits(t *testing.T) {
 				t.Errorf("session log lacks A's commit:\n%s", all)
 			}
 		})
+	}
+}
+
+// A publish that moves the head's HEAD writes a head index whose entries
+// for the files it leaves alone carry the stat data a session sees (the
+// layer file's inode, mtime and size), so a fresh session's git status
+// stats them; the file it changed is left for git to re-read.
+func TestPublishGitHeadIndexStat(t *testing.T) {
+	s := gitRepoStack(t)
+	a := newSession(t, s)
+	a.appendFile(t, "src/f1.txt", "A was here\n")
+	a.git(t, "commit", "-q", "-am", "A edits f1")
+	if _, err := a.publish(t, PublishOptions{Git: GitOptions{Agent: "alice", Session: "sA", Committer: GitIdent{"User", "u@example.com"}}}); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	v := s.View(mustHead(t, s))
+	data, err := v.ReadFile(".git/index")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := gitindex.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, e := range x.Entries {
+		ve, err := v.Lstat(e.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(ve.HostPath, &st); err != nil {
+			t.Fatal(err)
+		}
+		switch e.Path {
+		case "src/f2.txt", "src/f3.txt":
+			seen++
+			if e.Stat.Ino != uint32(st.Ino) || e.Stat.Size != uint32(st.Size) || e.Stat.MtimeSec != uint32(st.Mtim.Sec) {
+				t.Errorf("%s: index stat %+v, want the layer file's (ino %d size %d)", e.Path, e.Stat, st.Ino, st.Size)
+			}
+		case "src/f1.txt":
+			seen++
+			if e.Stat.Ino != 0 {
+				t.Errorf("%s: changed by the publish, stat %+v, want zero", e.Path, e.Stat)
+			}
+		}
+	}
+	if seen != 3 {
+		t.Fatalf("index entries: %+v", x.Entries)
 	}
 }
