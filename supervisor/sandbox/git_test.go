@@ -131,10 +131,13 @@ func TestGitRunsNoRepositoryHooks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Run(nil, nil, "update-ref", "-m", "test", "refs/heads/agents", commit, ""); err != nil {
+	// The identity is passed as the git export passes it (CI's fresh user
+	// has no global git config).
+	ident := []string{"GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@x", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@x"}
+	if _, err := r.Run(ident, nil, "update-ref", "-m", "test", "refs/heads/agents", commit, ""); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Run(nil, strings.NewReader("note\n"), "notes", "--ref=agent-trace", "add", "-f", "-F", "-", commit); err != nil {
+	if _, err := r.Run(ident, strings.NewReader("note\n"), "notes", "--ref=agent-trace", "add", "-f", "-F", "-", commit); err != nil {
 		t.Fatal(err)
 	}
 	if got := markers(t, marks); len(got) != 0 {
