@@ -105,7 +105,8 @@ type crashModel struct {
 // TestCrashRecovery kills the supervisor with SIGKILL at randomized points of
 // publish/create/destroy cycles (explicit session create → exec writes →
 // publish; implicit commands; sessionless writes; sandbox create/destroy;
-// session destroy; the fail-next-publish failpoint) and checks after every
+// session destroy; the fail-next-publish failpoint; manual squashes and
+// autosquashes, which keep the chain bounded) and checks after every
 // restart what §4.5, §5.5 and §8.7-8.8 promise. ESBX_CRASH_CYCLES overrides
 // the 100 cycles; ESBX_CRASH_SEED replays a run.
 func TestCrashRecovery(t *testing.T) {
@@ -122,9 +123,14 @@ func TestCrashRecovery(t *testing.T) {
 
 	e := newEnv(t)
 	e.supEnv = []string{"SANDBOX_LAYERSTACK_ENABLE_TEST_FAILPOINTS=1"}
-	// The checks below read the layer stack from disk without a lease, which
-	// an autosquash would race; squash crashes are TestSquashCrash's.
-	writeConfig(t, e, "runtime:\n  layerstack:\n    autosquash:\n      squash_at_n_layers: null\n")
+	// Autosquash on, as for users, at a threshold a few cycles deep (each
+	// cycle commits about four layers), and a manual squash every few
+	// cycles: both are crash points, and they keep the chain bounded, which
+	// a long run needs (issue 36: with autosquash off the 1,000-cycle run
+	// reached max_chain_depth at cycle 163). The checks read the layer
+	// stack from disk without a lease, so they start once no squash runs
+	// (awaitSquashIdle).
+	writeConfig(t, e, fmt.Sprintf("runtime:\n  layerstack:\n    autosquash:\n      squash_at_n_layers: %d\n", crashSquashAt))
 	e.start()
 	root := e.project(map[string]string{"base.txt": "base\n", "src/app.py": "print('hi')\n", "shared.txt": "h -1\n2\n3\n4\n5\n"})
 	m := &crashModel{
@@ -179,6 +185,9 @@ func TestCrashRecovery(t *testing.T) {
 		case <-finished:
 		}
 		m.stats["ms working"] += int(time.Since(t0).Milliseconds())
+		if running, _, _ := e.squashState(m.main); running {
+			m.stats["killed with a squash running"]++
+		}
 		e.kill9()
 		<-finished
 		m.stats[fmt.Sprintf("killed in step %d", k)]++
@@ -186,6 +195,7 @@ func TestCrashRecovery(t *testing.T) {
 		e.checkNoHolders(t)
 		t1 := time.Now()
 		e.start()
+		e.awaitSquashIdle(m.main)
 		t2 := time.Now()
 		e.checkCrashInvariants(t, m, i)
 		m.stats["ms waiting for holders to die"] += int(t1.Sub(t0).Milliseconds())
@@ -203,6 +213,41 @@ func TestCrashRecovery(t *testing.T) {
 }
 
 type crashStep struct{ run func() bool }
+
+// crashSquashAt is the crash run's autosquash threshold; crashSquashEvery
+// the cycles between its manual squashes.
+const crashSquashAt, crashSquashEvery = 16, 3
+
+// squashState reads the layerstack view's squash object and the head's
+// layer count (false, false, 0 when the supervisor does not answer).
+func (e *env) squashState(sb string) (running, pending bool, layers int) {
+	r, err := e.call("layerstack", sb, map[string]any{"sandbox_id": sb})
+	if err != nil || errKind(r) != "" {
+		return false, false, 0
+	}
+	sq, _ := r["squash"].(map[string]any)
+	ls, _ := r["layers"].([]any)
+	return sq["running"] == true, sq["autosquash_pending"] == true, len(ls)
+}
+
+// awaitSquashIdle waits until no squash runs in sb and no autosquash
+// evaluation is pending (the one queued at start included) that could
+// squash: one that finds head below the threshold does nothing, and
+// nothing commits until the checks are done.
+func (e *env) awaitSquashIdle(sb string) {
+	e.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		running, pending, layers := e.squashState(sb)
+		if !running && (!pending || layers < crashSquashAt) {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("a squash of %s still runs after 2 minutes\n%s", sb, e.log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
 
 // crashSyncStep is the index of the syncer's step in crashSteps.
 const crashSyncStep = 5
@@ -388,6 +433,24 @@ func crashSteps(e *env, m *crashModel, i int, tiny string, rng *rand.Rand) []cra
 			}
 			return ok
 		}},
+	}
+	// A manual squash now and then; an autosquash running makes it a
+	// conflict, which is fine.
+	if i%crashSquashEvery == 1 {
+		steps = append(steps, crashStep{func() bool {
+			r, ok := call("squash_layerstacks", "", map[string]any{"sandbox_id": m.main})
+			switch {
+			case !ok:
+				m.stats["manual squash lost"]++
+			case errKind(r) == "":
+				m.stats["manual squash done"]++
+			case errKind(r) == "operation_conflict":
+				m.stats["manual squash met an autosquash"]++
+			default:
+				t.Errorf("cycle %d squash_layerstacks: %v", i, r)
+			}
+			return ok
+		}})
 	}
 	// Destroy the oldest extra explicit session now and then.
 	if len(m.sessions) > 2 {

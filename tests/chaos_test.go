@@ -1,0 +1,194 @@
+package tests
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Chaos beyond the supervisor (issue 36 item 3): what a session's holder,
+// the disk, a stopped supervisor, a fork bomb and descriptor exhaustion do
+// to the promises that work is never lost and nothing is half-published.
+
+// holderPidOf is the holder pid of session ws (0 when it has none).
+func (e *env) holderPidOf(id, ws string) int {
+	e.t.Helper()
+	for _, s := range e.rt(id, "list_workspace_sessions")["workspace_sessions"].([]any) {
+		m := s.(map[string]any)
+		if m["workspace_session_id"] == ws && m["holder_pid"] != nil {
+			return int(num(e.t, m["holder_pid"]))
+		}
+	}
+	return 0
+}
+
+// waitSize waits until the file p on the host is at least n bytes long.
+func waitSize(t *testing.T, p string, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if st, err := os.Stat(p); err == nil && st.Size() >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not reach %d bytes", p, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// checkLines: s is lines "l<i> <pad>" for i = 0, 1, …, the last one
+// possibly cut short (a write the kill interrupted), nothing else.
+func checkLines(t *testing.T, what, s, pad string) int {
+	t.Helper()
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		want := fmt.Sprintf("l%d %s", i, pad)
+		if l == want || (i == len(lines)-1 && strings.HasPrefix(want, l)) {
+			continue
+		}
+		t.Fatalf("%s: line %d is %.40q…, want %.40q…", what, i, l, want)
+	}
+	return len(lines)
+}
+
+// TestChaosHolderKilledMidWrite: kill -9 of a session's holder while a
+// command writes into /workspace — through the kernel overlay, or through
+// the FUSE overlay the holder itself serves — interrupts the command
+// (holder_exited), brings the explicit session back with a new holder and
+// every byte that reached its upper dir (whole lines, the last one perhaps
+// cut), publishes nothing by itself, and a publish afterwards carries
+// exactly what the session shows. An implicit session killed the same way
+// publishes nothing at all; its work is a recovery artifact.
+func TestChaosHolderKilledMidWrite(t *testing.T) {
+	forDrivers(t, func(t *testing.T) {
+		e, id := sandboxWithProject(t)
+		ws := e.session(id)
+		e.rt(id, "file_write", "--workspace-session-id", ws, "--path", "kept.txt", "--content", "kept\n")
+		pad := strings.Repeat("x", 4000) // one write(2) of ~4 KiB per line
+		loop := fmt.Sprintf(`i=0; while :; do echo "l$i %s" >> log.txt; i=$((i+1)); done`, pad)
+		w := e.exec(id, "--workspace-session-id", ws, "--yield-time-ms", "0", loop)
+		waitSize(t, filepath.Join(e.data(), "sandboxes", id, "sessions", ws, "upper", "log.txt"), 400_000)
+		old := e.holderPidOf(id, ws)
+		if old == 0 {
+			t.Fatal("no holder pid")
+		}
+		if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		r := e.waitDone(id, w["command_session_id"].(string))
+		if r["status"] != "error" || r["interrupted"] != true || r["interrupt_reason"] != "holder_exited" {
+			t.Fatalf("the writing command after its holder's kill: %v", r)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if p := e.holderPidOf(id, ws); p != 0 && p != old {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the session did not come back: %v", e.rt(id, "list_workspace_sessions"))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		got := e.rt(id, "exec_command", "--workspace-session-id", ws, "cat log.txt")["output"].(string)
+		n := checkLines(t, "log.txt after the kill", got, pad)
+		if e.sessionRead(id, ws, "kept.txt") != "kept" {
+			t.Fatal("kept.txt lost with the holder")
+		}
+		e.rtFail(id, 1, "not_found", "file_read", "--path", "log.txt")
+		e.rt(id, "publish_workspace_session", "--workspace-session-id", ws)
+		if head := e.rt(id, "exec_command", "cat log.txt")["output"].(string); head != got {
+			t.Fatalf("published log.txt (%d bytes) is not what the session showed (%d bytes, %d lines)", len(head), len(got), n)
+		}
+
+		imp := e.exec(id, "--yield-time-ms", "0", strings.ReplaceAll(loop, "log.txt", "implicit.txt"))
+		waitSize(t, filepath.Join(e.data(), "sandboxes", id, "sessions", imp["workspace_session_id"].(string), "upper", "implicit.txt"), 400_000)
+		if err := syscall.Kill(e.holderPidOf(id, imp["workspace_session_id"].(string)), syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if r := e.waitDone(id, imp["command_session_id"].(string)); r["interrupt_reason"] != "holder_exited" || r["publish"] != nil {
+			t.Fatalf("implicit command after its holder's kill: %v", r)
+		}
+		e.rtFail(id, 1, "not_found", "file_read", "--path", "implicit.txt")
+	})
+}
+
+// supPath is a path of the supervisor's data directory as the supervisor
+// sees it (startOnSmallDisk mounts it in the supervisor's own namespace).
+func (e *env) supPath(rel ...string) string {
+	return filepath.Join(append([]string{fmt.Sprintf("/proc/%d/root", e.sup.Process.Pid), e.data()}, rel...)...)
+}
+
+// TestChaosDiskFull: the disk fills up in the middle of a publish (the
+// layer's staging copy) and of a sync (the new upper dir). Each fails with
+// operation_failed naming the full disk and changes nothing: head stays,
+// staging is empty, the session keeps its base, its files and no sync
+// leftovers. With space again, both go through and carry everything.
+func TestChaosDiskFull(t *testing.T) {
+	forDrivers(t, func(t *testing.T) {
+		e := newEnv(t)
+		e.startOnSmallDisk("64m")
+		id := e.createSandbox(e.project(map[string]string{"a.txt": "a\n", "shared.txt": "1\n2\n3\n"}))
+		ballast := e.session(id)
+		e.exec(id, "--workspace-session-id", ballast, "--yield-time-ms", "60000", "head -c 22M /dev/zero > ballast")
+		ws := e.session(id)
+		// 22 MiB more in the session: ~18 MiB stay free, less than a copy of it.
+		e.exec(id, "--workspace-session-id", ws, "--yield-time-ms", "60000", "head -c 22M /dev/zero | tr '\\0' b > big && sed -i s/^1$/one/ shared.txt")
+		stack := func() (int64, int64) {
+			r := e.obsOK("layerstack", id, nil)
+			return int64(r["manifest_version"].(float64)), int64(r["staging_entry_count"].(float64))
+		}
+		v0, _ := stack()
+		unchanged := func(what string, base int64) {
+			t.Helper()
+			if v, staged := stack(); v != base || staged != 0 {
+				t.Fatalf("after %s: head version %d (was %d), %d staging entries", what, v, base, staged)
+			}
+			if out := e.exec(id, "--workspace-session-id", ws, "wc -c < big; head -1 shared.txt")["output"]; out != "23068672\none" {
+				t.Fatalf("the session after %s: %q", what, out)
+			}
+			if ents, _ := os.ReadDir(e.supPath("sandboxes", id, "sessions", ws)); len(ents) == 0 {
+				t.Fatalf("cannot read the session's directory through %s", e.supPath())
+			} else {
+				for _, d := range ents {
+					if strings.Contains(d.Name(), "sync") {
+						t.Fatalf("after %s: leftover %s in the session's directory", what, d.Name())
+					}
+				}
+			}
+		}
+		full := func(what string, body map[string]any) {
+			t.Helper()
+			if msg, _ := body["message"].(string); !strings.Contains(msg, "no space left on device") {
+				t.Fatalf("%s on a full disk: %v, want the full disk named", what, body)
+			}
+		}
+		full("publish", e.publishFail(id, ws))
+		unchanged("a publish on a full disk", v0)
+		e.rtFail(id, 1, "not_found", "file_read", "--path", "big")
+
+		// Someone else publishes line 3: the sync must merge, on a full disk.
+		e.rt(id, "file_write", "--path", "shared.txt", "--content", "1\n2\nthree\n")
+		v1, _ := stack()
+		full("sync", e.syncFail(id, ws, "operation_failed"))
+		unchanged("a sync on a full disk", v1)
+		if e.sessionBaseVersion(id, ws) != v0 {
+			t.Fatal("a failed sync moved the session")
+		}
+
+		// Space again: both go through.
+		e.rt(id, "destroy_workspace_session", "--workspace-session-id", ballast)
+		e.rt(id, "sync_workspace_session", "--workspace-session-id", ws)
+		if got := e.sessionRead(id, ws, "shared.txt"); got != "one\n2\nthree" || e.sessionBaseVersion(id, ws) != v1 {
+			t.Fatalf("synced with space again: %q on base %d", got, e.sessionBaseVersion(id, ws))
+		}
+		e.rt(id, "publish_workspace_session", "--workspace-session-id", ws)
+		if out := e.exec(id, "wc -c < big; tr -d b < big | wc -c; cat shared.txt")["output"]; out != "23068672\n0\none\n2\nthree" {
+			t.Fatalf("published with space again: %q", out)
+		}
+	})
+}
