@@ -2,6 +2,7 @@ package tests
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -191,4 +192,78 @@ func TestChaosDiskFull(t *testing.T) {
 			t.Fatalf("published with space again: %q", out)
 		}
 	})
+}
+
+// TestChaosDescriptorExhaustion: a supervisor at its RLIMIT_NOFILE (256
+// here, lowered for the test) still answers: health is served, new work
+// (a session, a command) is refused with server_busy naming
+// max_open_files, and once descriptors are released work goes on. Idle
+// clients take the descriptors. Before, accept(2) failed with EMFILE and
+// every client, health included, waited with no answer.
+func TestChaosDescriptorExhaustion(t *testing.T) {
+	e := newEnv(t)
+	writeConfig(t, e, "supervisor:\n  max_concurrent_connections: 4096\n  request_read_timeout_s: 600\n")
+	e.supPrefix = []string{"sh", "-c", `ulimit -n 256 && exec "$@"`, "sh"}
+	e.start()
+	id := e.createSandbox(e.project(map[string]string{"a.txt": "a\n"}))
+	ws := e.session(id)
+	fds := func() int {
+		ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", e.sup.Process.Pid))
+		return len(ents)
+	}
+	var idle []net.Conn
+	closeIdle := func() {
+		for _, c := range idle {
+			c.Close()
+		}
+		idle = nil
+	}
+	defer closeIdle()
+	// Idle clients, one at a time, until one is no longer accepted (the
+	// supervisor's descriptor count stops growing).
+	for len(idle) < 400 {
+		before := fds()
+		c, err := net.Dial("unix", e.socket())
+		if err != nil {
+			t.Fatalf("dial with %d idle clients: %v", len(idle), err)
+		}
+		idle = append(idle, c)
+		grew := false
+		for deadline := time.Now().Add(time.Second); !grew && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			grew = fds() > before
+		}
+		if !grew {
+			break
+		}
+	}
+	t.Logf("%d idle clients, %d descriptors open in the supervisor", len(idle), fds())
+	if len(idle) >= 400 {
+		t.Fatalf("400 idle clients did not exhaust 256 descriptors")
+	}
+	r, err := e.callWithin(30*time.Second, "health", "", nil)
+	if err != nil || errKind(r) != "" || r["status"] == nil {
+		t.Fatalf("health at the descriptor limit: %v %v", r, err)
+	}
+	for _, req := range []struct {
+		op   string
+		args map[string]any
+	}{{"create_workspace_session", nil}, {"exec_command", map[string]any{"workspace_session_id": ws, "cmd": "true"}}} {
+		r, err := e.callWithin(30*time.Second, req.op, id, req.args)
+		details, _ := r["error"].(map[string]any)["details"].(map[string]any)
+		if err != nil || errKind(r) != "server_busy" || details["max_open_files"] != float64(256) || !strings.Contains(errMsg(r), "file descriptors") {
+			t.Fatalf("%s at the descriptor limit: %v %v, want server_busy naming max_open_files 256", req.op, r, err)
+		}
+	}
+	closeIdle()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r, err := e.callWithin(30*time.Second, "exec_command", id, map[string]any{"workspace_session_id": ws, "cmd": "echo back"})
+		if err == nil && errKind(r) == "" && r["output"] == "back" {
+			break
+		}
+		if time.Now().After(deadline) || (errKind(r) != "" && errKind(r) != "server_busy") {
+			t.Fatalf("exec_command once the idle clients are gone: %v %v", r, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

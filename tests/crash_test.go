@@ -28,12 +28,17 @@ var errLost = errors.New("connection lost before the response")
 // call sends one request on the Unix socket. A success or an error envelope
 // is returned as the response object; only a lost connection is an error.
 func (e *env) call(op, sandboxID string, args map[string]any) (map[string]any, error) {
+	return e.callWithin(2*time.Minute, op, sandboxID, args)
+}
+
+// callWithin is call with the connection's deadline d from now.
+func (e *env) callWithin(d time.Duration, op, sandboxID string, args map[string]any) (map[string]any, error) {
 	c, err := net.Dial("unix", e.socket())
 	if err != nil {
 		return nil, errLost
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Minute))
+	_ = c.SetDeadline(time.Now().Add(d))
 	scope := map[string]any{"kind": "system"}
 	if sandboxID != "" {
 		scope = map[string]any{"kind": "sandbox", "sandbox_id": sandboxID}
