@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -265,5 +266,62 @@ func TestChaosDescriptorExhaustion(t *testing.T) {
 			t.Fatalf("exec_command once the idle clients are gone: %v %v", r, err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestChaosSupervisorStopped: while the supervisor is stopped (SIGSTOP;
+// 30 s in the issue, shortened here with SANDBOX_CLIENT_PROBE_S=1)
+// waiting clients give up with connection_error naming the stopped pid and
+// the unknown outcome, instead of waiting forever; once it runs again
+// requests are answered and a command that ran across the stop finishes.
+func TestChaosSupervisorStopped(t *testing.T) {
+	e := newEnv(t)
+	e.start()
+	id := e.createSandbox(e.project(map[string]string{"a.txt": "a\n"}))
+	ws := e.session(id)
+	run := e.exec(id, "--workspace-session-id", ws, "--yield-time-ms", "0", "sleep 2; echo done > done.txt; echo finished")
+	pid := e.sup.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	defer resume()
+	probe := []string{"SANDBOX_CLIENT_PROBE_S=1"}
+	clients := [][]string{
+		{"sandbox-manager-cli", "list_sandboxes"},
+		{"sandbox-runtime-cli", "--sandbox-id", id, "file_read", "--path", "a.txt"},
+		{"sandbox-runtime-cli", "--sandbox-id", id, "exec_command", "--workspace-session-id", ws, "echo hi"},
+	}
+	results := make([]result, len(clients))
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		wg.Go(func() { results[i] = e.runEnv(probe, c[0], c[1:]...) })
+	}
+	wg.Wait()
+	for i, r := range results {
+		if r.code != 1 || r.stdout != "" {
+			t.Fatalf("%v against a stopped supervisor: exit %d stdout %q stderr %q", clients[i], r.code, r.stdout, r.stderr)
+		}
+		body, _ := r.obj(t)["error"].(map[string]any)
+		details, _ := body["details"].(map[string]any)
+		msg, _ := body["message"].(string)
+		if body["kind"] != "connection_error" || !strings.Contains(msg, fmt.Sprintf("supervisor pid %d is stopped", pid)) ||
+			!strings.Contains(msg, "outcome is unknown") || details["supervisor_state"] != "stopped" || details["outcome"] != "unknown" {
+			t.Fatalf("%v against a stopped supervisor: %s", clients[i], r.stderr)
+		}
+	}
+	resume()
+	e.mgr("list_sandboxes")
+	if r := e.waitDone(id, run["command_session_id"].(string)); r["status"] != "ok" || !strings.Contains(fmt.Sprint(r["output"]), "finished") {
+		t.Fatalf("the command across the stop: %v", r)
+	}
+	if got := e.sessionRead(id, ws, "done.txt"); got != "done" {
+		t.Fatalf("done.txt after the stop: %q", got)
 	}
 }
