@@ -217,6 +217,9 @@ func (h *Holders) start(ctx context.Context, sb *Sandbox, ss *Session) error {
 		Overlay:         ss.Rec.OverlayDriver,
 		CoalesceMs:      h.Cfg.Observability.FileActivity.CoalesceMs,
 	}
+	if pm := sb.Rec.ResourceProfile.PidsMax; pm != nil && *pm > 0 {
+		cfg.PidsMax = *pm // also where the pids cgroup enforces it: a second bound, never a looser one
+	}
 	egress, err := h.egressFor(ss)
 	if err != nil {
 		return err
