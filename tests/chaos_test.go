@@ -325,3 +325,46 @@ func TestChaosSupervisorStopped(t *testing.T) {
 		t.Fatalf("done.txt after the stop: %q", got)
 	}
 }
+
+// TestChaosForkBomb: a command that forks until it cannot gets EAGAIN at
+// the session's pids limit (resource profile "standard", pids_max 256),
+// even where no pids cgroup is delegated (the shim's RLIMIT_NPROC, counted
+// per session user namespace), instead of taking the user's whole process
+// limit; the session and the supervisor go on. The bomb is bounded at 600
+// processes so that, without the limit, it ends rather than hurting the
+// host.
+func TestChaosForkBomb(t *testing.T) {
+	e := newEnv(t)
+	writeConfig(t, e, "sandbox:\n  resource_profile: standard\n")
+	e.start()
+	id := e.createSandbox(e.project(map[string]string{"a.txt": "a\n"}))
+	ws := e.session(id)
+	other := e.session(id)
+	if out := e.exec(id, "--workspace-session-id", ws, "ulimit -u")["output"]; out != "256" {
+		t.Fatalf("a command's process limit: %q, want 256", out)
+	}
+	bomb := `perl -e 'my @k; for (1..600) { my $p = fork(); if (!defined $p) { print "EAGAIN after ", scalar(@k), " ($!)\n"; last } ` +
+		`if ($p == 0) { sleep 120; exit 0 } push @k, $p } print "forked ", scalar(@k), "\n"; ` +
+		`open(my $f, ">", "bomb-held") or die; close $f; sleep 1 while ! -e "release"; kill 9, @k; 1 while wait() != -1'`
+	run := e.exec(id, "--workspace-session-id", ws, "--yield-time-ms", "0", "--timeout-ms", "120000", bomb)
+	waitSize(t, filepath.Join(e.data(), "sandboxes", id, "sessions", ws, "upper", "bomb-held"), 0)
+	// At its limit the session holds its processes; another session forks
+	// freely, and the supervisor answers.
+	if out := e.exec(id, "--workspace-session-id", other, "echo fine | cat")["output"]; out != "fine" {
+		t.Fatalf("another session during the bomb: %q", out)
+	}
+	e.obsOK("health", "", nil)
+	e.rt(id, "file_write", "--workspace-session-id", ws, "--path", "release", "--content", "")
+	r := e.waitDone(id, run["command_session_id"].(string))
+	out := fmt.Sprint(r["output"])
+	n := -1
+	if _, after, ok := strings.Cut(out, "EAGAIN after "); ok {
+		_, _ = fmt.Sscanf(after, "%d", &n)
+	}
+	if n >= 256 || n < 100 {
+		t.Fatalf("the fork bomb: %v, want EAGAIN after 100-255 forks", r)
+	}
+	if out := e.exec(id, "--workspace-session-id", ws, "echo back | cat")["output"]; out != "back" {
+		t.Fatalf("the session after the bomb: %q", out)
+	}
+}
