@@ -203,6 +203,7 @@ func TestCrashRecovery(t *testing.T) {
 		e.awaitSquashIdle(m.main)
 		t2 := time.Now()
 		e.checkCrashInvariants(t, m, i)
+		e.trimSessions(m, crashMaxSessions)
 		m.stats["ms waiting for holders to die"] += int(t1.Sub(t0).Milliseconds())
 		m.stats["ms restarting"] += int(t2.Sub(t1).Milliseconds())
 		m.stats["ms checking"] += int(time.Since(t2).Milliseconds())
@@ -218,6 +219,33 @@ func TestCrashRecovery(t *testing.T) {
 }
 
 type crashStep struct{ run func() bool }
+
+// crashMaxSessions bounds the explicit sessions besides the keeper and the
+// syncer that stay from cycle to cycle.
+const crashMaxSessions = 4
+
+// trimSessions destroys the oldest explicit sessions beyond max (not the
+// keeper or the syncer), as an agent fleet ends its sessions. A kill leaves
+// one behind in about a third of the cycles (its create acknowledged, its
+// publish never sent) and the destroy step at a cycle's end rarely runs
+// before the kill: without this, sessions piled up (62 at cycle 240, every
+// restart restoring all of them ever slower) until max_sessions_per_sandbox
+// (64) refused the next create.
+func (e *env) trimSessions(m *crashModel, max int) {
+	var extra []string
+	for id := range m.sessions {
+		if id != m.keeper && id != m.syncer {
+			extra = append(extra, id)
+		}
+	}
+	slices.Sort(extra) // IDs are ULIDs: oldest first
+	for len(extra) > max {
+		e.mustCall("destroy_workspace_session", m.main, map[string]any{"workspace_session_id": extra[0]})
+		delete(m.sessions, extra[0])
+		m.stats["sessions trimmed"]++
+		extra = extra[1:]
+	}
+}
 
 // crashSquashAt is the crash run's autosquash threshold; crashSquashEvery
 // the cycles between its manual squashes.
