@@ -28,7 +28,8 @@ func TestChainDepthErrors(t *testing.T) {
 	tooDeep := func(what string, r map[string]any, err error, layers int) map[string]any {
 		t.Helper()
 		msg := errMsg(r)
-		details, _ := r["error"].(map[string]any)["details"].(map[string]any)
+		body, _ := r["error"].(map[string]any)
+		details, _ := body["details"].(map[string]any)
 		if err != nil || errKind(r) != "operation_failed" || details == nil ||
 			!strings.Contains(msg, "layer chain too deep") || !strings.Contains(msg, fmt.Sprintf("has %d layers", layers)) ||
 			!strings.Contains(msg, "max_chain_depth 4") || !strings.Contains(msg, "squash_layerstacks") || strings.Contains(msg, "Linux") ||
