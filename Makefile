@@ -15,7 +15,7 @@ LDFLAGS  := -X main.version=$(VERSION)
 PREFIX   ?= $(HOME)/.local
 export GOFLAGS ?= -buildvcs=false
 
-.PHONY: all build test unit e2e demo lint generate install bench clean ui
+.PHONY: all build test unit e2e demo lint generate install bench soak clean ui
 
 all: build
 
@@ -68,6 +68,17 @@ BENCHFLAGS ?=
 BENCHJSON  ?=
 bench: build
 	$(GO) run ./tests/bench -bin $(BIN) $(if $(BENCHJSON),-json $(BENCHJSON)) $(BENCHFLAGS)
+
+# Soak: SOAK_AGENTS agents against a kernel and a FUSE sandbox for
+# SOAK_SECONDS, the supervisor killed every 3 minutes; writes soak/soak.json
+# and soak/soak.png (its own module under scripts/soak: the plotting
+# library is that tool's dependency only). SOAK_FLAGS adds flags
+# (-kill-every 30s, -sample 5s, -out DIR).
+SOAK_AGENTS  ?= 32
+SOAK_SECONDS ?= 600
+SOAK_FLAGS   ?=
+soak: build
+	cd scripts/soak && $(GO) run . -bin $(CURDIR)/$(BIN) -agents $(SOAK_AGENTS) -seconds $(SOAK_SECONDS) -out $(CURDIR)/soak $(SOAK_FLAGS)
 
 clean:
 	rm -rf $(BIN)

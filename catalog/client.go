@@ -65,7 +65,17 @@ func (c *Client) Call(ctx context.Context, req *Request) (map[string]any, *Error
 	}
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
+	// A supervisor that stops answering ends the wait (watchdog.go).
+	wd := c.watch(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	resp, e := c.exchange(conn, req)
+	if reason := wd.done(); reason != nil && e != nil {
+		return nil, reason
+	}
+	return resp, e
+}
 
+// exchange writes req on conn and reads its response.
+func (c *Client) exchange(conn net.Conn, req *Request) (map[string]any, *Error) {
 	line, err := json.Marshal(c.wireRequest(req))
 	if err != nil {
 		return nil, Errorf(ProtocolError, "cannot encode request: %v", err)

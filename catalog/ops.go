@@ -498,7 +498,7 @@ var ops = []Op{
 		ID: "layerstack", Group: Observability, Family: "layerstack", Scope: ScopeSandbox, Cancellable: true,
 		Title: "Layer stack", Effect: ReadOnly,
 		Summary: "Layers, sizes and leases; or one session's mounts; or one layer's entries.",
-		Result:  "{view:\"layerstack\", manifest_version, root_hash, layers:[…], …}",
+		Result:  "{view:\"layerstack\", manifest_version, root_hash, layers:[…], squash:{running, autosquash_pending}, …}",
 		Args: []Arg{obsSandboxRequired,
 			{Name: "workspace_id", Kind: String, ID: true, Help: "A workspace session: its mounted layers and upper size."},
 			{Name: "window_ms", Kind: Integer, DefaultDoc: "none", Help: "Include the stack samples of this window (≤ 600000)."},

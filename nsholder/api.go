@@ -58,6 +58,13 @@ type Config struct {
 	// file_activity disabled); Released notices are still sent, since line
 	// attribution needs them.
 	NoActivity bool `json:"no_activity,omitempty"`
+	// PidsMax, when > 0, is every command's RLIMIT_NPROC (the shim's -P):
+	// the kernel counts a user's tasks per user namespace, so it bounds
+	// the session's processes and threads (the holder's own included in
+	// the count, though the holder itself is not limited) where no pids
+	// cgroup does — a fork bomb gets EAGAIN instead of the user's whole
+	// process limit.
+	PidsMax int64 `json:"pids_max,omitempty"`
 }
 
 // Workspace overlay drivers (Config.Overlay).

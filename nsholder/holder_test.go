@@ -895,8 +895,11 @@ func TestExecShim(t *testing.T) {
 			t.Run(shim.name+"/"+overlay, func(t *testing.T) {
 				f := newFixture(t)
 				cfg := f.config("sess-shim")
-				cfg.Shim, cfg.Overlay = shim.path, overlay
+				cfg.Shim, cfg.Overlay, cfg.PidsMax = shim.path, overlay, 321
 				s := startSession(t, cfg)
+				if got := s.ok("ulimit -Hu; ulimit -Su"); got != "321\n321" {
+					t.Errorf("RLIMIT_NPROC through %q (PidsMax 321) = %q", shim.path, got)
+				}
 				if got := s.ok("grep -E '^(Seccomp|NoNewPrivs|CapInh|CapPrm|CapEff|CapBnd|CapAmb):' /proc/self/status | tr -s ' \t' ' '"); got != "CapInh: 00000000880024ff\nCapPrm: 00000000880024ff\nCapEff: 00000000880024ff\nCapBnd: 00000000880024ff\nCapAmb: 0000000000000000\nNoNewPrivs: 1\nSeccomp: 2" {
 					t.Errorf("hardening through %q = %q", shim.path, got)
 				}

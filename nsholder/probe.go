@@ -227,6 +227,9 @@ func probeFuseMount(dir string) (bool, string) {
 // falling back to the lowerdir= option string on kernels without it. It
 // reports whether lowerdir+ was used.
 func MountOverlay(target string, lowers []string, upper, work string) (lowerdirPlus bool, err error) {
+	if err := checkKernelLowers(len(lowers)); err != nil {
+		return false, err
+	}
 	ferr := mountOverlayFsconfig(target, lowers, upper, work)
 	if ferr == nil {
 		return true, nil

@@ -150,6 +150,7 @@ var errCodes = []struct {
 	{"freeze_timeout", ErrFreezeTimeout},
 	{"freeze_expired", ErrFreezeExpired},
 	{"swap_invalidate", fuseoverlay.ErrSwapInvalidate},
+	{"too_many_lowers", ErrTooManyLowers},
 }
 
 func encodeError(err error) *wireError {

@@ -49,6 +49,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -132,6 +133,9 @@ func setupRoot(cfg *Config, own *owners, notify func(*FSNotice)) (*sessionRoot, 
 	exe, err := os.OpenFile(shimPath, os.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, atStage(stageMountRoot, "open exec shim: %w", err)
+	}
+	if cfg.PidsMax > 0 {
+		shimArgv = append(shimArgv, "-P", strconv.FormatInt(cfg.PidsMax, 10))
 	}
 	res := &sessionRoot{exe: exe, shimArgv: shimArgv}
 	fail := func(err error) (*sessionRoot, error) {

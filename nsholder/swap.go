@@ -86,12 +86,30 @@ var (
 	// ErrFreezeTimeout: the session's processes did not all stop within
 	// the freeze budget.
 	ErrFreezeTimeout = &opError{"freeze timeout"}
+	// ErrTooManyLowers: a kernel overlay over more lowers than the kernel
+	// stacks (KernelMaxLowers); the remedy is a squash, not another kernel.
+	ErrTooManyLowers = &opError{"layer chain too deep for the kernel overlay"}
 	// ErrSwapInvalidate: a FUSE swap happened but the kernel refused a
 	// cache invalidation (stale caches for at most their timeout). It is
 	// fuseoverlay's error, named here so callers need not import the
 	// overlay to recognise it.
 	ErrSwapInvalidate = fuseoverlay.ErrSwapInvalidate
 )
+
+// KernelMaxLowers is the kernel overlay's stacking limit (OVL_MAX_STACK,
+// 500 since Linux 2.6.39's overlayfs and unchanged since): a mount over
+// more lowers fails with a bare EINVAL, which must not be reported as a
+// kernel feature missing (issue 36).
+const KernelMaxLowers = 500
+
+// checkKernelLowers refuses n lowers beyond KernelMaxLowers, naming the
+// limit and the cure.
+func checkKernelLowers(n int) error {
+	if n > KernelMaxLowers {
+		return fmt.Errorf("%w: %d lower layers, the kernel overlay stacks at most %d; squash the layer stack (squash_layerstacks)", ErrTooManyLowers, n, KernelMaxLowers)
+	}
+	return nil
+}
 
 // Pin is one use of the old kernel overlay that blocks a swap.
 type Pin struct {
@@ -362,6 +380,9 @@ func (s *server) swapKernel(lowers []*os.File, paths []string, upper *os.File, b
 	}
 	mfd, err := newOverlayFD(lowerPaths, ks.path(ks.tree, ks.upper), ks.path(ks.tree, work))
 	if err != nil {
+		if errors.Is(err, ErrTooManyLowers) {
+			return fmt.Errorf("swaplower: %w", err)
+		}
 		if errors.Is(err, unix.EINVAL) {
 			// Typically "failed to clone upperpath/lowerpath" in dmesg:
 			// overlayfs takes layers on detached trees from Linux 6.15.
@@ -401,6 +422,9 @@ func (s *server) swapKernel(lowers []*os.File, paths []string, upper *os.File, b
 // newOverlayFD creates a detached kernel overlay (userxattr), lowerdir+ per
 // layer or the option-string fallback, and returns its mount descriptor.
 func newOverlayFD(lowers []string, upper, work string) (int, error) {
+	if err := checkKernelLowers(len(lowers)); err != nil {
+		return -1, err
+	}
 	fd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		return -1, fmt.Errorf("fsopen: %w", err)

@@ -352,3 +352,53 @@ func TestSwapFrameManyDescriptors(t *testing.T) {
 		t.Fatalf("next frame: %+v %q %v", hdr, payload, err)
 	}
 }
+
+// TestKernelLowerLimit: the kernel overlay stacks at most KernelMaxLowers
+// lowers. A holder started over more, or a swap onto more, fails naming
+// that limit and the squash that cures it — not a kernel version (issue
+// 36: a sync onto a 501-layer head said "it needs Linux 6.15"). A swap onto
+// exactly the limit works, which pins the constant to this kernel's.
+func TestKernelLowerLimit(t *testing.T) {
+	f := newFixture(t)
+	chain := func(n int) []string {
+		out := []string{}
+		for i := range n - 2 {
+			d := filepath.Join(f.dir, fmt.Sprintf("l%03d", i))
+			must(t, os.MkdirAll(d, 0o755))
+			out = append(out, d)
+		}
+		return append(out, f.lower, f.lower2)
+	}
+	tooDeep := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, ErrTooManyLowers) || !strings.Contains(err.Error(), "at most 500") ||
+			!strings.Contains(err.Error(), "squash") || strings.Contains(err.Error(), "Linux") {
+			t.Errorf("%s over %d lowers: %v, want ErrTooManyLowers naming the limit", what, KernelMaxLowers+1, err)
+		}
+	}
+	cfg := f.config("sess-deep-start")
+	cfg.Overlay = OverlayKernel
+	cfg.Lowers = chain(KernelMaxLowers + 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if h, err := Start(ctx, testSelf, cfg); err == nil {
+		h.Close(time.Second)
+		t.Errorf("a holder started over %d lowers", len(cfg.Lowers))
+	} else if !strings.Contains(err.Error(), "at most 500") || strings.Contains(err.Error(), "Linux") {
+		t.Errorf("start over %d lowers: %v, want the limit named", len(cfg.Lowers), err)
+	}
+
+	cfg = f.config("sess-deep-swap")
+	cfg.Overlay = OverlayKernel
+	s := startSession(t, cfg)
+	tooDeep("swap", s.h.SwapLower(ctx, SwapRequest{Lowers: chain(KernelMaxLowers + 1)}))
+	if got := s.ok("cat hello.txt"); got != "hello from lower" {
+		t.Fatalf("after a refused swap: %q", got)
+	}
+	if err := s.h.SwapLower(ctx, SwapRequest{Lowers: chain(KernelMaxLowers)}); err != nil {
+		t.Fatalf("swap onto exactly %d lowers: %v", KernelMaxLowers, err)
+	}
+	if got := s.ok("cat hello.txt"); got != "hello from lower" {
+		t.Fatalf("after a swap onto %d lowers: %q", KernelMaxLowers, got)
+	}
+}

@@ -82,7 +82,8 @@ func (s *Supervisor) newMux() (*rpc.Mux, error) {
 
 // errorTranslators give rpc the contract kinds of the domain errors it
 // cannot import.
-var errorTranslators = []func(error) *catalog.Error{rpc.As(snapshotError), rpc.As(imageError), workspace.SymlinkComponentError}
+var errorTranslators = []func(error) *catalog.Error{rpc.As(snapshotError), rpc.As(imageError), workspace.SymlinkComponentError,
+	rpc.As((*workspace.ChainDepthError).Envelope)}
 
 // bindScope resolves a sandbox-scoped request's sandbox and holds its gate
 // for the request, which keeps destroy from tearing it down under us.

@@ -68,6 +68,11 @@
 //   - Admission (workspace/admission.go) reserves a slot under one lock before a
 //     command or session starts, so concurrent requests never exceed a cap
 //     together; a failed start gives its slot back.
+//   - At its descriptor limit (RLIMIT_NOFILE) the supervisor still answers
+//     (fdguard.go): a reserve of descriptors accepts the waiting client,
+//     health is served, every other operation is refused with server_busy
+//     and details.max_open_files (the limit), and such a client has 2 s
+//     to send its request.
 //   - A request is cancelled when its client closes the connection (POLLHUP
 //     on our end; a half-close is not a close) only for operations that
 //     read: diff_workspace_session, export_changes, file_read, file_list,

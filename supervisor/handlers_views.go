@@ -105,6 +105,8 @@ func (s *Supervisor) layerstack(c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	running, pending := sb.SquashState()
+	out["squash"] = map[string]any{"running": running, "autosquash_pending": pending}
 	if window >= 0 {
 		trend, err := stackTrend(resourceView(s.cfg, s.obs), sb, window)
 		if err != nil {

@@ -82,6 +82,7 @@ type Supervisor struct {
 	draining atomic.Bool
 	inflight sync.WaitGroup
 	conns    chan struct{} // connection slots (max_concurrent_connections)
+	fds      *fdGuard      // descriptor exhaustion: a reserve, and refusal of new work (fdguard.go)
 	active   atomic.Int64  // requests being executed
 
 	mux          *rpc.Mux // the handlers, registered against the catalog (dispatch.go)
@@ -145,6 +146,7 @@ func Serve(ctx context.Context, opt Options) error {
 		cfg: cfg, dirs: dirs, log: log, ids: statedb.NewIDs(), store: st, version: opt.Version,
 		started: time.Now(), self: self, sandboxes: sbx.NewRegistry[*occupants](),
 		conns: make(chan struct{}, cfg.Supervisor.MaxConcurrentConnections),
+		fds:   newFDGuard(),
 	}
 	if s.mux, err = s.newMux(); err != nil {
 		return catalog.Errorf(catalog.InternalError, "%w", err)
@@ -387,13 +389,29 @@ func writeRuntimeFile(p string, data []byte) error {
 func (s *Supervisor) acceptLoop(ctx context.Context, ln net.Listener, tcp bool) {
 	for {
 		conn, err := ln.Accept()
+		pressure := false
+		if err != nil && fdExhausted(err) && s.fds.release() {
+			// Out of descriptors: answer the waiting client with the
+			// reserve's (fdguard.go).
+			conn, err = ln.Accept()
+			pressure = true
+			s.fds.refill()
+		}
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			s.log.Warn("accept failed", "err", err)
+			if !fdExhausted(err) || s.fds.warnDue() {
+				s.log.Warn("accept failed", "err", err)
+			}
 			time.Sleep(10 * time.Millisecond)
 			continue
+		}
+		if !pressure && s.fds.pressured(conn) {
+			pressure = true
+		}
+		if pressure && s.fds.warnDue() {
+			s.log.Warn("out of file descriptors: refusing new work", "max_open_files", s.fds.limit)
 		}
 		select {
 		case s.conns <- struct{}{}:
@@ -405,7 +423,10 @@ func (s *Supervisor) acceptLoop(ctx context.Context, ln net.Listener, tcp bool) 
 		s.inflight.Add(1)
 		go func() {
 			defer func() { <-s.conns; s.inflight.Done() }()
-			s.serveConn(context.WithoutCancel(ctx), conn, tcp)
+			if pressure {
+				defer s.fds.refill()
+			}
+			s.serveConn(context.WithoutCancel(ctx), conn, tcp, pressure)
 		}()
 	}
 }
@@ -441,7 +462,10 @@ func peerUID(conn net.Conn) (int, error) {
 
 // serveConn answers the one request of conn; ctx is the connection's
 // context, which rpc cancels when the client hangs up.
-func (s *Supervisor) serveConn(ctx context.Context, conn net.Conn, tcp bool) {
+//
+// pressure marks a connection accepted at the descriptor limit: it has
+// little time to send its request, and only health is served.
+func (s *Supervisor) serveConn(ctx context.Context, conn net.Conn, tcp, pressure bool) {
 	defer conn.Close()
 	if !tcp {
 		uid, err := peerUID(conn)
@@ -455,11 +479,18 @@ func (s *Supervisor) serveConn(ctx context.Context, conn net.Conn, tcp bool) {
 	}
 	w := rpc.NewLineWriter(conn)
 	timeout := time.Duration(s.cfg.Supervisor.RequestReadTimeoutS * float64(time.Second))
+	if pressure {
+		timeout = min(timeout, fdPressureTimeout)
+	}
 	_ = conn.SetReadDeadline(time.Now().Add(timeout))
 	line, rerr := rpc.ReadLine(bufio.NewReaderSize(conn, 64<<10), s.cfg.Supervisor.MaxRequestBytes)
 	_ = conn.SetReadDeadline(time.Time{})
 	if rerr != nil {
 		w.Final(rerr)
+		return
+	}
+	if pressure && !servedUnderPressure[pressureOp(line)] {
+		w.Final(s.fds.busyError())
 		return
 	}
 	if s.draining.Load() {

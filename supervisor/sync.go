@@ -50,7 +50,12 @@ func syncError(id, stage string, err error) error {
 	var re *layers.ResolutionError
 	var rej *layers.Rejection
 	var pin *nsholder.PinnedError
+	var deep *workspace.ChainDepthError
 	switch {
+	case errors.As(err, &deep):
+		return catalog.Wrap(catalog.OperationFailed, err, "workspace session sync refused (stage %s): %v", stage, deep).
+			With("workspace_session_id", id).With("stage", stage).With("session_retained", true).
+			With("reason", "chain_too_deep").With("layer_count", deep.Layers).With("max_chain_depth", deep.Max)
 	case errors.As(err, &re):
 		return catalog.Errorf(catalog.InvalidRequest, "%s", re.Error()).With("path", re.Path)
 	case errors.As(err, &rej):

@@ -1,10 +1,12 @@
 /*
  * sandbox-exec-shim: the exec shim of every session command.
  *
- *     sandbox-exec-shim [-C DIR] -- ARGV...
+ *     sandbox-exec-shim [-C DIR] [-P NPROC] -- ARGV...
  *
  * A session holder starts each command through it (as /proc/self/fd/3, with
- * every capability of the session's user namespace). It changes to DIR,
+ * every capability of the session's user namespace). It sets RLIMIT_NPROC
+ * to NPROC (the session's pids limit where no cgroup enforces it: the
+ * kernel counts the tasks of the session's user namespace), changes to DIR,
  * resolves ARGV[0] on $PATH when it has no '/', marks every descriptor >= 3
  * close-on-exec, hardens itself (contract §6.2: no_new_privs, the bounding
  * set dropped to the kept capabilities, the ambient set cleared, the seccomp
@@ -534,15 +536,43 @@ void shim_main(long *sp) {
 	char **args = argv + 1;
 	int n = argc - 1;
 	const char *dir = 0;
+	const char *nproc = 0;
 	/* -C DIR: change to DIR first. The FUSE holder starts commands in "/"
-	 * and has the shim enter /workspace, which that holder serves itself. */
-	if (n >= 2 && seq(args[0], "-C")) {
-		dir = args[1];
-		args += 2, n -= 2;
+	 * and has the shim enter /workspace, which that holder serves itself.
+	 * -P NPROC: RLIMIT_NPROC, before anything can fork. */
+	for (;;) {
+		if (n >= 2 && seq(args[0], "-C")) {
+			dir = args[1];
+			args += 2, n -= 2;
+		} else if (n >= 2 && seq(args[0], "-P")) {
+			nproc = args[1];
+			args += 2, n -= 2;
+		} else {
+			break;
+		}
 	}
 	if (n < 2 || !seq(args[0], "--") || args[1][0] == '\0') {
-		failed("usage: sandbox-exec-shim [-C DIR] -- ARGV...");
+		failed("usage: sandbox-exec-shim [-C DIR] [-P NPROC] -- ARGV...");
 		die();
+	}
+	if (nproc) {
+		struct {
+			unsigned long long cur, max;
+		} rl = {0, 0};
+		const char *p = nproc;
+		for (; *p >= '0' && *p <= '9'; p++)
+			rl.cur = rl.cur * 10 + (unsigned long long)(*p - '0');
+		if (*p != '\0' || p == nproc || rl.cur == 0) {
+			failed("-P: not a positive number: ");
+			put(nproc);
+			die();
+		}
+		rl.max = rl.cur;
+		long r = sys4(__NR_prlimit64, 0, 6 /* RLIMIT_NPROC */, &rl, 0);
+		if (r != 0) {
+			failed("setrlimit RLIMIT_NPROC");
+			die_errno(-r);
+		}
 	}
 	if (dir && dir[0]) {
 		long r = sys1(__NR_chdir, dir);

@@ -395,12 +395,28 @@ func Run(args []string) int {
 	// shares the holder's memory (vfork), so a FUSE request from it could
 	// wait for a server that is stopped with it (a GC stop-the-world cannot
 	// preempt the forking thread), and never be answered.
-	dir := ""
-	if len(args) >= 2 && args[0] == "-C" {
-		dir, args = args[1], args[2:]
+	// -P NPROC: RLIMIT_NPROC (the session's pids limit where no cgroup
+	// enforces it), set before anything can fork.
+	dir, nproc := "", ""
+	for len(args) >= 2 && (args[0] == "-C" || args[0] == "-P") {
+		if args[0] == "-C" {
+			dir = args[1]
+		} else {
+			nproc = args[1]
+		}
+		args = args[2:]
 	}
 	if len(args) < 2 || args[0] != "--" || args[1] == "" {
-		return fail("usage: sandbox-exec-shim [-C DIR] -- ARGV...")
+		return fail("usage: sandbox-exec-shim [-C DIR] [-P NPROC] -- ARGV...")
+	}
+	if nproc != "" {
+		n, err := strconv.ParseUint(nproc, 10, 64)
+		if err != nil || n == 0 {
+			return fail("-P: not a positive number: %s", nproc)
+		}
+		if err := unix.Setrlimit(unix.RLIMIT_NPROC, &unix.Rlimit{Cur: n, Max: n}); err != nil {
+			return fail("setrlimit RLIMIT_NPROC: %v", err)
+		}
 	}
 	if dir != "" {
 		if err := os.Chdir(dir); err != nil {

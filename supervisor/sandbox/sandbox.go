@@ -33,6 +33,17 @@ type Sandbox[W any] struct {
 	squashing     atomic.Bool  // a squash (manual or automatic) runs
 	autoQueued    atomic.Bool  // an autosquash evaluation is queued
 	autoCoalesced atomic.Int64 // notifications folded into the queued one
+	// autoPending counts autosquash evaluations queued or running (from
+	// the queueing to the evaluation's end), so that "none pending and no
+	// squash running" has no gap between the two flags.
+	autoPending atomic.Int32
+}
+
+// SquashState reports whether a squash (manual or automatic) runs and
+// whether an autosquash evaluation is queued or running: the layerstack
+// view's squash object, for a client that must not race one.
+func (sb *Sandbox[W]) SquashState() (running, autosquashPending bool) {
+	return sb.squashing.Load(), sb.autoPending.Load() > 0
 }
 
 // New returns an entry for rec whose directory is dir.

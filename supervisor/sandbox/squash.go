@@ -241,8 +241,10 @@ func (q *Squasher[W]) Notify(sb *Sandbox[W], reason string) {
 	}
 	queued := time.Now()
 	track := q.Track() // shutdown waits for a running autosquash
+	sb.autoPending.Add(1)
 	go func() {
 		defer track()
+		defer sb.autoPending.Add(-1)
 		time.Sleep(250 * time.Millisecond)
 		sb.autoQueued.Store(false)
 		q.autosquash(sb, *n, reason, queued, sb.autoCoalesced.Swap(0))

@@ -48,6 +48,15 @@
 // always one line whatever the name holds; the files' path fields stay as
 // they are (#27 item 5).
 //
+// runtime.workspace.max_chain_depth (§5.2) is checked wherever a session
+// would go onto a deeper chain, not only at creation: a fork (the source's
+// chain), a sync and a publish with keep (the head, before anything is
+// frozen or committed beyond the publish itself), and Remount onto a chain
+// longer than the session's. All say ChainDepthError ("layer chain too
+// deep", the count, the limit, the squash that cures it); a remount onto a
+// shorter chain (a squash's sweep) is never refused, so a squash always
+// cures a lowered limit (issue 36).
+//
 // It must never import the root supervisor package or decide how a sandbox
 // itself is created, squashed or removed (that is supervisor/sandbox).
 package workspace

@@ -130,10 +130,13 @@ func (h *Holders) open(ctx context.Context, sb *Sandbox, policy, network string,
 		}
 	}
 	m := lease.Manifest()
-	if len(m.Layers) > h.Cfg.Runtime.Workspace.MaxChainDepth {
+	chain := "the head"
+	if from != nil {
+		chain = "the source session's chain"
+	}
+	if err := checkDepth(h.Cfg, len(m.Layers), chain); err != nil {
 		_, _ = lease.Release()
-		return nil, statedb.Row{}, catalog.Errorf(catalog.OperationFailed, "layer chain too deep: run squash_layerstacks").
-			With("layer_count", len(m.Layers)).With("max_chain_depth", h.Cfg.Runtime.Workspace.MaxChainDepth)
+		return nil, statedb.Row{}, err
 	}
 	ss := &Session{
 		Dir:    filepath.Join(sb.Dir, "sessions", id),
@@ -213,6 +216,9 @@ func (h *Holders) start(ctx context.Context, sb *Sandbox, ss *Session) error {
 		Shim:            h.Shim,
 		Overlay:         ss.Rec.OverlayDriver,
 		CoalesceMs:      h.Cfg.Observability.FileActivity.CoalesceMs,
+	}
+	if pm := sb.Rec.ResourceProfile.PidsMax; pm != nil && *pm > 0 {
+		cfg.PidsMax = *pm // also where the pids cgroup enforces it: a second bound, never a looser one
 	}
 	egress, err := h.egressFor(ss)
 	if err != nil {

@@ -84,7 +84,9 @@ func (ss *Session) LockGate(ctx context.Context) error {
 // still runs on, and is recorded on, its old chain (and the holder on the
 // upper it had). Errors keep the holder's causes for errors.Is:
 // nsholder.ErrSwapPinned (a *PinnedError), ErrFreezeTimeout,
-// ErrSwapUnsupported, fs.ErrInvalid (e.g. upper is not the session's). The
+// ErrSwapUnsupported, fs.ErrInvalid (e.g. upper is not the session's),
+// *ChainDepthError (a target deeper than the session's chain and than
+// runtime.workspace.max_chain_depth). The
 // exception is an error wrapping ErrRemountUnsettled: the swap happened but
 // the record could not be written (and, with upper "", not undone either),
 // so holder and persisted record disagree; with upper set the session is
@@ -107,6 +109,15 @@ func (h *Holders) Remount(ctx context.Context, sb *Sandbox, ss *Session, target 
 	hl, oldLease, oldRec := ss.Holder, ss.Lease, ss.Rec
 	ss.Mu.Unlock()
 	from := ss.Base()
+	if len(target.Layers) > len(from.Layers) {
+		// Deeper than the limit: refused before the holder tries (the
+		// kernel overlay would refuse past 500 lowers with a bare EINVAL).
+		// A shorter chain is always taken (a squash's sweep), even when
+		// still too deep for a lowered limit.
+		if err := checkDepth(h.Cfg, len(target.Layers), "the target chain"); err != nil {
+			return fmt.Errorf("remount %s: %w", ss.ID(), err)
+		}
+	}
 
 	lease := sb.Stack.AcquireAt(target, "workspace-session:"+ss.ID())
 	sctx := context.WithoutCancel(ctx)

@@ -72,6 +72,12 @@ func (p *Publisher) Sync(ctx context.Context, sb *Sandbox, ss *Session, opt laye
 	opt.Base, opt.Target, opt.Upper = prev, target, ss.Upper()
 	opt.Git = GitOptions(ctx, p.Cfg, sb, ss, opt.Git.RefMode)
 	same := target.Revision() == prev.Revision()
+	if !same && !opt.DryRun && len(target.Layers) > len(prev.Layers) {
+		// Before the freeze: nothing to undo (Remount checks again).
+		if err := checkDepth(p.Cfg, len(target.Layers), "the head"); err != nil {
+			return nil, out, fmt.Errorf("sync %s: %w", ss.ID(), err)
+		}
+	}
 	if opt.DryRun || same {
 		// Nothing to move (or only a plan asked for): the plan of the
 		// session's changes against the head, nothing written.
@@ -196,6 +202,11 @@ func (p *Publisher) PublishKeep(ctx context.Context, sb *Sandbox, ss *Session, p
 	if sopt.Target.Revision() == prev.Revision() {
 		out.NoOp = true // nothing was committed and nobody else published: the session is on the head
 		return plan, res, out, nil
+	}
+	if len(sopt.Target.Layers) > len(prev.Layers) {
+		if err := checkDepth(p.Cfg, len(sopt.Target.Layers), "the head"); err != nil {
+			return plan, res, out, &KeepError{Err: err}
+		}
 	}
 	_, out, err = p.syncFrozen(ctx, sb, ss, sopt, out)
 	if err != nil {
