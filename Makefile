@@ -15,7 +15,7 @@ LDFLAGS  := -X main.version=$(VERSION)
 PREFIX   ?= $(HOME)/.local
 export GOFLAGS ?= -buildvcs=false
 
-.PHONY: all build test unit e2e demo lint generate install bench clean ui
+.PHONY: all build test unit e2e demo lint generate install bench clean ui dist
 
 all: build
 
@@ -69,5 +69,11 @@ BENCHJSON  ?=
 bench: build
 	$(GO) run ./tests/bench -bin $(BIN) $(if $(BENCHJSON),-json $(BENCHJSON)) $(BENCHFLAGS)
 
+# Release archives, .deb and .rpm, SHA256SUMS in dist/, reproducibly
+# (scripts/dist.sh; nfpm is a Go tool pinned in go.mod). VERSION and
+# SOURCE_DATE_EPOCH default to git describe and the commit's time.
+dist:
+	GO='$(GO)' VERSION='$(VERSION)' ./scripts/dist.sh
+
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) dist
