@@ -84,16 +84,18 @@ for arch in amd64 arm64; do
 	fi
 	cp -a "$common/." "$d/"
 	archive "$d" "ephemeral-sandbox_${VERSION}_linux_$arch"
-	# nfpm needs every listed file: without the C shim the package lists
-	# one less (a config without that entry).
-	cfg=$src/packaging/nfpm.yaml
+	# The nfpm configuration of this architecture: packaging/nfpm.yaml with
+	# its ${…} placeholders filled in; without the C shim, less its entry
+	# (nfpm needs every listed file).
+	cfg=$stage/nfpm-$arch.yaml
+	sed -e "s|\${STAGE}|$d|g" -e "s|\${SRC}|$src|g" -e "s|\${NFPM_ARCH}|$arch|g" -e "s|\${PKG_VERSION}|$PKG_VERSION|g" \
+		"$src/packaging/nfpm.yaml" >"$cfg"
 	if [ ! -e "$d/bin/sandbox-exec-shim" ]; then
-		cfg=$stage/nfpm-noshim.yaml
-		awk '/sandbox-exec-shim$/ && /src:/ {skip=3} skip {skip--; next} {print}' "$src/packaging/nfpm.yaml" >"$cfg"
+		awk '/sandbox-exec-shim$/ && /src:/ {skip=3} skip {skip--; next} {print}' "$cfg" >"$cfg.noshim"
+		mv "$cfg.noshim" "$cfg"
 	fi
 	for pkg in deb rpm; do
-		STAGE=$d NFPM_ARCH=$arch PKG_VERSION=$PKG_VERSION SRC=$src \
-			"$GO" tool nfpm package --config "$cfg" --packager "$pkg" --target "$out/" >/dev/null
+		"$GO" tool nfpm package --config "$cfg" --packager "$pkg" --target "$out/" >/dev/null
 	done
 done
 
