@@ -21,12 +21,14 @@ apt-get install -y -qq --no-install-recommends apparmor rpm man-db gcc-aarch64-l
 pkguser=esbx-pkg
 work=
 cleanup() {
-	set +e
-	pid=$(cat /tmp/ephemeral-sandbox-"$(id -u $pkguser 2>/dev/null)"/supervisor.pid /home/$pkguser/demo-home/run/supervisor.pid 2>/dev/null | head -1)
-	[ -n "${pid:-}" ] && kill "$pid" 2>/dev/null
-	dpkg -s ephemeral-sandbox >/dev/null 2>&1 && dpkg -P ephemeral-sandbox >/dev/null
-	id $pkguser >/dev/null 2>&1 && userdel -r $pkguser >/dev/null 2>&1
-	[ -n "$work" ] && rm -rf "$work"
+	local p
+	if id $pkguser >/dev/null 2>&1; then
+		# The user's processes (an autostarted supervisor and its holders).
+		for p in $(pgrep -u $pkguser || true); do kill -9 "$p" 2>/dev/null || true; done
+	fi
+	if dpkg -s ephemeral-sandbox >/dev/null 2>&1; then dpkg -P ephemeral-sandbox >/dev/null || true; fi
+	if id $pkguser >/dev/null 2>&1; then userdel -r $pkguser >/dev/null 2>&1 || true; fi
+	if [ -n "$work" ]; then rm -rf "$work"; fi
 }
 trap cleanup EXIT
 cleanup
@@ -47,14 +49,15 @@ ls -l dist/
 arch=$(dpkg --print-architecture)
 deb=$(ls dist/ephemeral-sandbox_*_"$arch".deb)
 rpmfile=$(ls dist/ephemeral-sandbox-*."$(uname -m)".rpm)
-tar -tzf dist/ephemeral-sandbox_*_linux_arm64.tar.gz | grep -q '/bin/sandbox-exec-shim$' || { echo "arm64 archive lacks the C shim" >&2; exit 1; }
+tar -tzf dist/ephemeral-sandbox_*_linux_arm64.tar.gz >"$work/arm64.list"
+grep -q '/bin/sandbox-exec-shim$' "$work/arm64.list" || { echo "the arm64 archive lacks the C shim" >&2; exit 1; }
 
 echo "== the .deb and the .rpm list the same files"
-dpkg-deb -c "$deb" | awk '{print $6}' | sed 's|^\./|/|; s|/$||' | grep -v '^/$' | sort >"$work/deb.files"
-# Directories the package owns only as parents are not files of ours.
+# Files only: the .deb also lists every parent directory, which it does not own alone.
+dpkg-deb -c "$deb" | awk '$1 !~ /^d/ {print $6}' | sed 's|^\./|/|' | sort >"$work/deb.regular"
+# The one difference by design: zsh completions go where each family's zsh looks.
 rpm -qlp "$rpmfile" 2>/dev/null | sed 's|/zsh/site-functions/|/zsh/vendor-completions/|' | sort >"$work/rpm.files"
-grep -vxF -f <(dpkg-deb -c "$deb" | awk '$1 ~ /^d/ {print $6}' | sed 's|^\./|/|; s|/$||') "$work/deb.files" >"$work/deb.regular" || true
-diff "$work/deb.regular" "$work/rpm.files" || { echo ".deb and .rpm differ" >&2; exit 1; }
+diff "$work/deb.regular" "$work/rpm.files" || { echo ".deb and .rpm list different files" >&2; exit 1; }
 cat "$work/deb.regular"
 
 echo "== dpkg -i"
@@ -90,7 +93,16 @@ grep -q 'autostart\|enabled and started' "$work/setup.log"
 grep -q '^console: ' "$work/setup.log"
 # setup wrote nothing (no user manager here: nothing to enable).
 [ -z "$(find /home/$pkguser -mindepth 1 -print -quit)" ] || { find /home/$pkguser; echo "setup wrote files" >&2; exit 1; }
-su - $pkguser -c 'bash -c "source /usr/share/bash-completion/bash_completion && source /usr/share/bash-completion/completions/sandbox-runtime-cli && complete -p sandbox-runtime-cli"'
+cat >"$work/complete.sh" <<'SH'
+source /usr/share/bash-completion/bash_completion
+source /usr/share/bash-completion/completions/sandbox-runtime-cli
+complete -p sandbox-runtime-cli >/dev/null
+COMP_WORDS=(sandbox-runtime-cli exec_); COMP_CWORD=1; COMP_LINE="sandbox-runtime-cli exec_"; COMP_POINT=${#COMP_LINE}
+__start_sandbox-runtime-cli sandbox-runtime-cli exec_ sandbox-runtime-cli 2>/dev/null
+printf '%s\n' "${COMPREPLY[@]}"
+SH
+chmod 644 "$work/complete.sh"
+su - $pkguser -c "bash $work/complete.sh" | grep -qx exec_command || { echo "bash completion of sandbox-runtime-cli exec_ does not offer exec_command" >&2; exit 1; }
 cp scripts/demo.sh "$work/demo.sh" && chmod 755 "$work/demo.sh"
 su - $pkguser -c "DEMO_BIN=/usr/bin $work/demo.sh" >"$work/demo.log" 2>&1 || { tail -40 "$work/demo.log"; exit 1; }
 tail -4 "$work/demo.log"
