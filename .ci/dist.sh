@@ -81,8 +81,9 @@ else
 	apparmor_parser -Q --skip-kernel-load "$work/profile-abi3"
 	test -L /etc/apparmor.d/disable/sandbox-supervisor # the boot-time load skips it
 fi
-man sandbox-runtime-cli 2>/dev/null | grep -q 'exec_command'
-man sandbox-supervisor 2>/dev/null | grep -q 'setup'
+# (captured first: grep -q closing a pipe early would fail it under pipefail)
+page=$(man sandbox-runtime-cli 2>/dev/null) && grep -q 'exec_command' <<<"$page"
+page=$(man sandbox-supervisor 2>/dev/null) && grep -q 'setup' <<<"$page"
 
 echo "== a fresh user with an empty home: setup, the demo from /usr/bin, completions"
 useradd -M -d /home/$pkguser -s /bin/bash $pkguser
@@ -102,7 +103,8 @@ __start_sandbox-runtime-cli sandbox-runtime-cli exec_ sandbox-runtime-cli 2>/dev
 printf '%s\n' "${COMPREPLY[@]}"
 SH
 chmod 644 "$work/complete.sh"
-su - $pkguser -c "bash $work/complete.sh" | grep -qx exec_command || { echo "bash completion of sandbox-runtime-cli exec_ does not offer exec_command" >&2; exit 1; }
+offered=$(su - $pkguser -c "bash $work/complete.sh")
+grep -qx exec_command <<<"$offered" || { echo "bash completion of sandbox-runtime-cli exec_ does not offer exec_command" >&2; exit 1; }
 cp scripts/demo.sh "$work/demo.sh" && chmod 755 "$work/demo.sh"
 su - $pkguser -c "DEMO_BIN=/usr/bin $work/demo.sh" >"$work/demo.log" 2>&1 || { tail -40 "$work/demo.log"; exit 1; }
 tail -4 "$work/demo.log"
