@@ -82,8 +82,10 @@ else
 	test -L /etc/apparmor.d/disable/sandbox-supervisor # the boot-time load skips it
 fi
 # (captured first: grep -q closing a pipe early would fail it under pipefail)
-page=$(man sandbox-runtime-cli 2>/dev/null) && grep -q 'exec_command' <<<"$page"
-page=$(man sandbox-supervisor 2>/dev/null) && grep -q 'setup' <<<"$page"
+page=$(man sandbox-runtime-cli 2>/dev/null)
+grep -q 'exec_command' <<<"$page"
+page=$(man sandbox-supervisor 2>/dev/null)
+grep -q 'setup' <<<"$page"
 
 echo "== a fresh user with an empty home: setup, the demo from /usr/bin, completions"
 useradd -M -d /home/$pkguser -s /bin/bash $pkguser
