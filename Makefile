@@ -15,7 +15,7 @@ LDFLAGS  := -X main.version=$(VERSION)
 PREFIX   ?= $(HOME)/.local
 export GOFLAGS ?= -buildvcs=false
 
-.PHONY: all build test unit e2e demo lint generate install bench soak clean ui
+.PHONY: all build test unit e2e demo lint generate install bench soak clean ui dist
 
 all: build
 
@@ -80,5 +80,11 @@ SOAK_FLAGS   ?=
 soak: build
 	cd scripts/soak && $(GO) run . -bin $(CURDIR)/$(BIN) -agents $(SOAK_AGENTS) -seconds $(SOAK_SECONDS) -out $(CURDIR)/soak $(SOAK_FLAGS)
 
+# Release archives, .deb and .rpm, SHA256SUMS in dist/, reproducibly
+# (scripts/dist.sh; nfpm is a Go tool pinned in go.mod). VERSION and
+# SOURCE_DATE_EPOCH default to git describe and the commit's time.
+dist:
+	GO='$(GO)' VERSION='$(VERSION)' ./scripts/dist.sh
+
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) dist

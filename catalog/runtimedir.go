@@ -87,10 +87,10 @@ func checkPeer(conn net.Conn, endpoint string) error {
 	if err != nil {
 		return fmt.Errorf("peer credentials of %s: %w", endpoint, err)
 	}
-	var cred *unix.Ucred
+	var cred peerCred
 	var cerr error
 	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		cred, cerr = getPeerCred(int(fd))
 	}); err != nil {
 		return fmt.Errorf("peer credentials of %s: %w", endpoint, err)
 	}
@@ -100,7 +100,7 @@ func checkPeer(conn net.Conn, endpoint string) error {
 	if uid := os.Geteuid(); int(cred.Uid) != uid {
 		owner := userName(int(cred.Uid))
 		return Errorf(ConfigError, "%s is served by uid %d (%s), not by you (uid %d): refusing to send the request", endpoint, cred.Uid, owner, uid).
-			With("endpoint", endpoint).With("peer_uid", int(cred.Uid)).With("peer", owner).With("peer_pid", int(cred.Pid))
+			With("endpoint", endpoint).With("peer_uid", int(cred.Uid)).With("peer", owner).With("peer_pid", cred.Pid)
 	}
 	return nil
 }

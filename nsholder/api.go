@@ -42,6 +42,10 @@ type Config struct {
 	// "" uses the holder's own binary (`sandbox-supervisor nsholder shim`,
 	// the Go shim.Run), which costs about 1 ms more per command.
 	Shim string `json:"shim,omitempty"`
+	// Loader, with Shim "", starts the Go shim through the host's dynamic
+	// loader and libraries (ShimLoader, GoShimLoader): for an image root,
+	// which need not have them. nil execs the holder's binary directly.
+	Loader *ShimLoader `json:"loader,omitempty"`
 	// Image, when set, makes "/" an overlay of an image's cached rootfs
 	// instead of host binds (§5.4 image rootfs); HostPaths are then unused.
 	// The image root is always a kernel overlay; Overlay applies to

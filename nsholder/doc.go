@@ -41,7 +41,10 @@
 //     the exec shim (package nsholder/shim) as /proc/self/fd/3: the static
 //     C sandbox-exec-shim of Config.Shim, or the holder's own binary
 //     (`nsholder shim`, the Go twin) when that is "", opened before
-//     pivot_root. The PTY
+//     pivot_root; in a root without the host's libraries (an image) a
+//     dynamically linked holder binary starts through the host's loader
+//     with its libraries preloaded, all by descriptor (Config.Loader,
+//     goshim.go). The PTY
 //     master goes to the supervisor with SCM_RIGHTS. Events: Exited when the root is reaped (wait status),
 //     then Done once kill(-pgid, 0) says the process group is empty.
 //   - File operations on an fd of /workspace (files.go).

@@ -341,12 +341,12 @@ func (s *server) spawn(reqID uint64, req *SpawnRequest) {
 	attr := &syscall.ProcAttr{
 		Dir:   forkDir,
 		Env:   req.Env,
-		Files: []uintptr{sfd, sfd, sfd, s.root.exe.Fd()},
+		Files: append([]uintptr{sfd, sfd, sfd, s.root.exe.Fd()}, s.root.loaderFds()...),
 		Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0},
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	pid, err := syscall.ForkExec("/proc/self/fd/"+strconv.Itoa(shimFD), argv, attr)
+	pid, err := syscall.ForkExec("/proc/self/fd/"+strconv.Itoa(s.root.shimExec), argv, attr)
 	slave.Close()
 	if err != nil {
 		master.Close()

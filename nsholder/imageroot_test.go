@@ -33,7 +33,17 @@ func imageRootfs(t *testing.T, victimFile, victimDir string) string {
 	return r
 }
 
+// TestImageRoot runs an image session's command through the C exec shim
+// and through the Go one (Config.Shim ""), which, the holder's binary
+// being dynamically linked, starts through the host's loader and libraries
+// opened before the pivot (Config.Loader): the image has neither.
 func TestImageRoot(t *testing.T) {
+	for _, shimKind := range []string{"c", "go"} {
+		t.Run(shimKind, func(t *testing.T) { testImageRoot(t, shimKind) })
+	}
+}
+
+func testImageRoot(t *testing.T, shimKind string) {
 	f := newFixture(t)
 	victimDir := filepath.Join(f.dir, "victim-dir")
 	victimFile := filepath.Join(f.dir, "victim-file")
@@ -43,17 +53,33 @@ func TestImageRoot(t *testing.T) {
 
 	cfg := f.config("ws-image")
 	cfg.HostPaths = nil
-	cfg.Shim = testShim // static: the holder's own binary needs the host's dynamic loader, which an image lacks
+	cfg.Shim = testShim // static C
+	if shimKind == "go" {
+		l, err := GoShimLoader(testSelf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l == nil {
+			t.Logf("%s is static: it starts in the image without a loader", testSelf)
+		}
+		cfg.Shim, cfg.Loader = "", l
+	}
 	cfg.Image = &ImageRoot{Rootfs: rootfs, Files: map[string]string{"/etc/hosts": "127.0.1.1\tws-image\n", "/etc/hostname": "ws-image\n"}}
 	s := startSession(t, cfg)
 	out, code := s.run(`cat /etc/os-release /etc/hosts /etc/hostname; echo tmp-write > /tmp/x; echo changed > /etc/os-release; ` +
-		`cat /etc/os-release; cat /workspace/hello.txt; test -e /usr && echo HOST-USR-VISIBLE; grep -c ' / overlay ' /proc/self/mounts`)
+		`cat /etc/os-release; cat /workspace/hello.txt; test -e /usr && echo HOST-USR-VISIBLE; grep -c ' / overlay ' /proc/self/mounts; ` +
+		`grep CapEff /proc/self/status; ls -l /proc/self/fd/`)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, out)
 	}
-	for _, want := range []string{"ID=image", "127.0.1.1\tws-image", "ws-image", "changed", "hello from lower"} {
+	for _, want := range []string{"ID=image", "127.0.1.1\tws-image", "ws-image", "changed", "hello from lower", "CapEff:\t00000000880024ff"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	for _, leak := range []string{"ld-linux", "libc", "sandbox-supervisor", "sandbox-exec-shim"} {
+		if strings.Contains(out, leak) {
+			t.Errorf("the command inherited a descriptor of %s:\n%s", leak, out)
 		}
 	}
 	if strings.Contains(out, "HOST-USR-VISIBLE") {

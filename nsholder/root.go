@@ -38,9 +38,11 @@ package nsholder
 // as a non-directory (a symlink could point out of the root before
 // pivot_root) is replaced by a directory in that upper; after pivot_root
 // the root stays writable and Image.Files are written into it. Commands
-// there need the static sandbox-exec-shim (Config.Shim; freestanding C, it
-// needs nothing of the image): the fallback, the holder's own binary, is
-// dynamically linked and an image need not have a compatible loader.
+// there use the static sandbox-exec-shim (Config.Shim; freestanding C, it
+// needs nothing of the image), else the holder's own binary, which when it
+// is dynamically linked starts through the host's loader and libraries
+// opened before the pivot (Config.Loader, ShimLoader): an image need not
+// have a compatible loader.
 
 import (
 	"errors"
@@ -69,8 +71,12 @@ const (
 
 // sessionRoot is what setup leaves for the server.
 type sessionRoot struct {
-	exe          *os.File // the exec shim: Config.Shim or the holder's own binary
-	shimArgv     []string // argv before "-- shell…" for exe
+	exe      *os.File // the exec shim: Config.Shim or the holder's own binary
+	shimArgv []string // argv before "-- shell…" for the program at descriptor shimExec
+	// loader is Config.Loader's interpreter then its libraries, descriptors
+	// shimFD+1… of a command's shim (nil without Config.Loader).
+	loader       []*os.File
+	shimExec     int      // the descriptor a command execs: shimFD, or the loader's
 	workspace    *os.File // directory fd of /workspace
 	shell        string   // /bin/bash or /bin/sh, "" when neither exists
 	lowerdirPlus bool
@@ -109,6 +115,13 @@ func validateConfig(cfg *Config) error {
 	if cfg.Shim != "" && !filepath.IsAbs(cfg.Shim) {
 		return fmt.Errorf("exec shim %q is not absolute", cfg.Shim)
 	}
+	if l := cfg.Loader; l != nil {
+		for _, p := range append([]string{l.Interp}, l.Preload...) {
+			if !filepath.IsAbs(p) {
+				return fmt.Errorf("exec shim loader file %q is not absolute", p)
+			}
+		}
+	}
 	for _, p := range append([]string{cfg.Upper, cfg.Work, cfg.Scratch}, cfg.Lowers...) {
 		if !filepath.IsAbs(p) {
 			return fmt.Errorf("path %q is not absolute", p)
@@ -137,9 +150,12 @@ func setupRoot(cfg *Config, own *owners, notify func(*FSNotice)) (*sessionRoot, 
 	if cfg.PidsMax > 0 {
 		shimArgv = append(shimArgv, "-P", strconv.FormatInt(cfg.PidsMax, 10))
 	}
-	res := &sessionRoot{exe: exe, shimArgv: shimArgv}
+	res := &sessionRoot{exe: exe, shimArgv: shimArgv, shimExec: shimFD}
 	fail := func(err error) (*sessionRoot, error) {
 		exe.Close()
+		for _, f := range res.loader {
+			f.Close()
+		}
 		res.kswap.close()
 		if res.fuse != nil {
 			_ = res.fuse.srv.Unmount() // best effort: the namespace dies with us anyway
@@ -148,6 +164,23 @@ func setupRoot(cfg *Config, own *owners, notify func(*FSNotice)) (*sessionRoot, 
 		return nil, err
 	}
 
+	if cfg.Shim == "" && cfg.Loader != nil {
+		// The Go shim through the host's loader (ShimLoader): opened here,
+		// while the host's files are still reachable.
+		var pre []string
+		for i, p := range append([]string{cfg.Loader.Interp}, cfg.Loader.Preload...) {
+			f, err := os.OpenFile(p, os.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return fail(atStage(stageMountRoot, "open exec shim loader: %w", err))
+			}
+			res.loader = append(res.loader, f)
+			if i > 0 {
+				pre = append(pre, "/proc/self/fd/"+strconv.Itoa(shimFD+1+i))
+			}
+		}
+		res.shimExec = shimFD + 1
+		res.shimArgv = append([]string{"ld.so", "--preload", strings.Join(pre, ":"), "/proc/self/fd/" + strconv.Itoa(shimFD)}, shimArgv[1:]...)
+	}
 	if err := os.MkdirAll(cfg.Scratch, 0o700); err != nil {
 		return fail(atStage(stageMountRoot, "scratch directory: %w", err))
 	}
@@ -697,8 +730,9 @@ const ExecShimName = "sandbox-exec-shim"
 
 // ExecShimNextTo returns the exec shim installed next to the supervisor
 // binary self, or "" when there is no executable one: commands then start
-// through `self nsholder shim` (the Go shim, about 1.3 ms more per
-// command), and an image sandbox cannot run commands (Config.Shim).
+// through `self nsholder shim` (the Go shim, slower to start), in an image
+// root through the host's loader when self is dynamically linked
+// (Config.Loader).
 func ExecShimNextTo(self string) string {
 	p := filepath.Join(filepath.Dir(self), ExecShimName)
 	if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() || unix.Access(p, unix.R_OK|unix.X_OK) != nil {

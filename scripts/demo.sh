@@ -3,7 +3,8 @@
 # project, sessionless writes, an edit and reads, the layer stack, cleanup.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=$PWD/bin
+# DEMO_BIN: where the binaries are (CI: the installed /usr/bin).
+BIN=${DEMO_BIN:-$PWD/bin}
 demo=$(mktemp -d /tmp/esbx-demo.XXXXXX)
 export EPHEMERAL_SANDBOX_HOME=$demo/home
 trap 'kill $(cat "$EPHEMERAL_SANDBOX_HOME/run/supervisor.pid" 2>/dev/null) 2>/dev/null || true; sleep 0.3; rm -rf "$demo"' EXIT

@@ -63,6 +63,11 @@ type Supervisor struct {
 	// shimPath is sandbox-exec-shim next to self, the exec shim of every
 	// command; "" when missing (holders then use self: slower start).
 	shimPath string
+	// shimLoader starts the Go shim in image roots when shimPath is ""
+	// and self is dynamically linked (nsholder.GoShimLoader); shimErr says
+	// why there is none when one is needed.
+	shimLoader *nsholder.ShimLoader
+	shimErr    error
 
 	mu        sync.Mutex
 	admission *workspace.Admission // check-and-reserve of commands and sessions
@@ -158,6 +163,11 @@ func Serve(ctx context.Context, opt Options) error {
 	s.exporter = &sbx.Exporter[*occupants]{Reg: s.sandboxes, Log: log}
 	s.obs = newObsRegistry(cfg, dirs.Data, log, s.ids) // stores are created on first append
 	s.shimPath = nsholder.ExecShimNextTo(self)
+	if s.shimPath == "" {
+		if s.shimLoader, s.shimErr = nsholder.GoShimLoader(self); s.shimErr != nil {
+			log.Warn("no exec shim for image sandboxes", "err", s.shimErr)
+		}
+	}
 	s.probes = doctor.RunProbes(ctx, self, dirs.Data, log)
 	if err := s.openImages(ctx); err != nil {
 		return err
@@ -172,7 +182,7 @@ func Serve(ctx context.Context, opt Options) error {
 		FinalizeImplicit: s.publisher.FinalizeImplicit}
 	s.publisher.Teardown = s.teardown
 	s.holders = &workspace.Holders{Cfg: cfg, DB: st.DB, Log: log, Obs: s.obs, IDs: s.ids, Admission: s.admission, Cmds: s.cmds,
-		Teardown: s.teardown, Self: s.self, Shim: s.shimPath, Hidden: []string{dirs.Data, dirs.Config, dirs.Runtime},
+		Teardown: s.teardown, Self: s.self, Shim: s.shimPath, ShimLoader: s.shimLoader, ShimErr: s.shimErr, Hidden: []string{dirs.Data, dirs.Config, dirs.Runtime},
 		Cgroups: s.cgroups, FuseNotices: s.glue.fuseNotices, FinalizeImplicit: s.publisher.FinalizeImplicit, Bump: s.bump,
 		ImageRootfs: func(ref string) (string, error) {
 			img, err := s.images.Lookup(ref)

@@ -81,6 +81,17 @@ type env struct {
 	// supPrefix, when set, is the command the supervisor runs under (the
 	// supervisor binary and its arguments follow it).
 	supPrefix []string
+	// bins, when set, is the directory of the binaries this env runs
+	// instead of the ones TestMain built.
+	bins string
+}
+
+// bin is the path of one of the env's binaries.
+func (e *env) bin(name string) string {
+	if e.bins != "" {
+		return filepath.Join(e.bins, name)
+	}
+	return bin(name)
 }
 
 func newEnv(t *testing.T) *env {
@@ -124,7 +135,7 @@ func (e *env) start(extra ...string) {
 	if e.sup != nil {
 		e.t.Fatal("supervisor already running")
 	}
-	argv := append([]string{bin("sandbox-supervisor"), "serve"}, extra...)
+	argv := append([]string{e.bin("sandbox-supervisor"), "serve"}, extra...)
 	if len(e.supPrefix) > 0 {
 		argv = append(append([]string{}, e.supPrefix...), argv...)
 	}
@@ -213,7 +224,7 @@ func (e *env) runEnv(extraEnv []string, name string, args ...string) result {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin(name), args...)
+	cmd := exec.CommandContext(ctx, e.bin(name), args...)
 	cmd.Env = e.environ(extraEnv...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

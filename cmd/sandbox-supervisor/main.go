@@ -13,45 +13,93 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"strings"
 	"syscall"
+	"text/tabwriter"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/cmd/internal/buildinfo"
 	"github.com/ephemeral-ai-lab/sandbox/nsholder"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/config"
 	"github.com/ephemeral-ai-lab/sandbox/supervisor/doctor"
 )
 
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "0.1.0-dev"
+// version is set at build time with -ldflags "-X main.version=…"; when
+// empty the build's own information decides (cmd/internal/buildinfo).
+var version = ""
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// subcommand is one word of `sandbox-supervisor WORD`.
+type subcommand struct {
+	name, args, summary string
+	internal            bool // run by the supervisor itself or by packaging, not by people
+	run                 func(args []string, stdout, stderr io.Writer) int
+}
+
+// subcommands is the one list `help`, the man page and run use.
+func subcommands() []subcommand {
+	return []subcommand{
+		{name: "serve", args: "[--config FILE] [--endpoint SOCKET] [--listen tcp://127.0.0.1:PORT] [--http tcp://127.0.0.1:PORT]",
+			summary: "run the supervisor (what the user unit and autostart run)",
+			run:     func(a []string, _, e io.Writer) int { return serve(a, e) }},
+		{name: "setup", summary: "first run after a package install: enable and start the user unit (when a systemd user manager answers), then print doctor's verdict and the console URL; idempotent", run: setup},
+		{name: "doctor", args: "[--json] [--config FILE]", summary: "check this host (user namespaces, overlay, FUSE, network helpers, Docker, …) and say how to fix what is missing", run: runDoctor},
+		{name: "ui", args: "[--no-browser] [--endpoint SOCKET]", summary: "print (and open) the browser console's login URL of the running supervisor", run: ui},
+		{name: "install", args: "[--print]", summary: "write the systemd user units for this binary to ~/.config/systemd/user (not needed with the package)", run: install},
+		{name: "uninstall", summary: "disable and remove the user units `install` wrote (data is kept)", run: uninstall},
+		{name: "version", summary: "print the version", run: func(_ []string, o, _ io.Writer) int { fmt.Fprintln(o, buildinfo.Version(version)); return 0 }},
+		{name: "help", summary: "list these subcommands", run: func(_ []string, o, _ io.Writer) int { fmt.Fprint(o, usage()); return 0 }},
+		{name: "nsholder", args: "probe DIR | serve | shim -- ARGV...", summary: "the session holder and exec shim modes, started by the supervisor", internal: true,
+			run: func(a []string, _, _ io.Writer) int { return nsholder.Main(a) }},
+		{name: "package-files", args: "DIR", summary: "write the packaged user units and man page to DIR (make dist)", internal: true, run: packageFiles},
+	}
+}
+
+// usage is `sandbox-supervisor help`.
+func usage() string {
+	var b strings.Builder
+	b.WriteString("sandbox-supervisor: the per-user daemon of Ephemeral Sandbox, and its maintenance commands.\n\nUsage: sandbox-supervisor <command> [flags]\n\nCommands:\n")
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	for _, c := range subcommands() {
+		if !c.internal {
+			fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.summary)
+		}
+	}
+	_ = tw.Flush()
+	b.WriteString("\nInternal (started by the supervisor or by packaging):\n")
+	tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	for _, c := range subcommands() {
+		if c.internal {
+			fmt.Fprintf(tw, "  %s %s\t%s\n", c.name, c.args, c.summary)
+		}
+	}
+	_ = tw.Flush()
+	b.WriteString("\nRun `sandbox-supervisor <command> -h` for a command's flags.\n")
+	return b.String()
+}
+
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: sandbox-supervisor serve|ui|version [flags]")
+		fmt.Fprint(stderr, usage())
 		return 2
 	}
 	switch args[0] {
-	case "serve":
-		return serve(args[1:], stderr)
-	case "version":
-		fmt.Fprintln(stdout, version)
+	case "-h", "--help":
+		fmt.Fprint(stdout, usage())
 		return 0
-	case "nsholder":
-		return nsholder.Main(args[1:])
-	case "install":
-		return install(args[1:], stdout, stderr)
-	case "uninstall":
-		return uninstall(args[1:], stdout, stderr)
-	case "doctor":
-		return runDoctor(args[1:], stdout, stderr)
-	case "ui":
-		return ui(args[1:], stdout, stderr)
+	case "--version":
+		args[0] = "version"
 	}
-	fmt.Fprintf(stderr, "sandbox-supervisor: unknown command %q (want serve or version)\n", args[0])
+	for _, c := range subcommands() {
+		if c.name == args[0] {
+			return c.run(args[1:], stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "sandbox-supervisor: unknown command %q\n\n%s", args[0], usage())
 	return 2
 }
 
@@ -77,7 +125,7 @@ func serve(args []string, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	opts := supervisor.Options{ConfigPath: *cfg, Endpoint: *endpoint, Listen: *listen, HTTP: *httpFlag, Version: version, Logger: log}
+	opts := supervisor.Options{ConfigPath: *cfg, Endpoint: *endpoint, Listen: *listen, HTTP: *httpFlag, Version: buildinfo.Version(version), Logger: log}
 	err := withService(ctx, &opts)
 	if err == nil {
 		err = supervisor.Serve(ctx, opts)

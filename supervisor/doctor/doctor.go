@@ -454,8 +454,8 @@ func (d *doctor) checkFuse() Check {
 
 // checkExecShim: every command starts through the exec shim installed
 // next to the supervisor (a small C program, built by `make`); without it
-// commands fall back to the supervisor's own Go shim and image sandboxes
-// cannot run commands. Optional: host sandboxes work either way.
+// commands fall back to the supervisor's own Go shim, which starts slower.
+// Optional: sandboxes work either way.
 func (d *doctor) checkExecShim() Check {
 	c := Check{ID: "exec_shim"}
 	want := filepath.Join(filepath.Dir(d.selfOr()), nsholder.ExecShimName)
@@ -463,7 +463,7 @@ func (d *doctor) checkExecShim() Check {
 		c.OK, c.Detail = true, p+" starts every session command"
 		return c
 	}
-	c.Detail = "no executable " + want + ": commands start through `sandbox-supervisor nsholder shim` instead (about 1.3 ms more each), and commands in sandboxes made from a Docker image fail"
+	c.Detail = "no executable " + want + ": commands start through `sandbox-supervisor nsholder shim` instead, which starts each command slower"
 	c.Fix = "make install from the source tree (it builds the shim with a C compiler: sudo apt-get install gcc linux-libc-dev), or sh cmd/sandbox-exec-shim/build.sh " + want
 	return c
 }

@@ -39,6 +39,11 @@ type Holders struct {
 	// Self is the running binary (the holder mode); Shim is
 	// sandbox-exec-shim next to it, "" when it is missing.
 	Self, Shim string
+	// ShimLoader, when Shim is "", starts Self's Go shim in image roots
+	// (nil when Self is static); ShimErr says why Self, dynamically
+	// linked, has none (image sandboxes then cannot run commands).
+	ShimLoader *nsholder.ShimLoader
+	ShimErr    error
 	// Hidden are the supervisor's own directories, hidden from sessions
 	// before the configured sandbox.hidden_paths.
 	Hidden []string
@@ -228,10 +233,11 @@ func (h *Holders) start(ctx context.Context, sb *Sandbox, ss *Session) error {
 		cfg.Egress, cfg.ResolvConf = egress, nsholder.ResolvConf
 	}
 	if sb.Rec.Rootfs != "host" {
-		if h.Shim == "" {
-			// The fallback shim is this binary, dynamically linked: an image need not have its loader.
-			return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at spawn: an image sandbox needs sandbox-exec-shim next to %s", h.Self).With("stage", "spawn")
+		if h.Shim == "" && h.ShimErr != nil {
+			// The fallback shim is this binary, dynamically linked, and its loader was not found: an image need not have one.
+			return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at spawn: an image sandbox needs sandbox-exec-shim next to %s (the Go shim cannot start there: %v)", h.Self, h.ShimErr).With("stage", "spawn")
 		}
+		cfg.Loader = h.ShimLoader
 		rootfs, err := h.ImageRootfs(sb.Rec.Rootfs)
 		if err != nil {
 			return catalog.Errorf(catalog.OperationFailed, "workspace setup failed at mount_root: image rootfs %s: %v", sb.Rec.Rootfs, err).With("stage", "mount_root")

@@ -86,6 +86,7 @@ type runner struct {
 	progress                                  bool
 	output                                    string
 	shell                                     string
+	version, man                              bool
 }
 
 // completion prints the completion script of --completion SHELL; its
@@ -136,12 +137,26 @@ func (r *runner) build() *cobra.Command {
 			if cmd.Flags().Changed("completion") {
 				return r.completion(cmd)
 			}
+			if r.version {
+				fmt.Fprintln(r.stdout, ClientVersion())
+				r.code = ExitOK
+				return nil
+			}
+			if r.man {
+				_, _ = r.stdout.Write(ManPage(r.group))
+				r.code = ExitOK
+				return nil
+			}
 			return r.fail(catalog.Errorf(catalog.InvalidRequest, "an operation is required; run `%s help`", r.bin))
 		},
 	}
 	// A flag rather than cobra's `completion` command, so that no word is
 	// taken from the operation namespace.
 	root.Flags().StringVar(&r.shell, "completion", "", "print the shell completion script: bash, zsh or fish")
+	root.Flags().BoolVar(&r.version, "version", false, "print the version")
+	// --man prints the man page (make dist installs it); not for people.
+	root.Flags().BoolVar(&r.man, "man", false, "print the man page (roff)")
+	_ = root.Flags().MarkHidden("man")
 	pf := root.PersistentFlags()
 	pf.StringVar(&r.endpoint, "endpoint", "", "supervisor endpoint: /abs/path, unix:///abs/path or tcp://127.0.0.1:PORT")
 	pf.Var(pf.Lookup("endpoint").Value, "gateway-endpoint", "alias of --endpoint")

@@ -4,28 +4,21 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 
 	"github.com/google/uuid"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/cmd/internal/buildinfo"
 )
 
 // Version is reported by sandbox-mcp's serverInfo; release builds set it with
 // -ldflags "-X github.com/ephemeral-ai-lab/sandbox/cmd/internal/cli.Version=…".
 var Version = ""
 
-// ClientVersion returns Version, else the main module's version, else "dev".
-func ClientVersion() string {
-	if Version != "" {
-		return Version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return "dev"
-}
+// ClientVersion returns Version, else what the build says (package
+// buildinfo: module version, VCS revision, else "dev").
+func ClientVersion() string { return buildinfo.Version(Version) }
 
 // TokenEnv names the environment variable holding the TCP gateway token.
 const TokenEnv = "SANDBOX_GATEWAY_AUTH_TOKEN"

@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/ephemeral-ai-lab/sandbox/catalog"
+	"github.com/ephemeral-ai-lab/sandbox/cmd/internal/buildinfo"
 )
 
 // GroupHelp renders `<bin> help`: the group's operations grouped by family in
@@ -185,6 +186,7 @@ func globalFlags(g catalog.Group) [][2]string {
 		[2]string{"--request-id ID", "request id to send (default: a new UUIDv4)"},
 		[2]string{"--output json|text", "json (default): one line for scripts; text: tables, diffs, summaries for people"},
 		[2]string{"--completion bash|zsh|fish", "print the shell completion script (e.g. source <(" + Binary(g) + " --completion bash))"},
+		[2]string{"--version", "print the version"},
 	)
 	if g == catalog.Management {
 		out = append(out, [2]string{"--progress", "stream progress messages to stderr as [progress <s>s] <message>"})
@@ -199,4 +201,22 @@ func trimRight(s string) string {
 		lines[i] = strings.TrimRight(l, " ")
 	}
 	return strings.Join(lines, "\n")
+}
+
+// ManPage renders the group's CLI as a man page: the group help, then every
+// operation's help, from the catalog like `help` itself.
+func ManPage(g catalog.Group) []byte {
+	bin := Binary(g)
+	secs := []buildinfo.ManSection{
+		{Heading: "Synopsis", Text: fmt.Sprintf("%s %s<operation> [flags]\n%s help [<operation>]", bin, usagePrefix(g), bin)},
+		{Heading: "Description", Text: GroupHelp(g)},
+		{Heading: "Operations"},
+	}
+	for i, op := range catalog.GroupOps(g) {
+		secs = append(secs, buildinfo.ManSection{Sub: op.ID, Text: OpHelp(g, &catalog.GroupOps(g)[i])})
+	}
+	secs = append(secs,
+		buildinfo.ManSection{Heading: "Exit status", Text: "0  success (result on stdout)\n1  the operation failed (error envelope on stderr)\n2  usage error"},
+		buildinfo.ManSection{Heading: "See also", Text: "sandbox-supervisor(1), sandbox-manager-cli(1), sandbox-runtime-cli(1), sandbox-observability-cli(1)"})
+	return buildinfo.ManPage(bin, string(g)+" operations of Ephemeral Sandbox", ClientVersion(), buildinfo.ManDate(), secs...)
 }
