@@ -12,10 +12,13 @@ trap 'kill $(cat "$EPHEMERAL_SANDBOX_HOME/run/supervisor.pid" 2>/dev/null) 2>/de
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 show() { printf '$ %s\n' "$*" >&2; "$@"; }
 
+# A dir export writes only below the workspace root or a directory listed
+# in manager.export.allowed_roots: the demo allows $demo/export.
+mkdir -p "$EPHEMERAL_SANDBOX_HOME/config" "$demo/export" && chmod 700 "$EPHEMERAL_SANDBOX_HOME" "$EPHEMERAL_SANDBOX_HOME/config"
+printf 'manager:\n  export:\n    allowed_roots: [%s]\n' "$demo/export" > "$EPHEMERAL_SANDBOX_HOME/config/config.yml"
 if [ -n "${DEMO_HTTP:-}" ]; then
   # The browser console: the autostarted supervisor reads http.listen.
-  mkdir -p "$EPHEMERAL_SANDBOX_HOME/config" && chmod 700 "$EPHEMERAL_SANDBOX_HOME" "$EPHEMERAL_SANDBOX_HOME/config"
-  printf 'http:\n  listen: %s\n' "$DEMO_HTTP" > "$EPHEMERAL_SANDBOX_HOME/config/config.yml"
+  printf 'http:\n  listen: %s\n' "$DEMO_HTTP" >> "$EPHEMERAL_SANDBOX_HOME/config/config.yml"
 fi
 
 step "a sample project"
@@ -75,7 +78,7 @@ rt file_write --path README.md --content $'# sample, edited on the head\n' >/dev
 rt publish_workspace_session --workspace-session-id "$c" || echo "(exit $?: rejected, nothing committed)"
 rt publish_workspace_session --workspace-session-id "$c" --resolutions '[{"path":"README.md","strategy":"ours"}]'
 
-step "export the published changes to a host directory"
+step "export the published changes to a host directory (an allowed root in the configuration)"
 show "$BIN/sandbox-manager-cli" export_changes --sandbox-id "$id" --dest "$demo/export"
 find "$demo/export" -type f | sed "s|$demo/||" | sort
 
