@@ -721,7 +721,9 @@ func fetchSandboxCommits(r *sbx.GitRepo, objDirs []string, tip, tmp string) erro
 	if _, err := sbx.RunGit(r.Ctx, tmp, []string{"GIT_DIR=" + src}, nil, "update-ref", "refs/heads/export", tip); err != nil {
 		return err
 	}
-	_, err := r.Run(nil, nil, "-c", "core.hooksPath=/dev/null", "fetch", "-q", "--no-tags", "--no-write-fetch-head", src, "refs/heads/export")
+	// The scratch repository is a local path: the file transport is the one
+	// this fetch needs (every other stays off: protocol.allow=never).
+	_, err := r.Run(nil, nil, "-c", "core.hooksPath=/dev/null", "-c", "protocol.file.allow=always", "fetch", "-q", "--no-tags", "--no-write-fetch-head", src, "refs/heads/export")
 	return err
 }
 
