@@ -27,27 +27,11 @@ type publishedFunc func(path string) (mode string, data []byte, ok bool, err err
 // (rebase mode; a replay that does not apply cleanly becomes a merge, said
 // in d's note) or a merge commit of the head's tip and the session's tip.
 func (p *planner) joinBranch(g *gitExec, st *gitDirState, d *refDecision, published publishedFunc) error {
-	ctx := p.ctx
 	h, sv := d.upd.Head, d.upd.Session
-	if d.upd.Action == RefRebase {
-		tip, n, ok, err := p.replay(g, h, sv)
-		if err != nil {
-			return err
-		}
-		if ok {
-			d.upd.New, d.upd.Commits = tip, n
-			return nil
-		}
-		d.upd.Action, d.upd.Note = RefMerge, "the session's commits do not replay cleanly onto the head's tip: merged instead"
+	if done, err := p.replayOrMerge(g, d); done || err != nil {
+		return err
 	}
-	mb, err := g.run1(ctx, nil, nil, "merge-base", h, sv)
-	if err != nil {
-		mb = "" // unrelated histories: the empty tree is the base
-	}
-	if i := strings.IndexByte(mb, '\n'); i >= 0 {
-		mb = mb[:i]
-	}
-	tree, err := p.applyDelta(g, h, mb, sv, p.resolver(g, st, published))
+	tree, err := p.applyDelta(g, h, p.mergeBase(g, h, sv), sv, p.resolver(g, st, published))
 	if err != nil {
 		return err
 	}
@@ -327,4 +311,36 @@ func lsTree(ctx context.Context, g *gitExec, commit string) (map[string]treeEntr
 		m[path] = treeEntry{mode: f[0], id: f[2]}
 	}
 	return m, nil
+}
+
+// replayOrMerge tries the rebase mode's replay of the session's commits onto
+// the head's tip: done when d holds the replayed tip. A replay that does not
+// apply cleanly turns d into a merge (said in its note), as does any other
+// mode; the caller then writes the merge commit.
+func (p *planner) replayOrMerge(g *gitExec, d *refDecision) (done bool, err error) {
+	if d.upd.Action != RefRebase {
+		return false, nil
+	}
+	tip, n, ok, err := p.replay(g, d.upd.Head, d.upd.Session)
+	if err != nil || ok {
+		if ok {
+			d.upd.New, d.upd.Commits = tip, n
+		}
+		return ok, err
+	}
+	d.upd.Action, d.upd.Note = RefMerge, "the session's commits do not replay cleanly onto the head's tip: merged instead"
+	return false, nil
+}
+
+// mergeBase is the first merge base of a and b, "" for unrelated histories
+// (the empty tree is then the base).
+func (p *planner) mergeBase(g *gitExec, a, b string) string {
+	mb, err := g.run1(p.ctx, nil, nil, "merge-base", a, b)
+	if err != nil {
+		return ""
+	}
+	if i := strings.IndexByte(mb, '\n'); i >= 0 {
+		mb = mb[:i]
+	}
+	return mb
 }

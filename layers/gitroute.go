@@ -716,16 +716,11 @@ func (p *planner) gitFinish(s *Stack, base, head Manifest, published func(string
 			target = "HEAD"
 		}
 		if tip, ok := set[target]; ok && isObjectID(tip) && hasWorkTree(st.dir) {
-			g, err := p.gitScratch(s, base, head, st)
+			c, err := p.indexFor(s, base, head, st, tip)
 			if err != nil {
 				return nil, err
 			}
-			idx, err := headIndex(p.ctx, g, tip)
-			if err != nil {
-				return nil, err
-			}
-			idx = p.restatHeadIndex(st.dir, idx)
-			out = append(out, Change{Kind: ChangeWrite, Path: st.dir + "/index", Data: idx, Mode: 0o644})
+			out = append(out, c)
 		}
 		if st.g != nil {
 			objs, err := newScratchObjects(st)
@@ -736,6 +731,22 @@ func (p *planner) gitFinish(s *Stack, base, head Manifest, published func(string
 		}
 	}
 	return out, nil
+}
+
+// indexFor is the new index of st's git directory when its HEAD commit
+// moves to tip (a publish's head index, a sync's session index): tip's tree,
+// with the stat data a session sees for every file the head view already
+// holds as it is (restatHeadIndex).
+func (p *planner) indexFor(s *Stack, base, head Manifest, st *gitDirState, tip string) (Change, error) {
+	g, err := p.gitScratch(s, base, head, st)
+	if err != nil {
+		return Change{}, err
+	}
+	idx, err := headIndex(p.ctx, g, tip)
+	if err != nil {
+		return Change{}, err
+	}
+	return Change{Kind: ChangeWrite, Path: st.dir + "/index", Data: p.restatHeadIndex(st.dir, idx), Mode: 0o644}, nil
 }
 
 // hasWorkTree: a git directory named .git has its work tree beside it.

@@ -110,15 +110,11 @@ func (p *planner) gitSyncFinish(s *Stack, base, head Manifest, published publish
 		}
 		target := strings.TrimPrefix(sessHEAD, "ref: ")
 		if tip, ok := set[target]; ok && isObjectID(tip) && hasWorkTree(dir) {
-			g, err := p.gitScratch(s, base, head, st)
+			c, err := p.indexFor(s, base, head, st, tip)
 			if err != nil {
 				return nil, err
 			}
-			idx, err := headIndex(p.ctx, g, tip)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, Change{Kind: ChangeWrite, Path: dir + "/index", Data: idx, Mode: 0o644})
+			out = append(out, c)
 		}
 		if st.g != nil {
 			objs, err := newScratchObjects(st)
@@ -136,25 +132,10 @@ func (p *planner) gitSyncFinish(s *Stack, base, head Manifest, published publish
 // parent is the session's tip.
 func (p *planner) joinSessionBranch(g *gitExec, st *gitDirState, d *refDecision, published publishedFunc) error {
 	h, sv := d.upd.Head, d.upd.Session
-	if d.upd.Action == RefRebase {
-		tip, n, ok, err := p.replay(g, h, sv)
-		if err != nil {
-			return err
-		}
-		if ok {
-			d.upd.New, d.upd.Commits = tip, n
-			return nil
-		}
-		d.upd.Action, d.upd.Note = RefMerge, "the session's commits do not replay cleanly onto the head's tip: merged instead"
+	if done, err := p.replayOrMerge(g, d); done || err != nil {
+		return err
 	}
-	mb, err := g.run1(p.ctx, nil, nil, "merge-base", sv, h)
-	if err != nil {
-		mb = ""
-	}
-	if i := strings.IndexByte(mb, '\n'); i >= 0 {
-		mb = mb[:i]
-	}
-	tree, err := p.applyDelta(g, sv, mb, h, p.resolver(g, st, published))
+	tree, err := p.applyDelta(g, sv, p.mergeBase(g, sv, h), h, p.resolver(g, st, published))
 	if err != nil {
 		return err
 	}
